@@ -1,0 +1,3 @@
+pub mod limiter;
+pub mod pb;
+pub mod policy;

@@ -1,0 +1,296 @@
+//! The GCRA math: a [`Quota`] (emission interval `T`, burst `B`) and the pure functions that
+//! decide one request against one theoretical arrival time (TAT).
+//!
+//! Everything is integer nanoseconds on a monotonic clock that the caller reads; nothing here
+//! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`Outcome`]), never an
+//! error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are admitted
+//! in any span of `W` nanoseconds, whatever the schedule (see `DESIGN.md` §4).
+
+/// Nanoseconds in one second.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// The largest tolerance `B·T` a quota may have (about 146 years). Keeping `B·T` and any
+/// `TAT` below 2^62 means `max(TAT, now) + cost·T` can never overflow a `u64`.
+pub const MAX_TOLERANCE: u64 = 1 << 62;
+
+/// A validated rate: `requests` per `period` nanoseconds with a bucket of `burst` requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    /// Emission interval `T = ceil(period / requests)` in nanoseconds; 0 for a ban.
+    interval: u64,
+    /// Bucket capacity `B` (≥ 1); 0 for a ban.
+    burst: u64,
+    /// `B·T`, the most debt a key may carry, in nanoseconds.
+    tolerance: u64,
+    /// The configured period, reported as the retry hint of a ban.
+    period: u64,
+}
+
+/// Why a rate cannot be turned into a [`Quota`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// The burst is 0, which would deny every request.
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    /// The period is 0.
+    #[error("period must be longer than zero")]
+    ZeroPeriod,
+    /// `burst × period / requests` exceeds [`MAX_TOLERANCE`].
+    #[error("burst × period / requests_per_unit is longer than 146 years")]
+    TooLong,
+}
+
+impl Quota {
+    /// A quota of `requests` per `period` nanoseconds with bucket capacity `burst`.
+    /// `requests == 0` gives a ban: every request is denied (the burst is then ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError`] when the period or burst is zero, or `burst × T` is too long to represent.
+    pub fn new(period: u64, requests: u64, burst: u64) -> Result<Self, QuotaError> {
+        if period == 0 {
+            return Err(QuotaError::ZeroPeriod);
+        }
+        if requests == 0 {
+            return Ok(Self::ban(period));
+        }
+        if burst == 0 {
+            return Err(QuotaError::ZeroBurst);
+        }
+        let interval = period.div_ceil(requests);
+        let tolerance = interval
+            .checked_mul(burst)
+            .filter(|t| *t <= MAX_TOLERANCE)
+            .ok_or(QuotaError::TooLong)?;
+        Ok(Self {
+            interval,
+            burst,
+            tolerance,
+            period,
+        })
+    }
+
+    /// A quota that denies everything (`requests_per_unit: 0`).
+    #[must_use]
+    pub const fn ban(period: u64) -> Self {
+        Self {
+            interval: 0,
+            burst: 0,
+            tolerance: 0,
+            period,
+        }
+    }
+
+    /// Whether this quota denies everything.
+    #[must_use]
+    pub const fn is_ban(&self) -> bool {
+        self.burst == 0
+    }
+
+    /// Emission interval `T` in nanoseconds (0 for a ban).
+    #[must_use]
+    pub const fn interval(&self) -> u64 {
+        self.interval
+    }
+
+    /// Bucket capacity `B` (0 for a ban).
+    #[must_use]
+    pub const fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// `B·T` in nanoseconds.
+    #[must_use]
+    pub const fn tolerance(&self) -> u64 {
+        self.tolerance
+    }
+
+    /// The configured period in nanoseconds.
+    #[must_use]
+    pub const fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// Whole requests available at `now` for a key whose TAT is `tat`: `floor((B·T − debt) / T)`.
+    #[must_use]
+    pub fn remaining(&self, tat: u64, now: u64) -> u64 {
+        if self.is_ban() {
+            return 0;
+        }
+        let debt = tat.saturating_sub(now);
+        self.tolerance.saturating_sub(debt) / self.interval
+    }
+
+    /// A TAT that owes no more than this bucket holds. Normally a no-op; after a reload lowers
+    /// the rate it caps old debt at "fully exhausted" (no fresh burst, no excess penalty).
+    fn clamp(&self, tat: u64, now: u64) -> u64 {
+        tat.min(now.saturating_add(self.tolerance))
+    }
+}
+
+/// The result of deciding one request against one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether the request fits the bucket.
+    pub admitted: bool,
+    /// The key's TAT after the decision: the new one when admitted, the unchanged one otherwise.
+    pub tat: u64,
+    /// Whole requests still available after the decision (before it, when denied).
+    pub remaining: u64,
+    /// Nanoseconds until the bucket is full again (admitted), or until this same request would
+    /// be admitted (denied). For a cost above the burst, which can never be admitted, the time
+    /// until the bucket is full; for a ban, the period.
+    pub wait: u64,
+}
+
+/// Decides a request of `cost` at `now` for a key whose TAT is `tat` (0 for a new key).
+///
+/// Admitted iff `max(TAT, now) + cost·T − now ≤ B·T`; a denial changes nothing. A cost of 0 is a
+/// check that consumes nothing.
+#[must_use]
+pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
+    if quota.is_ban() {
+        return Outcome {
+            admitted: false,
+            tat,
+            remaining: 0,
+            wait: quota.period,
+        };
+    }
+    let base = quota.clamp(tat, now).max(now);
+    if cost > quota.burst {
+        return Outcome {
+            admitted: false,
+            tat,
+            remaining: quota.remaining(base, now),
+            wait: base - now,
+        };
+    }
+    // cost ≤ B, so cost·T ≤ B·T ≤ 2^62 and base ≤ now + 2^62: no overflow below.
+    let new = base + cost * quota.interval;
+    let debt = new - now;
+    if debt <= quota.tolerance {
+        Outcome {
+            admitted: true,
+            tat: new,
+            remaining: (quota.tolerance - debt) / quota.interval,
+            wait: debt,
+        }
+    } else {
+        Outcome {
+            admitted: false,
+            tat,
+            remaining: quota.remaining(base, now),
+            wait: debt - quota.tolerance,
+        }
+    }
+}
+
+/// Gives `cost` requests back to a key: `TAT = max(now, TAT − cost·T)`. Always admitted.
+#[must_use]
+pub fn refund(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
+    if quota.is_ban() {
+        return decide(quota, tat, now, cost);
+    }
+    let tat = quota
+        .clamp(tat, now)
+        .saturating_sub(cost.saturating_mul(quota.interval))
+        .max(now);
+    Outcome {
+        admitted: true,
+        tat,
+        remaining: quota.remaining(tat, now),
+        wait: tat - now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = NANOS_PER_SEC;
+
+    #[test]
+    fn interval_is_rounded_up() {
+        let q = Quota::new(SEC, 3, 3).unwrap();
+        assert_eq!(q.interval(), 333_333_334);
+        assert_eq!(q.tolerance(), 1_000_000_002);
+    }
+
+    #[test]
+    fn rejects_zero_burst_period_and_overflow() {
+        assert_eq!(Quota::new(SEC, 1, 0), Err(QuotaError::ZeroBurst));
+        assert_eq!(Quota::new(0, 1, 1), Err(QuotaError::ZeroPeriod));
+        let year = 365 * 86_400 * SEC;
+        assert_eq!(Quota::new(year, 1, 1_000), Err(QuotaError::TooLong));
+        assert!(Quota::new(year, u64::from(u32::MAX), u64::from(u32::MAX)).is_ok());
+    }
+
+    #[test]
+    fn burst_then_paced() {
+        let q = Quota::new(60 * SEC, 2, 2).unwrap(); // T = 30 s
+        let now = 1_000;
+        let a = decide(&q, 0, now, 1);
+        assert!(a.admitted);
+        assert_eq!((a.remaining, a.wait), (1, 30 * SEC));
+        let b = decide(&q, a.tat, now, 1);
+        assert!(b.admitted);
+        assert_eq!((b.remaining, b.wait), (0, 60 * SEC));
+        let c = decide(&q, b.tat, now, 1);
+        assert!(!c.admitted);
+        assert_eq!((c.remaining, c.wait, c.tat), (0, 30 * SEC, b.tat));
+        // Exactly T later one more fits, one nanosecond earlier it does not.
+        assert!(!decide(&q, b.tat, now + 30 * SEC - 1, 1).admitted);
+        assert!(decide(&q, b.tat, now + 30 * SEC, 1).admitted);
+    }
+
+    #[test]
+    fn cost_above_burst_never_fits_and_changes_nothing() {
+        let q = Quota::new(SEC, 5, 5).unwrap();
+        let o = decide(&q, 0, 10, 6);
+        assert!(!o.admitted);
+        assert_eq!((o.tat, o.remaining, o.wait), (0, 5, 0));
+        assert!(decide(&q, 0, 10, 5).admitted);
+    }
+
+    #[test]
+    fn cost_zero_is_a_check() {
+        let q = Quota::new(SEC, 5, 5).unwrap();
+        let used = decide(&q, 0, 0, 3);
+        let check = decide(&q, used.tat, 0, 0);
+        assert!(check.admitted);
+        assert_eq!((check.tat, check.remaining), (used.tat, 2));
+    }
+
+    #[test]
+    fn ban_denies_everything() {
+        let q = Quota::new(60 * SEC, 0, 1).unwrap();
+        assert!(q.is_ban());
+        for cost in [0, 1, 100] {
+            let o = decide(&q, 0, 5, cost);
+            assert!(!o.admitted);
+            assert_eq!((o.remaining, o.wait), (0, 60 * SEC));
+        }
+    }
+
+    #[test]
+    fn refund_gives_back_but_never_below_now() {
+        let q = Quota::new(10 * SEC, 10, 10).unwrap(); // T = 1 s
+        let used = decide(&q, 0, 0, 4);
+        let r = refund(&q, used.tat, 0, 1);
+        assert_eq!((r.tat, r.remaining), (3 * SEC, 7));
+        let r = refund(&q, used.tat, 0, 100);
+        assert_eq!((r.tat, r.remaining), (0, 10));
+    }
+
+    #[test]
+    fn lowered_rate_clamps_old_debt_to_a_full_bucket() {
+        let old = Quota::new(60 * SEC, 100, 100).unwrap();
+        let exhausted = decide(&old, 0, 0, 100);
+        let new = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s, B·T = 60 s
+        let o = decide(&new, exhausted.tat, 0, 1);
+        assert!(!o.admitted);
+        assert_eq!(o.wait, 6 * SEC);
+        assert!(decide(&new, exhausted.tat, 6 * SEC, 1).admitted);
+    }
+}

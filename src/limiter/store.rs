@@ -1,0 +1,359 @@
+//! The in-memory store: counter key → TAT, in a sharded map of atomics, and the batch check that
+//! decides all of a request's counters together, all or nothing.
+//!
+//! Each entry is one `AtomicU64` updated by compare-and-swap, so deciding never takes a write
+//! lock; a shard's write lock is taken only to insert a key seen for the first time, and no guard
+//! outlives a single map call. The store knows nothing of policies, protobuf or async runtimes.
+
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+
+use super::gcra::{self, Outcome, Quota};
+use super::{Batch, Key, Mode, Op};
+
+/// How often a batch is re-planned when concurrent requests keep changing its keys between the
+/// plan and the commit. Past this the request is answered as over the limit, which can only
+/// under-admit.
+const MAX_ATTEMPTS: usize = 16;
+
+/// The in-memory counter store.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    /// Counter key → TAT in nanoseconds of the limiter's clock. A key whose TAT ≤ now is
+    /// indistinguishable from an absent one, so absent keys read as TAT 0.
+    map: DashMap<Key, AtomicU64, BuildHasherDefault<KeyHasher>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of keys held (live or expired but not yet swept).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the store holds no keys.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The TAT stored for `key`, 0 when absent.
+    #[must_use]
+    pub fn tat(&self, key: Key) -> u64 {
+        // Relaxed: a single independent value; no other memory is published through it.
+        self.map.get(&key).map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    /// Removes every key whose TAT ≤ `now` (a full bucket, the same as no entry) and returns how
+    /// many were removed. Never changes a future decision.
+    pub fn sweep(&self, now: u64) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, tat| tat.load(Ordering::Relaxed) > now);
+        before.saturating_sub(self.map.len())
+    }
+
+    /// Decides one request of `cost` on one key, charging it when admitted.
+    pub fn check(&self, key: Key, quota: &Quota, now: u64, cost: u64) -> Outcome {
+        self.update(key, now, |tat| gcra::decide(quota, tat, now, cost))
+    }
+
+    /// Decides every op of a request together (see [`Batch`] for the rules), charging the
+    /// admitted ops only when the request as a whole is admitted.
+    pub fn check_batch(&self, ops: &[Op], now: u64) -> Batch {
+        // Refunds first, exactly once, whatever the request's outcome.
+        let mut outcomes: Vec<Outcome> = ops
+            .iter()
+            .map(|op| {
+                if op.refund {
+                    self.update(op.key, now, |tat| gcra::refund(&op.quota, tat, now, op.cost))
+                } else {
+                    Outcome {
+                        admitted: false,
+                        tat: 0,
+                        remaining: 0,
+                        wait: 0,
+                    }
+                }
+            })
+            .collect();
+        for _ in 0..MAX_ATTEMPTS {
+            if self.plan(ops, now, &mut outcomes) {
+                return Batch {
+                    blocked: true,
+                    outcomes,
+                };
+            }
+            if self.commit(ops, now, &mut outcomes) {
+                return Batch {
+                    blocked: false,
+                    outcomes,
+                };
+            }
+        }
+        // Persistent contention: refuse rather than risk admitting more than a bucket holds.
+        for (op, o) in ops.iter().zip(outcomes.iter_mut()) {
+            if !op.refund {
+                o.admitted = false;
+            }
+        }
+        Batch {
+            blocked: true,
+            outcomes,
+        }
+    }
+
+    /// Evaluates the charges of a batch against the current state without writing, in order, as
+    /// if each admitted charge had been applied (so two ops on one key both count). Returns
+    /// whether the request is blocked.
+    fn plan(&self, ops: &[Op], now: u64, outcomes: &mut [Outcome]) -> bool {
+        // TATs this plan has tentatively moved; requests carry few descriptors, so a linear scan.
+        let mut overlay: Vec<(Key, u64)> = Vec::new();
+        let mut before: Vec<u64> = Vec::with_capacity(ops.len());
+        for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
+            if op.refund {
+                before.push(out.tat);
+                continue;
+            }
+            let tat = overlay
+                .iter()
+                .rev()
+                .find(|(k, _)| *k == op.key)
+                .map_or_else(|| self.tat(op.key), |(_, t)| *t);
+            before.push(tat);
+            *out = gcra::decide(&op.quota, tat, now, op.cost);
+            if out.admitted {
+                overlay.push((op.key, out.tat));
+            }
+        }
+        let blocked = is_blocked(ops, outcomes);
+        if blocked {
+            // Nothing is charged: an op that fitted reports the state it found, uncharged.
+            for ((op, out), tat) in ops.iter().zip(outcomes.iter_mut()).zip(before) {
+                if !op.refund && out.admitted {
+                    *out = gcra::decide(&op.quota, tat, now, 0);
+                }
+            }
+        }
+        blocked
+    }
+
+    /// Applies the planned charges. Returns false (with every charge of this attempt undone) when
+    /// a concurrent request took the room a charge needed; the caller then plans again.
+    fn commit(&self, ops: &[Op], now: u64, outcomes: &mut [Outcome]) -> bool {
+        for i in 0..ops.len() {
+            let op = &ops[i];
+            if op.refund || !outcomes[i].admitted || op.cost == 0 {
+                continue;
+            }
+            let o = self.check(op.key, &op.quota, now, op.cost);
+            if o.admitted {
+                outcomes[i] = o;
+                continue;
+            }
+            // Undo this attempt's charges in reverse order; each is the exact inverse of its
+            // addition of cost·T, whatever else happened to the key meanwhile.
+            for j in (0..i).rev() {
+                let prior = &ops[j];
+                if !prior.refund && outcomes[j].admitted && prior.cost > 0 {
+                    let _ = self.update(prior.key, now, |tat| {
+                        gcra::refund(&prior.quota, tat, now, prior.cost)
+                    });
+                }
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Runs `f` on `key`'s TAT and stores the result when it admits, by compare-and-swap.
+    /// A key is inserted only when an admitted outcome must be written.
+    fn update(&self, key: Key, now: u64, f: impl Fn(u64) -> Outcome) -> Outcome {
+        if let Some(cell) = self.map.get(&key) {
+            return cas(&cell, f);
+        }
+        let o = f(0);
+        if !o.admitted || o.tat <= now {
+            // Nothing to remember: a denial writes nothing and a full bucket is the default.
+            return o;
+        }
+        let cell = self.map.entry(key).or_insert_with(|| AtomicU64::new(0));
+        cas(&cell, f)
+    }
+}
+
+/// Whether a request is refused: an enforced op is denied, or every quota-mode op is.
+fn is_blocked(ops: &[Op], outcomes: &[Outcome]) -> bool {
+    let mut quota_ops = 0;
+    let mut quota_denied = 0;
+    for (op, o) in ops.iter().zip(outcomes) {
+        if op.refund || o.admitted {
+            if op.mode == Mode::Quota && !op.refund {
+                quota_ops += 1;
+            }
+            continue;
+        }
+        match op.mode {
+            Mode::Enforce => return true,
+            Mode::Shadow => {}
+            Mode::Quota => {
+                quota_ops += 1;
+                quota_denied += 1;
+            }
+        }
+    }
+    quota_ops > 0 && quota_denied == quota_ops
+}
+
+/// The compare-and-swap loop on one TAT.
+fn cas(cell: &AtomicU64, f: impl Fn(u64) -> Outcome) -> Outcome {
+    // Relaxed throughout: each TAT is an independent value and the CAS alone orders updates to
+    // it; no other data is published through the atomic.
+    let mut current = cell.load(Ordering::Relaxed);
+    loop {
+        let o = f(current);
+        if !o.admitted || o.tat == current {
+            return o;
+        }
+        match cell.compare_exchange_weak(current, o.tat, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return o,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+/// Hashes a [`Key`], which is already a uniformly distributed 128-bit hash, by folding it to
+/// 64 bits instead of hashing it again.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        // Truncation intended: fold the two halves.
+        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::gcra::NANOS_PER_SEC as SEC;
+
+    fn op(key: Key, quota: Quota, cost: u64) -> Op {
+        Op {
+            key,
+            quota,
+            cost,
+            refund: false,
+            mode: Mode::Enforce,
+        }
+    }
+
+    #[test]
+    fn denials_do_not_insert_keys() {
+        let store = MemoryStore::new();
+        let q = Quota::new(SEC, 2, 2).unwrap();
+        assert!(!store.check(1, &q, 0, 3).admitted);
+        assert!(store.is_empty());
+        assert!(store.check(1, &q, 0, 2).admitted);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_rejected_batch_charges_nothing() {
+        let store = MemoryStore::new();
+        let wide = Quota::new(60 * SEC, 10, 10).unwrap();
+        let narrow = Quota::new(60 * SEC, 1, 1).unwrap();
+        assert!(store.check(2, &narrow, 0, 1).admitted);
+        let b = store.check_batch(&[op(1, wide, 1), op(2, narrow, 1)], 0);
+        assert!(b.blocked);
+        assert!(b.outcomes[0].admitted);
+        assert_eq!(b.outcomes[0].remaining, 10);
+        assert!(!b.outcomes[1].admitted);
+        assert_eq!(store.tat(1), 0);
+    }
+
+    #[test]
+    fn two_ops_on_one_key_both_count() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 3, 3).unwrap();
+        let b = store.check_batch(&[op(7, q, 2), op(7, q, 1)], 0);
+        assert!(!b.blocked);
+        assert_eq!(b.outcomes[1].remaining, 0);
+        let b = store.check_batch(&[op(7, q, 1)], 0);
+        assert!(b.blocked);
+    }
+
+    #[test]
+    fn shadow_denial_does_not_block_and_is_not_charged() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 1, 1).unwrap();
+        let shadow = Op {
+            mode: Mode::Shadow,
+            ..op(1, q, 2)
+        };
+        let b = store.check_batch(&[shadow, op(2, q, 1)], 0);
+        assert!(!b.blocked);
+        assert!(!b.outcomes[0].admitted);
+        assert_eq!(store.tat(1), 0);
+        assert_eq!(store.tat(2), 60 * SEC);
+    }
+
+    #[test]
+    fn quota_mode_blocks_only_when_all_quota_ops_are_over() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 1, 1).unwrap();
+        let quota = |key| Op {
+            mode: Mode::Quota,
+            ..op(key, q, 1)
+        };
+        assert!(store.check(1, &q, 0, 1).admitted);
+        assert!(!store.check_batch(&[quota(1), quota(2)], 0).blocked);
+        assert!(store.check_batch(&[quota(1), quota(2)], 0).blocked);
+    }
+
+    #[test]
+    fn refunds_apply_even_when_the_request_is_refused() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 2, 2).unwrap();
+        assert!(store.check(1, &q, 0, 2).admitted);
+        let refund = Op {
+            refund: true,
+            ..op(1, q, 1)
+        };
+        let b = store.check_batch(&[refund, op(2, Quota::ban(SEC), 1)], 0);
+        assert!(b.blocked);
+        assert_eq!(b.outcomes[0].remaining, 1);
+        assert_eq!(store.tat(1), 30 * SEC);
+    }
+
+    #[test]
+    fn sweep_removes_only_full_buckets() {
+        let store = MemoryStore::new();
+        let q = Quota::new(SEC, 1, 1).unwrap();
+        assert!(store.check(1, &q, 0, 1).admitted);
+        assert!(store.check(2, &q, SEC / 2, 1).admitted);
+        assert_eq!(store.sweep(SEC), 1);
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.tat(2), SEC + SEC / 2);
+    }
+}

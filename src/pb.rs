@@ -1,0 +1,42 @@
+//! Generated protobuf and gRPC code for Envoy's rate-limit API (see `proto/README.md`).
+//!
+//! Only `server/` (and tests) speak these types; the rest of the crate works on domain types.
+#![allow(missing_docs, clippy::all, clippy::pedantic)]
+
+/// Envoy API packages, nested as their proto package names so generated cross-references resolve.
+pub mod envoy {
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
+pub use envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor};
+pub use envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse, rate_limit_response, rate_limit_service_client,
+    rate_limit_service_server,
+};

@@ -1,0 +1,144 @@
+//! Matching a request descriptor's entries against a domain's compiled tree, as
+//! envoyproxy/ratelimit does: one tree level per entry; at each level an exact value beats a
+//! wildcard (the first in file order), which beats a key-only rule; no backtracking; a limit
+//! applies only when the node reached by the last entry has one.
+//!
+//! Lookups borrow the request's strings: matching allocates nothing. The counter key is built in
+//! the same walk from the rule's identity and the request's values (the pattern, for
+//! `share_threshold` levels, so every matching value shares one counter).
+
+use std::collections::HashMap;
+
+use super::{Domain, Rule};
+use crate::limiter::{Key, KeyBuilder};
+
+/// One level of the tree: sibling descriptors grouped by key.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Level {
+    pub(crate) groups: HashMap<Box<str>, Group>,
+}
+
+/// The descriptors of one level that share a key.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Group {
+    /// Exact values → node.
+    pub(crate) exact: HashMap<Box<str>, usize>,
+    /// Wildcard patterns in file order.
+    pub(crate) wildcards: Vec<(Pattern, usize)>,
+    /// The key-only descriptor (any value).
+    pub(crate) any: Option<usize>,
+}
+
+impl Group {
+    fn find(&self, value: &str) -> Option<usize> {
+        self.exact
+            .get(value)
+            .copied()
+            .or_else(|| {
+                self.wildcards
+                    .iter()
+                    .find(|(p, _)| p.matches(value))
+                    .map(|(_, id)| *id)
+            })
+            .or(self.any)
+    }
+}
+
+/// One compiled descriptor.
+#[derive(Clone, Debug)]
+pub(crate) struct TreeNode {
+    pub(crate) children: Level,
+    pub(crate) rule: Option<Rule>,
+    pub(crate) share_threshold: bool,
+}
+
+/// A value pattern with `*` (zero or more characters) anywhere, any number of times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pattern {
+    /// The text between the stars; at least two parts.
+    parts: Vec<Box<str>>,
+}
+
+impl Pattern {
+    pub(crate) fn new(pattern: &str) -> Self {
+        Self {
+            parts: pattern.split('*').map(Into::into).collect(),
+        }
+    }
+
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        let Some((first, rest)) = self.parts.split_first() else {
+            return false;
+        };
+        let Some(mut tail) = value.strip_prefix(&**first) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return tail.is_empty();
+        };
+        // Leftmost match of each middle part leaves the most room for the rest.
+        for part in middle {
+            match tail.find(&**part) {
+                Some(i) => tail = &tail[i + part.len()..],
+                None => return false,
+            }
+        }
+        tail.len() >= last.len() && tail.ends_with(&**last)
+    }
+}
+
+/// A descriptor's matched rule and counter.
+#[derive(Clone, Copy, Debug)]
+pub struct Resolved<'p> {
+    /// The rule.
+    pub rule: &'p Rule,
+    /// The counter this request value maps to.
+    pub key: Key,
+}
+
+impl Domain {
+    /// Matches a descriptor's entries (key, value), in order. `None` when no rule applies: an
+    /// entry finds no descriptor, the request is deeper than the tree, or the node reached has
+    /// no `rate_limit` (a whitelist).
+    pub fn resolve<'e, I>(&self, entries: I) -> Option<Resolved<'_>>
+    where
+        I: IntoIterator<Item = (&'e str, &'e str)>,
+    {
+        let mut level = &self.root;
+        let mut reached: Option<&TreeNode> = None;
+        let mut key = KeyBuilder::new(0);
+        for (k, v) in entries {
+            let node = &self.nodes[level.groups.get(k)?.find(v)?];
+            key.part(if node.share_threshold { b"" } else { v.as_bytes() });
+            level = &node.children;
+            reached = Some(node);
+        }
+        let rule = reached?.rule.as_ref()?;
+        key.part(&rule.id.to_le_bytes());
+        Some(Resolved {
+            rule,
+            key: key.finish(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_anywhere() {
+        let p = Pattern::new("foo*bar*baz");
+        assert!(p.matches("foobarbaz"));
+        assert!(p.matches("foo-bar-x-baz"));
+        assert!(!p.matches("foobaz"));
+        assert!(!p.matches("xfoobarbaz"));
+        assert!(Pattern::new("bar*b").matches("barb"));
+        assert!(!Pattern::new("bar*b").matches("bar"));
+        assert!(Pattern::new("*").matches(""));
+        assert!(Pattern::new("/api/*/action").matches("/api/v1/action"));
+        assert!(!Pattern::new("/api/*/action").matches("/api/v1/actions"));
+        assert!(Pattern::new("a*a").matches("aa"));
+        assert!(!Pattern::new("a*a").matches("a"));
+    }
+}

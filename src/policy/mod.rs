@@ -1,0 +1,485 @@
+//! Policies: the envoyproxy/ratelimit YAML files (plus our `burst` and `unit_multiplier`),
+//! validated and compiled into an immutable [`PolicySet`] that matching reads without locks.
+//!
+//! Loading is three steps, each in its own file: `yaml` (text → positioned tree), `model` (tree →
+//! raw structs, field and type errors), `compile` (raw → lookup tables, semantic errors).
+//! Every problem of a load is reported at once, with file, line and column, and descriptor path.
+//! This module knows the `Quota` value type of the limiter and nothing else of the process: no
+//! store, no transport, no metrics.
+
+mod compile;
+mod matcher;
+mod model;
+mod yaml;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::limiter::Quota;
+use crate::limiter::gcra::NANOS_PER_SEC;
+
+pub use matcher::Resolved;
+pub use yaml::Pos;
+
+/// The largest policy file read, in bytes. Policy files are small; anything bigger is a mistake.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// A time unit of `rate_limit.unit`. Months are 30 days and years 365, as in Envoy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3 600 s.
+    Hour,
+    /// 86 400 s.
+    Day,
+    /// 604 800 s.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// Parses a unit name, ignoring case.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "second" => Self::Second,
+            "minute" => Self::Minute,
+            "hour" => Self::Hour,
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            "year" => Self::Year,
+            _ => return None,
+        })
+    }
+
+    /// The unit's length in seconds.
+    #[must_use]
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
+            Self::Week => 604_800,
+            Self::Month => 2_592_000,
+            Self::Year => 31_536_000,
+        }
+    }
+
+    /// The unit's upper-case name, as Envoy spells it.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Second => "SECOND",
+            Self::Minute => "MINUTE",
+            Self::Hour => "HOUR",
+            Self::Day => "DAY",
+            Self::Week => "WEEK",
+            Self::Month => "MONTH",
+            Self::Year => "YEAR",
+        }
+    }
+}
+
+/// A limited rate, as configured and as compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// `requests_per_unit` (0 bans).
+    pub requests_per_unit: u32,
+    /// `unit`.
+    pub unit: Unit,
+    /// `unit_multiplier`: the period is `unit × unit_multiplier`.
+    pub unit_multiplier: u32,
+    /// `burst`: the bucket capacity (defaults to `requests_per_unit`).
+    pub burst: u32,
+    /// The compiled quota.
+    pub quota: Quota,
+}
+
+impl Rate {
+    /// A rate of `requests_per_unit` per `unit` with the burst equal to it, as a request's
+    /// `RateLimitOverride` asks for.
+    #[must_use]
+    pub fn per_unit(requests_per_unit: u32, unit: Unit) -> Self {
+        let r = u64::from(requests_per_unit);
+        let quota = Quota::new(unit.seconds() * NANOS_PER_SEC, r, r)
+            .unwrap_or_else(|_| Quota::ban(unit.seconds() * NANOS_PER_SEC));
+        Self {
+            requests_per_unit,
+            unit,
+            unit_multiplier: 1,
+            burst: requests_per_unit,
+            quota,
+        }
+    }
+}
+
+/// What a rule allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `unlimited: true`: always OK, never counted.
+    Unlimited,
+    /// A GCRA limit.
+    Limited(Rate),
+}
+
+/// A compiled `rate_limit` and the flags of its descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Stable identity: a hash of the domain and the descriptor path (keys and configured
+    /// values). Unchanged across reloads while the path is unchanged, so counters survive.
+    pub id: u128,
+    /// Where it is in its file, e.g. `descriptors[1].descriptors[0]`.
+    pub path: String,
+    /// The reference's stats key, e.g. `edge.generic_key_api.api_key`.
+    pub stats_key: String,
+    /// The limit.
+    pub limit: Limit,
+    /// `rate_limit.name`.
+    pub name: Option<String>,
+    /// `rate_limit.replaces[].name`.
+    pub replaces: Vec<String>,
+    /// `shadow_mode`.
+    pub shadow_mode: bool,
+    /// `quota_mode`.
+    pub quota_mode: bool,
+    /// `detailed_metric`.
+    pub detailed_metric: bool,
+    /// `value_to_metric`.
+    pub value_to_metric: bool,
+}
+
+/// One domain's compiled descriptor tree.
+#[derive(Clone, Debug)]
+pub struct Domain {
+    name: String,
+    file: String,
+    root: matcher::Level,
+    nodes: Vec<matcher::TreeNode>,
+}
+
+impl Domain {
+    /// The domain name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file it was loaded from.
+    #[must_use]
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// Every rule of the domain, in file order.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.nodes.iter().filter_map(|n| n.rule.as_ref())
+    }
+}
+
+/// All loaded domains. Immutable; reloading builds a new one and swaps it in.
+#[derive(Clone, Debug, Default)]
+pub struct PolicySet {
+    domains: HashMap<String, Domain>,
+    files: usize,
+}
+
+impl PolicySet {
+    /// The domain named `name`.
+    #[must_use]
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// All domains, sorted by name.
+    #[must_use]
+    pub fn domains(&self) -> Vec<&Domain> {
+        let mut all: Vec<&Domain> = self.domains.values().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Counts for a one-line summary.
+    #[must_use]
+    pub fn summary(&self) -> Summary {
+        let mut s = Summary {
+            files: self.files,
+            domains: self.domains.len(),
+            ..Summary::default()
+        };
+        for rule in self.domains.values().flat_map(Domain::rules) {
+            match rule.limit {
+                Limit::Unlimited => s.unlimited += 1,
+                Limit::Limited(r) if r.requests_per_unit == 0 => s.bans += 1,
+                Limit::Limited(_) => s.limited += 1,
+            }
+        }
+        s
+    }
+}
+
+/// Counts of what a [`PolicySet`] holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Files read.
+    pub files: usize,
+    /// Domains.
+    pub domains: usize,
+    /// Rules with a limit above zero.
+    pub limited: usize,
+    /// Rules with `requests_per_unit: 0`.
+    pub bans: usize,
+    /// Rules with `unlimited: true`.
+    pub unlimited: usize,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} files, {} domains, {} rules ({} limited, {} bans, {} unlimited)",
+            self.files,
+            self.domains,
+            self.limited + self.bans + self.unlimited,
+            self.limited,
+            self.bans,
+            self.unlimited
+        )
+    }
+}
+
+/// One problem found while loading policies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The file.
+    pub file: String,
+    /// Line and column, where the parser knows them.
+    pub pos: Option<Pos>,
+    /// The path of the field in the file, e.g. `descriptors[2].rate_limit.unit`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(pos) = self.pos {
+            write!(f, ":{pos}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Why policies could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy directory could not be listed.
+    #[error("cannot read policy directory {}: {source}", dir.display())]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// One or more files are invalid; every problem is listed.
+    #[error("{}", Problems(.0))]
+    Invalid(Vec<Problem>),
+}
+
+struct Problems<'a>(&'a [Problem]);
+
+impl fmt::Display for Problems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(f, "{n} problem{} in policies", if n == 1 { "" } else { "s" })?;
+        for p in self.0 {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The policy files of a directory: every `*.yaml` and `*.yml` directly in it (symlinks
+/// followed, so a Kubernetes ConfigMap mount works), hidden entries skipped, sorted by name.
+///
+/// # Errors
+///
+/// [`PolicyError::Dir`] when the directory cannot be listed.
+pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+    let read = std::fs::read_dir(dir).map_err(|source| PolicyError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files = Vec::new();
+    for entry in read {
+        let entry = entry.map_err(|source| PolicyError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Loads and compiles every policy file of `dir`.
+///
+/// # Errors
+///
+/// [`PolicyError`] listing every problem of every file.
+pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
+    let mut sources = Vec::new();
+    let mut problems = Vec::new();
+    for path in policy_files(dir)? {
+        let name = path.display().to_string();
+        match read_file(&path) {
+            Ok(text) => sources.push((name, text)),
+            Err(message) => problems.push(Problem {
+                file: name,
+                pos: None,
+                path: String::new(),
+                message,
+            }),
+        }
+    }
+    load_sources(&sources, problems)
+}
+
+fn read_file(path: &Path) -> Result<String, String> {
+    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if size > MAX_FILE_BYTES {
+        return Err(format!("file is {size} bytes, more than the {MAX_FILE_BYTES} allowed"));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// Compiles policies from `(file name, YAML text)` pairs.
+///
+/// # Errors
+///
+/// [`PolicyError::Invalid`] listing every problem.
+pub fn load_str(sources: &[(&str, &str)]) -> Result<PolicySet, PolicyError> {
+    let owned: Vec<(String, String)> = sources
+        .iter()
+        .map(|(n, t)| ((*n).to_string(), (*t).to_string()))
+        .collect();
+    load_sources(&owned, Vec::new())
+}
+
+fn load_sources(
+    sources: &[(String, String)],
+    mut problems: Vec<Problem>,
+) -> Result<PolicySet, PolicyError> {
+    let mut set = PolicySet {
+        files: sources.len(),
+        ..PolicySet::default()
+    };
+    for (file, text) in sources {
+        let Some(domain) = load_one(file, text, &mut problems) else {
+            continue;
+        };
+        if let Some(first) = set.domains.get(&domain.name) {
+            problems.push(Problem {
+                file: file.clone(),
+                pos: None,
+                path: "domain".into(),
+                message: format!("duplicate domain {:?} (also in {})", domain.name, first.file),
+            });
+            continue;
+        }
+        set.domains.insert(domain.name.clone(), domain);
+    }
+    if problems.is_empty() {
+        Ok(set)
+    } else {
+        Err(PolicyError::Invalid(problems))
+    }
+}
+
+fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domain> {
+    let docs = match yaml::parse(text) {
+        Ok(docs) => docs,
+        Err(e) => {
+            problems.push(Problem {
+                file: file.to_string(),
+                pos: Some(e.pos),
+                path: String::new(),
+                message: format!("invalid YAML: {}", e.message),
+            });
+            return None;
+        }
+    };
+    let doc = match docs.as_slice() {
+        [doc] => doc,
+        [] => {
+            problems.push(Problem {
+                file: file.to_string(),
+                pos: None,
+                path: String::new(),
+                message: "file is empty (expected a domain and its descriptors)".into(),
+            });
+            return None;
+        }
+        [_, second, ..] => {
+            problems.push(Problem {
+                file: file.to_string(),
+                pos: Some(second.pos),
+                path: String::new(),
+                message: "expected one YAML document (one domain per file)".into(),
+            });
+            return None;
+        }
+    };
+    let before = problems.len();
+    let raw = model::Reader { file, problems }.policy(doc);
+    let domain = compile::compile(file, raw, problems);
+    problems[before..].sort_by_key(|p| p.pos.map(|p| (p.line, p.col)));
+    if problems.len() > before { None } else { domain }
+}
+
+/// The live policy set, swapped atomically on reload; readers never block.
+#[derive(Debug, Clone)]
+pub struct PolicyHandle(Arc<ArcSwap<PolicySet>>);
+
+impl PolicyHandle {
+    /// A handle holding `set`.
+    #[must_use]
+    pub fn new(set: PolicySet) -> Self {
+        Self(Arc::new(ArcSwap::from_pointee(set)))
+    }
+
+    /// The current set; hold it for the whole of one request.
+    #[must_use]
+    pub fn load(&self) -> Arc<PolicySet> {
+        self.0.load_full()
+    }
+
+    /// Replaces the current set.
+    pub fn store(&self, set: PolicySet) {
+        self.0.store(Arc::new(set));
+    }
+}
+
+#[cfg(test)]
+mod tests;
