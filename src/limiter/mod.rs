@@ -73,7 +73,10 @@ impl Limiter {
     /// A limiter with a fresh in-memory store and the process's monotonic clock.
     #[must_use]
     pub fn in_memory() -> Self {
-        Self::new(Arc::new(MemoryStore::new()), Arc::new(MonotonicClock::new()))
+        Self::new(
+            Arc::new(MemoryStore::new()),
+            Arc::new(MonotonicClock::new()),
+        )
     }
 
     /// The in-memory store.

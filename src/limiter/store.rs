@@ -73,7 +73,9 @@ impl MemoryStore {
             .iter()
             .map(|op| {
                 if op.refund {
-                    self.update(op.key, now, |tat| gcra::refund(&op.quota, tat, now, op.cost))
+                    self.update(op.key, now, |tat| {
+                        gcra::refund(&op.quota, tat, now, op.cost)
+                    })
                 } else {
                     Outcome {
                         admitted: false,

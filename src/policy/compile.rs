@@ -28,13 +28,25 @@ pub(super) fn compile(file: &str, raw: RawPolicy, problems: &mut Vec<Problem>) -
     let name = match raw.domain {
         Some(d) if !d.value.is_empty() => d.value,
         Some(d) => {
-            c.problem(Some(d.pos), "domain", "config file cannot have empty domain".into());
+            c.problem(
+                Some(d.pos),
+                "domain",
+                "config file cannot have empty domain".into(),
+            );
             String::new()
         }
         None => {
             // Unless the model already reported a `domain` that is not text.
-            if !c.problems.iter().any(|p| p.file == file && p.path == "domain") {
-                c.problem(Some(Pos { line: 1, col: 1 }), "domain", "missing domain".into());
+            if !c
+                .problems
+                .iter()
+                .any(|p| p.file == file && p.path == "domain")
+            {
+                c.problem(
+                    Some(Pos { line: 1, col: 1 }),
+                    "domain",
+                    "missing domain".into(),
+                );
             }
             String::new()
         }
@@ -84,7 +96,11 @@ impl Compiler<'_> {
                     continue;
                 }
             };
-            let value = raw.value.as_ref().map(|v| v.value.clone()).filter(|v| !v.is_empty());
+            let value = raw
+                .value
+                .as_ref()
+                .map(|v| v.value.clone())
+                .filter(|v| !v.is_empty());
             if let Some(first) = seen.get(&(key.clone(), value.clone())) {
                 let shown = match &value {
                     Some(v) => format!("{key}: {v}"),
@@ -104,7 +120,10 @@ impl Compiler<'_> {
                 value: value.clone(),
             });
             let id = self.node(domain, raw, &steps);
-            let group = level.groups.entry(key.into()).or_insert_with(Group::default);
+            let group = level
+                .groups
+                .entry(key.into())
+                .or_insert_with(Group::default);
             match value {
                 Some(v) if v.contains('*') => group.wildcards.push((Pattern::new(&v), id)),
                 Some(v) => {
@@ -158,24 +177,35 @@ impl Compiler<'_> {
     ) -> Option<Rule> {
         let before = self.problems.len();
         let field = |name: &str| format!("{}.{name}", r.path);
-        let name = r.name.as_ref().map(|n| n.value.clone()).filter(|n| !n.is_empty());
-        if let Some(n) = &r.name {
-            if let Some(bad) = n.value.chars().find(|c| matches!(c, '"' | '\\' | '\r' | '\n')) {
-                self.problem(
-                    Some(n.pos),
-                    &field("name"),
-                    format!(
-                        "name must not contain {bad:?}: Envoy writes it unescaped into the \
+        let name = r
+            .name
+            .as_ref()
+            .map(|n| n.value.clone())
+            .filter(|n| !n.is_empty());
+        if let Some(n) = &r.name
+            && let Some(bad) = n
+                .value
+                .chars()
+                .find(|c| matches!(c, '"' | '\\' | '\r' | '\n'))
+        {
+            self.problem(
+                Some(n.pos),
+                &field("name"),
+                format!(
+                    "name must not contain {bad:?}: Envoy writes it unescaped into the \
                          x-ratelimit-limit header"
-                    ),
-                );
-            }
+                ),
+            );
         }
         let mut replaces = Vec::new();
         for (i, rep) in r.replaces.iter().enumerate() {
             let path = format!("{}.replaces[{i}].name", r.path);
             if rep.value.is_empty() {
-                self.problem(Some(rep.pos), &path, "should not have an empty replaces entry".into());
+                self.problem(
+                    Some(rep.pos),
+                    &path,
+                    "should not have an empty replaces entry".into(),
+                );
             } else if name.as_deref() == Some(rep.value.as_str()) {
                 self.problem(
                     Some(rep.pos),
@@ -242,7 +272,11 @@ impl Compiler<'_> {
         let field = |name: &str| format!("{}.{name}", r.path);
         let unit = match &r.unit {
             None => {
-                self.problem(Some(r.pos), &field("unit"), "missing unit (or `unlimited: true`)".into());
+                self.problem(
+                    Some(r.pos),
+                    &field("unit"),
+                    "missing unit (or `unlimited: true`)".into(),
+                );
                 None
             }
             Some(u) => {
@@ -261,7 +295,12 @@ impl Compiler<'_> {
                 unit
             }
         };
-        let requests = self.bounded(r.requests_per_unit.as_ref(), &field("requests_per_unit"), 0, 0);
+        let requests = self.bounded(
+            r.requests_per_unit.as_ref(),
+            &field("requests_per_unit"),
+            0,
+            0,
+        );
         let multiplier = self.bounded(
             r.unit_multiplier.as_ref(),
             &field("unit_multiplier"),

@@ -109,7 +109,11 @@ impl Domain {
         let mut key = KeyBuilder::new(0);
         for (k, v) in entries {
             let node = &self.nodes[level.groups.get(k)?.find(v)?];
-            key.part(if node.share_threshold { b"" } else { v.as_bytes() });
+            key.part(if node.share_threshold {
+                b""
+            } else {
+                v.as_bytes()
+            });
             level = &node.children;
             reached = Some(node);
         }

@@ -306,7 +306,11 @@ struct Problems<'a>(&'a [Problem]);
 impl fmt::Display for Problems<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0.len();
-        write!(f, "{n} problem{} in policies", if n == 1 { "" } else { "s" })?;
+        write!(
+            f,
+            "{n} problem{} in policies",
+            if n == 1 { "" } else { "s" }
+        )?;
         for p in self.0 {
             write!(f, "\n  {p}")?;
         }
@@ -369,7 +373,9 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
 fn read_file(path: &Path) -> Result<String, String> {
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     if size > MAX_FILE_BYTES {
-        return Err(format!("file is {size} bytes, more than the {MAX_FILE_BYTES} allowed"));
+        return Err(format!(
+            "file is {size} bytes, more than the {MAX_FILE_BYTES} allowed"
+        ));
     }
     std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
@@ -404,7 +410,10 @@ fn load_sources(
                 file: file.clone(),
                 pos: None,
                 path: "domain".into(),
-                message: format!("duplicate domain {:?} (also in {})", domain.name, first.file),
+                message: format!(
+                    "duplicate domain {:?} (also in {})",
+                    domain.name, first.file
+                ),
             });
             continue;
         }
@@ -455,7 +464,11 @@ fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domai
     let raw = model::Reader { file, problems }.policy(doc);
     let domain = compile::compile(file, raw, problems);
     problems[before..].sort_by_key(|p| p.pos.map(|p| (p.line, p.col)));
-    if problems.len() > before { None } else { domain }
+    if problems.len() > before {
+        None
+    } else {
+        domain
+    }
 }
 
 /// The live policy set, swapped atomically on reload; readers never block.

@@ -117,7 +117,11 @@ impl Reader<'_> {
             return Vec::new();
         }
         let Value::Seq(items) = &node.value else {
-            self.problem(node.pos, &path, format!("expected a list, found {}", node.kind()));
+            self.problem(
+                node.pos,
+                &path,
+                format!("expected a list, found {}", node.kind()),
+            );
             return Vec::new();
         };
         items
@@ -207,7 +211,11 @@ impl Reader<'_> {
             return Vec::new();
         }
         let Value::Seq(items) = &node.value else {
-            self.problem(node.pos, path, format!("expected a list, found {}", node.kind()));
+            self.problem(
+                node.pos,
+                path,
+                format!("expected a list, found {}", node.kind()),
+            );
             return Vec::new();
         };
         let mut names = Vec::new();
@@ -238,7 +246,11 @@ impl Reader<'_> {
             Value::Map(entries) => Some(entries),
             _ => {
                 let at = if path.is_empty() { "file" } else { path };
-                self.problem(node.pos, at, format!("expected a map, found {}", node.kind()));
+                self.problem(
+                    node.pos,
+                    at,
+                    format!("expected a map, found {}", node.kind()),
+                );
                 None
             }
         }
@@ -254,7 +266,11 @@ impl Reader<'_> {
         let mut seen: Vec<(&'static str, &'n Node, String)> = Vec::new();
         for (k, v) in entries {
             let Value::Scalar { text, .. } = &k.value else {
-                self.problem(k.pos, path, format!("field names must be text, found {}", k.kind()));
+                self.problem(
+                    k.pos,
+                    path,
+                    format!("field names must be text, found {}", k.kind()),
+                );
                 continue;
             };
             let field_path = join(path, text);
@@ -262,7 +278,10 @@ impl Reader<'_> {
                 self.problem(
                     k.pos,
                     &field_path,
-                    format!("unknown field `{text}` (expected one of: {})", known.join(", ")),
+                    format!(
+                        "unknown field `{text}` (expected one of: {})",
+                        known.join(", ")
+                    ),
                 );
                 continue;
             };
@@ -283,7 +302,11 @@ impl Reader<'_> {
                 pos: node.pos,
             }),
             _ => {
-                self.problem(node.pos, path, format!("expected text, found {}", node.kind()));
+                self.problem(
+                    node.pos,
+                    path,
+                    format!("expected text, found {}", node.kind()),
+                );
                 None
             }
         }
@@ -299,7 +322,11 @@ impl Reader<'_> {
             _ if node.is_null() => return None,
             _ => {}
         }
-        self.problem(node.pos, path, format!("expected true or false, found {}", show(node)));
+        self.problem(
+            node.pos,
+            path,
+            format!("expected true or false, found {}", show(node)),
+        );
         None
     }
 
@@ -310,13 +337,14 @@ impl Reader<'_> {
     fn uint(&mut self, node: &Node, path: &str) -> Option<Spanned<u64>> {
         if let Value::Scalar { text, plain: true } = &node.value {
             let digits = text.strip_prefix('+').unwrap_or(text);
-            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-                if let Ok(n) = digits.parse::<u64>() {
-                    return Some(Spanned {
-                        value: n,
-                        pos: node.pos,
-                    });
-                }
+            if !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && let Ok(n) = digits.parse::<u64>()
+            {
+                return Some(Spanned {
+                    value: n,
+                    pos: node.pos,
+                });
             }
         }
         self.problem(

@@ -50,10 +50,11 @@ fn problems(text: &str) -> Vec<Problem> {
 
 fn rpu(set: &PolicySet, entries: &[(&str, &str)]) -> Option<u32> {
     let d = set.domain("test-domain").expect("domain");
-    d.resolve(entries.iter().copied()).map(|r| match r.rule.limit {
-        Limit::Limited(rate) => rate.requests_per_unit,
-        Limit::Unlimited => u32::MAX,
-    })
+    d.resolve(entries.iter().copied())
+        .map(|r| match r.rule.limit {
+            Limit::Limited(rate) => rate.requests_per_unit,
+            Limit::Unlimited => u32::MAX,
+        })
 }
 
 #[test]
@@ -61,7 +62,10 @@ fn matching_follows_the_reference() {
     let s = set(BASIC);
     // Exact beats key-only, at any depth.
     assert_eq!(rpu(&s, &[("key1", "value1"), ("subkey1", "x")]), Some(5));
-    assert_eq!(rpu(&s, &[("key1", "value1"), ("subkey1", "subvalue1")]), Some(10));
+    assert_eq!(
+        rpu(&s, &[("key1", "value1"), ("subkey1", "subvalue1")]),
+        Some(10)
+    );
     assert_eq!(rpu(&s, &[("key2", "anything")]), Some(20));
     assert_eq!(rpu(&s, &[("key2", "value2")]), Some(30));
     // A node with no rate_limit whitelists.
@@ -69,14 +73,20 @@ fn matching_follows_the_reference() {
     assert_eq!(rpu(&s, &[("key1", "value1")]), None);
     // Fewer entries reach an intermediate node with its own limit.
     assert_eq!(rpu(&s, &[("key5", "value5")]), Some(15));
-    assert_eq!(rpu(&s, &[("key5", "value5"), ("subkey5", "subvalue5")]), Some(25));
+    assert_eq!(
+        rpu(&s, &[("key5", "value5"), ("subkey5", "subvalue5")]),
+        Some(25)
+    );
     // Deeper than the tree, or no backtracking to a key-only sibling: no limit.
     assert_eq!(rpu(&s, &[("key3", "x"), ("extra", "y")]), None);
     assert_eq!(rpu(&s, &[("key1", "value1"), ("nope", "x")]), None);
     assert_eq!(rpu(&s, &[("unknown", "x")]), None);
     assert_eq!(rpu(&s, &[]), None);
     assert_eq!(rpu(&s, &[("key6", "x")]), Some(u32::MAX));
-    assert_eq!(s.summary().to_string(), "1 files, 1 domains, 10 rules (9 limited, 0 bans, 1 unlimited)");
+    assert_eq!(
+        s.summary().to_string(),
+        "1 files, 1 domains, 10 rules (9 limited, 0 bans, 1 unlimited)"
+    );
 }
 
 #[test]
@@ -135,10 +145,22 @@ descriptors:
 
 #[test]
 fn rule_identity_survives_a_reload_and_ignores_the_rate() {
-    let a = set("domain: test-domain\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]");
-    let b = set("domain: test-domain\ndescriptors:\n  - key: x\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9, burst: 3}\n");
-    let ka = a.domain("test-domain").unwrap().resolve([("k", "v")]).unwrap();
-    let kb = b.domain("test-domain").unwrap().resolve([("k", "v")]).unwrap();
+    let a = set(
+        "domain: test-domain\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]",
+    );
+    let b = set(
+        "domain: test-domain\ndescriptors:\n  - key: x\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9, burst: 3}\n",
+    );
+    let ka = a
+        .domain("test-domain")
+        .unwrap()
+        .resolve([("k", "v")])
+        .unwrap();
+    let kb = b
+        .domain("test-domain")
+        .unwrap()
+        .resolve([("k", "v")])
+        .unwrap();
     assert_eq!(ka.key, kb.key);
     assert_ne!(ka.rule.limit, kb.rule.limit);
 }
@@ -245,7 +267,11 @@ descriptors:
         "descriptors[8].rate_limit.name: name must not contain '\"'",
     ];
     for e in expect {
-        assert!(shown.iter().any(|s| s.contains(e)), "missing {e:?} in:\n{}", shown.join("\n"));
+        assert!(
+            shown.iter().any(|s| s.contains(e)),
+            "missing {e:?} in:\n{}",
+            shown.join("\n")
+        );
     }
     assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
 }
@@ -253,11 +279,19 @@ descriptors:
 #[test]
 fn file_level_problems() {
     assert!(problems("")[0].message.contains("file is empty"));
-    assert!(problems("descriptors: []")[0].message.contains("missing domain"));
+    assert!(
+        problems("descriptors: []")[0]
+            .message
+            .contains("missing domain")
+    );
     assert!(problems("domain: ''")[0].message.contains("empty domain"));
     assert!(problems("domain: [a]")[0].message.contains("expected text"));
     assert!(problems("- a\n- b")[0].message.contains("expected a map"));
-    assert!(problems("domain: a\n---\ndomain: b")[0].message.contains("one YAML document"));
+    assert!(
+        problems("domain: a\n---\ndomain: b")[0]
+            .message
+            .contains("one YAML document")
+    );
     let p = problems("domain: a\ndescriptors: [\n");
     assert!(p[0].message.contains("invalid YAML"), "{p:?}");
     assert!(p[0].pos.is_some());
@@ -269,7 +303,10 @@ fn file_level_problems() {
 fn duplicate_domains_across_files() {
     let err = load_str(&[("a.yaml", "domain: d"), ("b.yaml", "domain: d")]).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("b.yaml: domain: duplicate domain \"d\" (also in a.yaml)"), "{text}");
+    assert!(
+        text.contains("b.yaml: domain: duplicate domain \"d\" (also in a.yaml)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -282,5 +319,8 @@ fn load_dir_reads_yaml_files_only() {
     let s = load_dir(dir.path()).unwrap();
     assert_eq!(s.summary().files, 2);
     assert!(s.domain("a").is_some() && s.domain("b").is_some());
-    assert!(matches!(load_dir(&dir.path().join("missing")), Err(PolicyError::Dir { .. })));
+    assert!(matches!(
+        load_dir(&dir.path().join("missing")),
+        Err(PolicyError::Dir { .. })
+    ));
 }

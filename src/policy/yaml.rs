@@ -131,12 +131,11 @@ impl Builder {
     fn finish_collection(&mut self) {
         if let Some((mut node, _, anchor)) = self.stack.pop() {
             // A block map's start event is marked at its first `:`; point at its first key.
-            if let Value::Map(entries) = &node.value {
-                if let Some((first, _)) = entries.first() {
-                    if (first.pos.line, first.pos.col) < (node.pos.line, node.pos.col) {
-                        node.pos = first.pos;
-                    }
-                }
+            if let Value::Map(entries) = &node.value
+                && let Some((first, _)) = entries.first()
+                && (first.pos.line, first.pos.col) < (node.pos.line, node.pos.col)
+            {
+                node.pos = first.pos;
             }
             if anchor > 0 {
                 self.anchors.insert(anchor, node.clone());

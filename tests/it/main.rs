@@ -1,1 +1,5 @@
-fn main(){}
+//! sluice integration tests: one binary, a module per area.
+mod check;
+mod helpers;
+mod service;
+mod wire;

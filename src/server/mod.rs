@@ -1,0 +1,84 @@
+//! The transport adapters: the gRPC server (rate-limit service and `grpc.health.v1`) and the
+//! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state.
+
+pub mod admin;
+pub mod rls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tonic::transport::Server;
+use tonic::transport::server::Router;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::pb::rate_limit_service_server::RateLimitServiceServer;
+use rls::RateLimitHandler;
+
+/// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
+pub const HEALTH_SERVICE: &str = "ratelimit";
+
+/// Whether the server takes traffic, as seen by gRPC health checks and `GET /healthcheck`.
+#[derive(Clone)]
+pub struct Health {
+    /// Relaxed: a lone flag; readers need no other memory ordered with it.
+    serving: Arc<AtomicBool>,
+    reporter: HealthReporter,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("serving", &self.is_serving())
+            .finish()
+    }
+}
+
+impl Health {
+    /// Health reported through `reporter`; not serving until [`Health::set`] says so.
+    #[must_use]
+    pub fn new(reporter: HealthReporter) -> Self {
+        Self {
+            serving: Arc::new(AtomicBool::new(false)),
+            reporter,
+        }
+    }
+
+    /// Whether the server takes traffic.
+    #[must_use]
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+
+    /// Sets the status of every name health is asked under: `""`, `ratelimit` and the
+    /// rate-limit service's full name.
+    pub async fn set(&self, serving: bool) {
+        self.serving.store(serving, Ordering::Relaxed);
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for name in [
+            "",
+            HEALTH_SERVICE,
+            <RateLimitServiceServer<RateLimitHandler> as tonic::server::NamedService>::NAME,
+        ] {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+}
+
+/// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
+/// and `grpc.health.v1`.
+pub fn grpc_router(
+    handler: RateLimitHandler,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    max_request_bytes: usize,
+) -> Router {
+    Server::builder().add_service(health).add_service(
+        RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+    )
+}

@@ -1,0 +1,162 @@
+//! The gRPC adapter for `envoy.service.ratelimit.v3.RateLimitService`: protobuf → domain
+//! request, decision, domain response → protobuf, and the one place errors become gRPC statuses.
+
+use prost_types::Duration;
+use tonic::{Request, Response, Status};
+
+use crate::decision::{self, Code, Decider, RequestError};
+use crate::limiter::Limiter;
+use crate::pb::envoy::r#type::v3::RateLimitUnit;
+use crate::pb::rate_limit_response::{self as pbr, rate_limit::Unit as PbUnit};
+use crate::pb::rate_limit_service_server::RateLimitService;
+use crate::pb::{RateLimitRequest, RateLimitResponse};
+use crate::policy::{PolicyHandle, Unit};
+
+/// Answers `ShouldRateLimit` from the live policies and the limiter.
+#[derive(Debug, Clone)]
+pub struct RateLimitHandler {
+    policies: PolicyHandle,
+    limiter: Limiter,
+    decider: Decider,
+}
+
+impl RateLimitHandler {
+    /// A handler over the given policies and limiter.
+    #[must_use]
+    pub fn new(policies: PolicyHandle, limiter: Limiter, decider: Decider) -> Self {
+        Self {
+            policies,
+            limiter,
+            decider,
+        }
+    }
+
+    /// Decides one decoded request.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for a malformed request.
+    pub fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let req = from_pb(request).map_err(status)?;
+        let policies = self.policies.load();
+        let plan = self.decider.plan(&req, &policies).map_err(status)?;
+        let batch = if plan.ops().is_empty() {
+            crate::limiter::Batch {
+                blocked: false,
+                outcomes: Vec::new(),
+            }
+        } else {
+            self.limiter.check(plan.ops())
+        };
+        let resp = self.decider.finish(&plan, &batch);
+        tracing::debug!(domain = %req.domain, overall = ?resp.overall, "decided");
+        Ok(to_pb(&resp))
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitHandler {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.into_inner()).map(Response::new)
+    }
+}
+
+/// The one mapping from errors to gRPC statuses: malformed input is `INVALID_ARGUMENT`.
+fn status(err: RequestError) -> Status {
+    Status::invalid_argument(err.to_string())
+}
+
+fn from_pb(req: RateLimitRequest) -> Result<decision::Request, RequestError> {
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.into_iter().enumerate() {
+        let limit = match d.limit {
+            None => None,
+            Some(ov) => Some(decision::Override {
+                requests_per_unit: ov.requests_per_unit,
+                unit: override_unit(ov.unit).ok_or(RequestError::UnknownUnit {
+                    descriptor: i,
+                    value: ov.unit,
+                })?,
+            }),
+        };
+        descriptors.push(decision::Descriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| decision::Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+            limit,
+            hits_addend: d.hits_addend,
+            is_negative_hits: d.is_negative_hits,
+        });
+    }
+    Ok(decision::Request {
+        domain: req.domain,
+        descriptors,
+        hits_addend: req.hits_addend,
+    })
+}
+
+/// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.
+fn override_unit(value: i32) -> Option<Unit> {
+    Some(match RateLimitUnit::try_from(value).ok()? {
+        RateLimitUnit::Unknown => return None,
+        RateLimitUnit::Second => Unit::Second,
+        RateLimitUnit::Minute => Unit::Minute,
+        RateLimitUnit::Hour => Unit::Hour,
+        RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Month => Unit::Month,
+        RateLimitUnit::Year => Unit::Year,
+    })
+}
+
+/// Our unit → `RateLimitResponse.RateLimit.Unit` (where WEEK is 7).
+fn response_unit(unit: Unit) -> PbUnit {
+    match unit {
+        Unit::Second => PbUnit::Second,
+        Unit::Minute => PbUnit::Minute,
+        Unit::Hour => PbUnit::Hour,
+        Unit::Day => PbUnit::Day,
+        Unit::Week => PbUnit::Week,
+        Unit::Month => PbUnit::Month,
+        Unit::Year => PbUnit::Year,
+    }
+}
+
+fn code(code: Code) -> pbr::Code {
+    match code {
+        Code::Ok => pbr::Code::Ok,
+        Code::OverLimit => pbr::Code::OverLimit,
+    }
+}
+
+fn to_pb(resp: &decision::Response<'_>) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code(resp.overall).into(),
+        statuses: resp
+            .statuses
+            .iter()
+            .map(|s| pbr::DescriptorStatus {
+                code: code(s.code).into(),
+                current_limit: s.limit.map(|l| pbr::RateLimit {
+                    name: l.name().to_string(),
+                    requests_per_unit: l.rate.requests_per_unit,
+                    unit: response_unit(l.rate.unit).into(),
+                }),
+                limit_remaining: s.remaining,
+                duration_until_reset: s.reset_seconds.map(|secs| Duration {
+                    seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                quota: None,
+            })
+            .collect(),
+        ..RateLimitResponse::default()
+    }
+}

@@ -1,0 +1,308 @@
+//! Process settings and the command line. Settings are layered: built-in defaults → an optional
+//! settings file (YAML) → `SLUICE_*` environment variables (`__` between nested names, e.g.
+//! `SLUICE_REQUESTS__MAX_DESCRIPTORS=16`) → command-line flags. They are read once and
+//! validated into [`Settings`]; nothing re-reads them later.
+//!
+//! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use config::{Config, Environment, File, FileFormat};
+use serde::{Deserialize, Serialize};
+
+use crate::decision::Caps;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A GCRA rate-limit server for Envoy's RateLimitService API"
+)]
+pub struct Cli {
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (the default).
+    Serve(ServeArgs),
+    /// Validate settings and policies, print a summary, and exit 0 (valid) or 2 (invalid).
+    Check(CheckArgs),
+}
+
+/// Flags of `sluice serve`.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Settings file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files.
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// gRPC listen address (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// HTTP admin listen address (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin_addr: Option<SocketAddr>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log level or filter directives (overridden by `RUST_LOG`).
+    #[arg(long, value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+/// Flags of `sluice check`.
+#[derive(Debug, Default, Args)]
+pub struct CheckArgs {
+    /// Settings file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files.
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// Directory of policy files (same as `--policies`).
+    #[arg(value_name = "PATH", conflicts_with = "policies")]
+    pub path: Option<PathBuf>,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// The process settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// HTTP admin listen address.
+    pub admin_addr: SocketAddr,
+    /// Directory of policy files.
+    pub policies: PathBuf,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log level or filter directives; `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// Global shadow mode: count and report as usual, never answer OVER_LIMIT overall.
+    pub shadow_mode: bool,
+    /// Caps on request size.
+    pub requests: RequestSettings,
+    /// The in-memory store.
+    pub store: StoreSettings,
+    /// How long shutdown waits for in-flight calls, in milliseconds.
+    pub shutdown_grace_ms: u64,
+}
+
+/// Caps on request size; larger requests are refused with `INVALID_ARGUMENT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestSettings {
+    /// Largest encoded request, in bytes (refused by the gRPC layer beyond this).
+    pub max_request_bytes: usize,
+    /// Most descriptors per request.
+    pub max_descriptors: usize,
+    /// Most entries per descriptor.
+    pub max_entries: usize,
+    /// Longest domain, in bytes.
+    pub max_domain_bytes: usize,
+    /// Longest entry key, in bytes.
+    pub max_key_bytes: usize,
+    /// Longest entry value, in bytes.
+    pub max_value_bytes: usize,
+}
+
+/// The in-memory store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSettings {
+    /// How often keys with a full bucket (no information) are removed, in milliseconds.
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
+            admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            policies: PathBuf::from("config/policies"),
+            log_format: LogFormat::Text,
+            log_level: "info".into(),
+            shadow_mode: false,
+            requests: RequestSettings::default(),
+            store: StoreSettings::default(),
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+impl Default for RequestSettings {
+    fn default() -> Self {
+        let caps = Caps::default();
+        Self {
+            max_request_bytes: 1 << 20,
+            max_descriptors: caps.max_descriptors,
+            max_entries: caps.max_entries,
+            max_domain_bytes: caps.max_domain_bytes,
+            max_key_bytes: caps.max_key_bytes,
+            max_value_bytes: caps.max_value_bytes,
+        }
+    }
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            sweep_interval_ms: 10_000,
+        }
+    }
+}
+
+impl RequestSettings {
+    /// The caps the decision layer enforces.
+    #[must_use]
+    pub fn caps(&self) -> Caps {
+        Caps {
+            max_descriptors: self.max_descriptors,
+            max_entries: self.max_entries,
+            max_domain_bytes: self.max_domain_bytes,
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
+        }
+    }
+}
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The layered sources could not be read or did not fit the schema.
+    #[error("invalid settings: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value is out of range.
+    #[error("invalid settings: {0}")]
+    Invalid(String),
+}
+
+impl Settings {
+    /// Loads settings: defaults, then `file` when given, then `SLUICE_*` variables, then `flags`.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] when a source cannot be read, a field is unknown or mistyped, or a
+    /// value is out of range.
+    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
+        let mut builder = Config::builder().add_source(Config::try_from(&Settings::default())?);
+        if let Some(path) = file {
+            builder = builder.add_source(File::from(path).format(FileFormat::Yaml).required(true));
+        }
+        builder = builder.add_source(
+            Environment::with_prefix("SLUICE")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true),
+        );
+        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        if let Some(p) = &flags.policies {
+            settings.policies.clone_from(p);
+        }
+        if let Some(a) = flags.grpc_addr {
+            settings.grpc_addr = a;
+        }
+        if let Some(a) = flags.admin_addr {
+            settings.admin_addr = a;
+        }
+        if let Some(f) = flags.log_format {
+            settings.log_format = f;
+        }
+        if let Some(l) = &flags.log_level {
+            settings.log_level.clone_from(l);
+        }
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        let r = &self.requests;
+        for (name, value) in [
+            ("requests.max_request_bytes", r.max_request_bytes),
+            ("requests.max_descriptors", r.max_descriptors),
+            ("requests.max_entries", r.max_entries),
+            ("requests.max_domain_bytes", r.max_domain_bytes),
+            ("requests.max_key_bytes", r.max_key_bytes),
+            ("requests.max_value_bytes", r.max_value_bytes),
+        ] {
+            if value == 0 {
+                return Err(SettingsError::Invalid(format!("{name} must be at least 1")));
+            }
+        }
+        if self.store.sweep_interval_ms == 0 {
+            return Err(SettingsError::Invalid(
+                "store.sweep_interval_ms must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(
+            &path,
+            "grpc_addr: 127.0.0.1:9000\nrequests:\n  max_descriptors: 3\n",
+        )
+        .unwrap();
+        let flags = ServeArgs {
+            admin_addr: Some("127.0.0.1:0".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let s = Settings::load(Some(&path), &flags).unwrap();
+        assert_eq!(s.grpc_addr, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(s.admin_addr, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(s.requests.max_descriptors, 3);
+        assert_eq!(
+            s.requests.max_entries,
+            RequestSettings::default().max_entries
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(&path, "grpc_adr: 127.0.0.1:9000\n").unwrap();
+        let err = Settings::load(Some(&path), &ServeArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("grpc_adr"), "{err}");
+        std::fs::write(&path, "requests: {max_entries: 0}\n").unwrap();
+        let err = Settings::load(Some(&path), &ServeArgs::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("requests.max_entries must be at least 1"),
+            "{err}"
+        );
+        let missing = dir.path().join("missing.yaml");
+        assert!(Settings::load(Some(&missing), &ServeArgs::default()).is_err());
+    }
+}

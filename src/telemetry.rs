@@ -1,0 +1,20 @@
+//! Logging setup: one `tracing` subscriber for the process, text or JSON, filtered by
+//! `RUST_LOG` when set and by the `log_level` setting otherwise. Library code only emits events.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::settings::LogFormat;
+
+/// Installs the global subscriber. Later calls (tests start many servers) are ignored.
+pub fn init(format: LogFormat, level: &str) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _already_set = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

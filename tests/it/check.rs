@@ -1,0 +1,165 @@
+//! `sluice check`: every broken fixture (one per kind of error) is reported with its file, line
+//! and descriptor path, and exits 2; the shipped `config/` passes with 0.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/broken");
+
+fn check(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("check")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run sluice check")
+}
+
+/// Runs `check` on a directory holding only `files` (copied from the fixtures).
+fn check_fixtures(files: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        std::fs::copy(Path::new(FIXTURES).join(f), dir.path().join(f)).unwrap();
+    }
+    let out = check(&[dir.path().to_str().unwrap()]);
+    assert!(out.stdout.is_empty(), "nothing on stdout for a failure");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn each_broken_fixture_is_named_with_its_path_and_exits_2() {
+    let cases = [
+        ("syntax.yaml", ":5:1: invalid YAML"),
+        (
+            "unknown_field.yaml",
+            ":4:5: descriptors[0].ratelimit: unknown field `ratelimit`",
+        ),
+        (
+            "duplicate_descriptor.yaml",
+            ":5:5: descriptors[1]: duplicate descriptor `remote_address`",
+        ),
+        ("missing_domain.yaml", ":1:1: domain: missing domain"),
+        (
+            "empty_domain.yaml",
+            ":1:9: domain: config file cannot have empty domain",
+        ),
+        (
+            "empty_key.yaml",
+            ":3:5: descriptors[0]: descriptor has empty key",
+        ),
+        (
+            "bad_unit.yaml",
+            ":7:28: descriptors[0].descriptors[0].rate_limit.unit: invalid rate limit unit \"minutes\"",
+        ),
+        (
+            "unlimited_with_unit.yaml",
+            "descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
+        ),
+        (
+            "replaces_self.yaml",
+            "descriptors[0].rate_limit.replaces[0].name: replaces should not contain name of same descriptor",
+        ),
+        (
+            "replaces_empty.yaml",
+            "descriptors[0].rate_limit.replaces[0].name: should not have an empty replaces entry",
+        ),
+        (
+            "zero_burst.yaml",
+            "descriptors[0].rate_limit.burst: must be between 1 and 4294967295, found 0",
+        ),
+        (
+            "zero_multiplier.yaml",
+            "descriptors[0].rate_limit.unit_multiplier: must be between 1 and 1000000, found 0",
+        ),
+        (
+            "bad_number.yaml",
+            "descriptors[0].rate_limit.requests_per_unit: expected a whole number ≥ 0, found \"ten\"",
+        ),
+        (
+            "share_threshold_without_wildcard.yaml",
+            "descriptors[0].share_threshold: share_threshold needs a value with a `*` wildcard",
+        ),
+        (
+            "bad_name.yaml",
+            "descriptors[0].rate_limit.name: name must not contain '\"'",
+        ),
+        (
+            "too_long.yaml",
+            "descriptors[0].rate_limit: burst × period / requests_per_unit is longer than 146 years",
+        ),
+    ];
+    for (file, expected) in cases {
+        let (code, stderr) = check_fixtures(&[file]);
+        assert_eq!(code, 2, "{file}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(file))
+            .unwrap_or_else(|| panic!("{file} not named: {stderr}"));
+        assert!(
+            line.contains(expected),
+            "{file}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn all_errors_of_a_load_are_reported_together() {
+    let files = [
+        "bad_unit.yaml",
+        "zero_burst.yaml",
+        "syntax.yaml",
+        "empty_key.yaml",
+    ];
+    let (code, stderr) = check_fixtures(&files);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("4 problems in policies"), "{stderr}");
+    for f in files {
+        assert!(stderr.contains(f), "{f} missing from:\n{stderr}");
+    }
+}
+
+#[test]
+fn duplicate_domains_across_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "domain: edge\n").unwrap();
+    std::fs::write(dir.path().join("b.yaml"), "domain: edge\n").unwrap();
+    let out = check(&["--policies", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("b.yaml: domain: duplicate domain \"edge\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_directory_and_bad_settings_exit_2() {
+    let out = check(&["/nonexistent/policies"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read policy directory"));
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("s.yaml");
+    std::fs::write(&settings, "polices: x\n").unwrap();
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("polices"));
+}
+
+#[test]
+fn shipped_config_is_valid() {
+    let out = check(&["--config", "config/sluice.yaml"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("config/policies: "), "{stdout}");
+    assert!(stdout.trim_end().ends_with(": ok"), "{stdout}");
+}

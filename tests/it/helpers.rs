@@ -1,0 +1,153 @@
+//! Test support: a real server (`App`) on 127.0.0.1:0 with policies in a temporary directory, a
+//! hand-driven clock, and a gRPC client.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sluice::app::{App, AppError};
+use sluice::limiter::{ManualClock, MemoryStore};
+use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
+use sluice::settings::Settings;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// A running server and a client for it.
+pub struct TestServer {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    pub clock: Arc<ManualClock>,
+    pub store: Arc<MemoryStore>,
+    pub client: RateLimitServiceClient<Channel>,
+    _dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), AppError>>>,
+}
+
+impl TestServer {
+    /// Starts a server with the given policy files (name, YAML).
+    pub async fn start(policies: &[(&str, &str)]) -> Self {
+        Self::start_with(policies, |_| {}).await
+    }
+
+    /// Starts a server with the given policy files, after `tune` adjusts the settings.
+    pub async fn start_with(policies: &[(&str, &str)], tune: impl FnOnce(&mut Settings)) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, text) in policies {
+            std::fs::write(dir.path().join(name), text).expect("write policy");
+        }
+        let mut settings = Settings {
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            admin_addr: "127.0.0.1:0".parse().unwrap(),
+            policies: dir.path().to_path_buf(),
+            shutdown_grace_ms: 2_000,
+            ..Settings::default()
+        };
+        tune(&mut settings);
+        // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.
+        let clock = Arc::new(ManualClock::new(1_000_000_000_000));
+        let app = App::bind_with_clock(settings, clock.clone())
+            .await
+            .expect("bind");
+        let (grpc, admin, store) = (app.grpc_addr(), app.admin_addr(), app.store());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async {
+            let _ = stopped.await;
+        }));
+        let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("connect");
+        Self {
+            grpc,
+            admin,
+            clock,
+            store,
+            client,
+            _dir: dir,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Calls `ShouldRateLimit`.
+    pub async fn call(&self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        self.client
+            .clone()
+            .should_rate_limit(req)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Calls `ShouldRateLimit` and expects an answer.
+    pub async fn ok(&self, req: RateLimitRequest) -> RateLimitResponse {
+        self.call(req).await.expect("ShouldRateLimit failed")
+    }
+
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) -> Result<(), AppError> {
+        self.begin_stop();
+        self.task.take().expect("running").await.expect("join")
+    }
+
+    /// Asks the server to stop without waiting.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.begin_stop();
+    }
+}
+
+/// One descriptor from (key, value) entries.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| rate_limit_descriptor::Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+/// A request of one or more descriptors.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// A request with one descriptor of one entry.
+pub fn single(domain: &str, key: &str, value: &str) -> RateLimitRequest {
+    request(domain, vec![descriptor(&[(key, value)])])
+}
+
+/// A plain HTTP/1.1 GET on the admin port: (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.expect("read");
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,517 @@
+//! `ShouldRateLimit` over gRPC against a real server: every response field, the matching rules,
+//! costs, all-or-nothing charging, refunds, and bad input.
+
+use sluice::pb::envoy::r#type::v3::RateLimitUnit;
+use sluice::pb::rate_limit_descriptor::RateLimitOverride;
+use sluice::pb::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
+use tonic::Code as GrpcCode;
+
+use crate::helpers::{TestServer, descriptor, http_get, request, single};
+
+const SEC: u64 = 1_000_000_000;
+
+const POLICY: &str = r"
+domain: test
+descriptors:
+  - key: burst
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: paced
+    rate_limit: {name: paced, unit: minute, requests_per_unit: 60, burst: 2}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: banned
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: nested
+    value: a
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: white
+  - key: path
+    value: /api/*/export
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: broad
+    rate_limit: {name: broad, unit: hour, requests_per_unit: 1}
+  - key: narrow
+    rate_limit: {replaces: [{name: broad}], unit: hour, requests_per_unit: 5}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: weekly
+    rate_limit: {unit: week, requests_per_unit: 7}
+";
+
+async fn server() -> TestServer {
+    TestServer::start(&[("test.yaml", POLICY)]).await
+}
+
+fn limited(
+    code: Code,
+    rpu: u32,
+    unit: Unit,
+    name: &str,
+    remaining: u32,
+    reset: i64,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(RateLimit {
+            name: name.into(),
+            requests_per_unit: rpu,
+            unit: unit.into(),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: reset,
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+fn no_limit(remaining: u32) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok.into(),
+        limit_remaining: remaining,
+        ..DescriptorStatus::default()
+    }
+}
+
+#[tokio::test]
+async fn burst_then_over_limit_with_exact_counts() {
+    let s = server().await;
+    // 3 per hour: T = 1200 s. Each admission adds 1200 s of debt.
+    for (remaining, reset) in [(2, 1200), (1, 2400), (0, 3600)] {
+        let r = s.ok(single("test", "burst", "x")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(
+            r.statuses,
+            vec![limited(Code::Ok, 3, Unit::Hour, "", remaining, reset)]
+        );
+    }
+    let r = s.ok(single("test", "burst", "x")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, 3, Unit::Hour, "", 0, 1200)]
+    );
+    // Another value has its own counter.
+    let r = s.ok(single("test", "burst", "y")).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // One emission interval later exactly one more fits; a nanosecond earlier it does not.
+    s.clock.advance(1200 * SEC - 1);
+    assert_eq!(
+        s.ok(single("test", "burst", "x")).await.overall_code,
+        Code::OverLimit as i32
+    );
+    s.clock.advance(1);
+    let r = s.ok(single("test", "burst", "x")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 3, Unit::Hour, "", 0, 3600)]
+    );
+}
+
+#[tokio::test]
+async fn explicit_burst_and_name() {
+    let s = server().await;
+    let r = s.ok(single("test", "paced", "x")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 60, Unit::Minute, "paced", 1, 1)]
+    );
+    let r = s.ok(single("test", "paced", "x")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 60, Unit::Minute, "paced", 0, 2)]
+    );
+    let r = s.ok(single("test", "paced", "x")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, 60, Unit::Minute, "paced", 0, 1)]
+    );
+    // Sub-second waits round up, never down.
+    s.clock.advance(SEC / 2);
+    let r = s.ok(single("test", "paced", "x")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, 60, Unit::Minute, "paced", 0, 1)]
+    );
+}
+
+#[tokio::test]
+async fn unknown_domain_and_unmatched_descriptors_are_ok_without_limit() {
+    let s = server().await;
+    let r = s
+        .ok(request(
+            "nope",
+            vec![descriptor(&[("burst", "x")]), descriptor(&[("a", "b")])],
+        ))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses, vec![no_limit(0), no_limit(0)]);
+    let r = s.ok(single("test", "unknown", "x")).await;
+    assert_eq!(r.statuses, vec![no_limit(0)]);
+    // A node without rate_limit whitelists.
+    let r = s.ok(single("test", "white", "x")).await;
+    assert_eq!(r.statuses, vec![no_limit(0)]);
+}
+
+#[tokio::test]
+async fn unlimited_reports_max_remaining() {
+    let s = server().await;
+    let r = s.ok(single("test", "free", "x")).await;
+    assert_eq!(r.statuses, vec![no_limit(4_294_967_295)]);
+    assert!(s.store.is_empty(), "unlimited rules are never counted");
+}
+
+#[tokio::test]
+async fn nested_rules_and_the_depth_rule() {
+    let s = server().await;
+    let rpu = |r: &sluice::pb::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let d = |e: &[(&str, &str)]| request("test", vec![descriptor(e)]);
+    assert_eq!(rpu(&s.ok(d(&[("nested", "a")])).await), Some(5));
+    assert_eq!(
+        rpu(&s.ok(d(&[("nested", "a"), ("sub", "x")])).await),
+        Some(2)
+    );
+    assert_eq!(rpu(&s.ok(d(&[("nested", "b")])).await), None);
+    // Deeper than the tree: no limit.
+    assert_eq!(
+        rpu(&s
+            .ok(d(&[("nested", "a"), ("sub", "x"), ("more", "y")]))
+            .await),
+        None
+    );
+    // No backtracking: a miss below an exact match does not fall back to a key-only sibling.
+    assert_eq!(
+        rpu(&s.ok(d(&[("nested", "a"), ("other", "x")])).await),
+        None
+    );
+}
+
+#[tokio::test]
+async fn wildcards_beat_key_only() {
+    let s = server().await;
+    let r = s.ok(single("test", "path", "/api/v2/export")).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+    let r = s.ok(single("test", "path", "/api/v2/users")).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        10
+    );
+}
+
+#[tokio::test]
+async fn replaces_drops_the_named_limit_in_the_same_request() {
+    let s = server().await;
+    let both = || {
+        request(
+            "test",
+            vec![
+                descriptor(&[("broad", "x")]),
+                descriptor(&[("narrow", "y")]),
+            ],
+        )
+    };
+    for remaining in [4, 3] {
+        let r = s.ok(both()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0], no_limit(0));
+        assert_eq!(r.statuses[1].limit_remaining, remaining);
+    }
+    // Alone, the broad limit applies (1 per hour).
+    assert_eq!(
+        s.ok(single("test", "broad", "x")).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(
+        s.ok(single("test", "broad", "x")).await.overall_code,
+        Code::OverLimit as i32
+    );
+}
+
+#[tokio::test]
+async fn shadow_mode_reports_ok_and_charges_no_denial() {
+    let s = server().await;
+    let r = s.ok(single("test", "shadow", "x")).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let keys = s.store.len();
+    for _ in 0..3 {
+        let r = s
+            .ok(request(
+                "test",
+                vec![
+                    descriptor(&[("shadow", "x")]),
+                    descriptor(&[("burst", "s")]),
+                ],
+            ))
+            .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        assert_eq!(
+            r.statuses[0].duration_until_reset.as_ref().unwrap().seconds,
+            3600
+        );
+    }
+    // The enforced descriptor beside it was charged each time.
+    assert_eq!(
+        s.ok(single("test", "burst", "s")).await.overall_code,
+        Code::OverLimit as i32
+    );
+    assert_eq!(s.store.len(), keys + 1);
+}
+
+#[tokio::test]
+async fn request_hits_addend_zero_counts_as_one() {
+    let s = server().await;
+    let mut req = single("test", "burst", "x");
+    req.hits_addend = 0;
+    assert_eq!(s.ok(req.clone()).await.statuses[0].limit_remaining, 2);
+    req.hits_addend = 2;
+    assert_eq!(s.ok(req).await.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn descriptor_hits_addend_zero_consumes_nothing() {
+    let s = server().await;
+    let mut req = single("test", "burst", "x");
+    req.hits_addend = 3;
+    req.descriptors[0].hits_addend = Some(0);
+    for _ in 0..5 {
+        let r = s.ok(req.clone()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].limit_remaining, 3);
+    }
+    // And it overrides the request's cost when set to something else.
+    req.descriptors[0].hits_addend = Some(2);
+    assert_eq!(s.ok(req).await.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test]
+async fn cost_above_burst_is_denied_without_changing_state() {
+    let s = server().await;
+    let mut req = single("test", "burst", "x");
+    req.hits_addend = 4;
+    let r = s.ok(req.clone()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 3,
+        "all three tokens are still there"
+    );
+    req.hits_addend = 3;
+    let r = s.ok(req).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+}
+
+#[tokio::test]
+async fn a_rejected_request_charges_none_of_its_descriptors() {
+    let s = server().await;
+    let r = s
+        .ok(request(
+            "test",
+            vec![
+                descriptor(&[("burst", "x")]),
+                descriptor(&[("banned", "z")]),
+                descriptor(&[("paced", "p")]),
+            ],
+        ))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0], limited(Code::Ok, 3, Unit::Hour, "", 3, 0));
+    assert_eq!(
+        r.statuses[1],
+        limited(Code::OverLimit, 0, Unit::Second, "", 0, 1)
+    );
+    assert_eq!(
+        r.statuses[2],
+        limited(Code::Ok, 60, Unit::Minute, "paced", 2, 0)
+    );
+    assert!(s.store.is_empty(), "nothing was charged");
+    assert_eq!(
+        s.ok(single("test", "burst", "x")).await.statuses[0].limit_remaining,
+        2
+    );
+}
+
+#[tokio::test]
+async fn negative_hits_refund() {
+    let s = server().await;
+    let mut req = single("test", "burst", "x");
+    req.hits_addend = 3;
+    assert_eq!(s.ok(req.clone()).await.statuses[0].limit_remaining, 0);
+    req.hits_addend = 2;
+    req.descriptors[0].is_negative_hits = true;
+    let r = s.ok(req).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    assert_eq!(
+        s.ok(single("test", "burst", "x")).await.statuses[0].limit_remaining,
+        1
+    );
+}
+
+#[tokio::test]
+async fn request_override_replaces_the_configured_limit() {
+    let s = server().await;
+    let mut req = single("test", "unknown-key", "x");
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 2,
+        unit: RateLimitUnit::Minute.into(),
+    });
+    let r = s.ok(req.clone()).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 2, Unit::Minute, "", 1, 30)]
+    );
+    s.ok(req.clone()).await;
+    assert_eq!(s.ok(req.clone()).await.overall_code, Code::OverLimit as i32);
+    // With an unknown domain the override is ignored.
+    req.domain = "nope".into();
+    assert_eq!(s.ok(req).await.statuses, vec![no_limit(0)]);
+}
+
+#[tokio::test]
+async fn week_is_unit_seven() {
+    let s = server().await;
+    let r = s.ok(single("test", "weekly", "x")).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, 7);
+    assert_eq!(
+        r.statuses[0].duration_until_reset.as_ref().unwrap().seconds,
+        86_400
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_invalid_argument_and_charges_nothing() {
+    let s = TestServer::start_with(&[("test.yaml", POLICY)], |settings| {
+        settings.requests.max_descriptors = 2;
+        settings.requests.max_entries = 2;
+        settings.requests.max_key_bytes = 8;
+        settings.requests.max_value_bytes = 16;
+        settings.requests.max_request_bytes = 4096;
+    })
+    .await;
+    let ok = || descriptor(&[("burst", "x")]);
+    let mut unknown_unit = request("test", vec![ok()]);
+    unknown_unit.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let cases = [
+        (request("", vec![ok()]), "domain must not be empty"),
+        (request("test", vec![]), "descriptor list must not be empty"),
+        (
+            request("test", vec![ok(), descriptor(&[("", "v")])]),
+            "descriptors[1].entries[0] has an empty key",
+        ),
+        (
+            request("test", vec![descriptor(&[])]),
+            "descriptors[0] has no entries",
+        ),
+        (
+            request("test", vec![ok(), ok(), ok()]),
+            "3 descriptors, more than the 2 allowed",
+        ),
+        (
+            request(
+                "test",
+                vec![descriptor(&[("a", "1"), ("b", "2"), ("c", "3")])],
+            ),
+            "3 entries",
+        ),
+        (
+            request("test", vec![descriptor(&[("longer-key", "v")])]),
+            "key is 10 bytes",
+        ),
+        (
+            request("test", vec![descriptor(&[("burst", &"v".repeat(17))])]),
+            "value is 17 bytes",
+        ),
+        (unknown_unit, "limit.unit 0 is not a unit"),
+    ];
+    for (req, message) in cases {
+        let err = s.call(req).await.unwrap_err();
+        assert_eq!(err.code(), GrpcCode::InvalidArgument, "{message}: {err:?}");
+        assert!(
+            err.message().contains(message),
+            "{message:?} not in {:?}",
+            err.message()
+        );
+    }
+    // Larger than the transport accepts: refused by the gRPC layer with a clear status.
+    let err = s
+        .call(request(
+            "test",
+            vec![descriptor(&[("burst", &"v".repeat(8000))])],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.code(),
+            GrpcCode::ResourceExhausted | GrpcCode::OutOfRange
+        ),
+        "{err:?}"
+    );
+    assert!(s.store.is_empty(), "bad input charged something");
+    // The server still answers.
+    assert_eq!(
+        s.ok(single("test", "burst", "x")).await.statuses[0].limit_remaining,
+        2
+    );
+}
+
+#[tokio::test]
+async fn health_is_serving_over_grpc_and_http() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let s = server().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    assert_eq!(
+        http_get(s.admin, "/healthcheck").await,
+        (200, "OK".to_string())
+    );
+    s.stop().await.unwrap();
+}
