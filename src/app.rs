@@ -13,7 +13,10 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::decision::Decider;
 use crate::limiter::{Clock, Limiter, MemoryStore, MonotonicClock};
+use crate::metrics::Metrics;
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
+use crate::reload::Reloader;
+use crate::server::admin::AdminState;
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::Settings;
 
@@ -60,6 +63,7 @@ pub struct App {
     admin: TcpListener,
     policies: PolicyHandle,
     limiter: Limiter,
+    metrics: Arc<Metrics>,
 }
 
 impl App {
@@ -81,7 +85,10 @@ impl App {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
-        let set = policy::load_dir(&settings.policies)?;
+        let metrics = Arc::new(Metrics::install(settings.metrics.max_detailed_series));
+        let set = policy::load_dir(&settings.policies)
+            .inspect_err(|_| metrics.policy_load(false, false))?;
+        metrics.policy_load(true, false);
         tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
@@ -92,7 +99,11 @@ impl App {
         let admin = bind("admin", settings.admin_addr).await?;
         Ok(Self {
             policies: PolicyHandle::new(set),
-            limiter: Limiter::new(Arc::new(MemoryStore::new()), clock),
+            limiter: Limiter::new(
+                Arc::new(MemoryStore::with_max_keys(settings.store.max_keys)),
+                clock,
+            ),
+            metrics,
             settings,
             grpc,
             admin,
@@ -129,6 +140,12 @@ impl App {
         Arc::clone(self.limiter.store())
     }
 
+    /// The live policies.
+    #[must_use]
+    pub fn policies(&self) -> PolicyHandle {
+        self.policies.clone()
+    }
+
     /// Serves until `shutdown` resolves, then stops: health goes NOT_SERVING first, the
     /// listeners close, in-flight calls finish within the grace period.
     ///
@@ -145,26 +162,44 @@ impl App {
             caps: self.settings.requests.caps(),
             shadow_mode: self.settings.shadow_mode,
         };
-        let handler = RateLimitHandler::new(self.policies.clone(), self.limiter.clone(), decider);
+        let handler = RateLimitHandler::new(
+            self.policies.clone(),
+            self.limiter.clone(),
+            decider,
+            Arc::clone(&self.metrics),
+        );
+        let admin_state = AdminState {
+            health: health.clone(),
+            handler: handler.clone(),
+            metrics: Arc::clone(&self.metrics),
+            store: self.store(),
+            policies: self.policies.clone(),
+        };
+        let max_request_bytes = self.settings.requests.max_request_bytes;
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
         let mut grpc = tokio::spawn(
-            server::grpc_router(
-                handler,
-                health_service,
-                self.settings.requests.max_request_bytes,
-            )
-            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
+            server::grpc_router(handler, health_service, max_request_bytes)
+                .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         );
         let mut admin = tokio::spawn(
-            axum::serve(self.admin, server::admin::router(health.clone()))
-                .with_graceful_shutdown(stop.clone().cancelled_owned())
-                .into_future(),
+            axum::serve(
+                self.admin,
+                server::admin::router(admin_state, max_request_bytes),
+            )
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
+            .into_future(),
         );
         let sweeper = tokio::spawn(sweep(
             self.limiter.clone(),
             Duration::from_millis(self.settings.store.sweep_interval_ms),
             stop.clone(),
         ));
+        let reloader = Reloader::new(
+            &self.settings.policies,
+            self.policies.clone(),
+            Arc::clone(&self.metrics),
+        );
+        let reload = tokio::spawn(reloader.run(stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
 
@@ -173,12 +208,16 @@ impl App {
             r = &mut grpc => Some(AppError::Serve { what: "gRPC", message: outcome(r.map(|r| r.map_err(|e| e.to_string()))) }),
             r = &mut admin => Some(AppError::Serve { what: "admin", message: outcome(r.map(|r| r.map_err(|e| e.to_string()))) }),
         };
-        tracing::info!("shutting down");
+        tracing::info!(drain_ms = self.settings.drain_delay_ms, "shutting down");
         health.set(false).await;
+        if failure.is_none() && self.settings.drain_delay_ms > 0 {
+            // Keep answering while load balancers see NOT_SERVING and stop sending traffic.
+            tokio::time::sleep(Duration::from_millis(self.settings.drain_delay_ms)).await;
+        }
         stop.cancel();
         let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
         let drained = tokio::time::timeout(grace, async {
-            let _ = tokio::join!(grpc, admin, sweeper);
+            let _ = tokio::join!(grpc, admin, sweeper, reload);
         })
         .await;
         if drained.is_err() {

@@ -172,6 +172,8 @@ pub struct Response<'p> {
     pub overall: Code,
     /// One status per request descriptor, in order.
     pub statuses: Vec<Status<'p>>,
+    /// Whether the request's domain has policies.
+    pub domain_known: bool,
 }
 
 /// OK or over the limit.
@@ -195,6 +197,13 @@ pub struct Status<'p> {
     /// Whole seconds, rounded up: until the bucket is full again when admitted, until this
     /// request would be admitted when over. `None` when no limit applied.
     pub reset_seconds: Option<u64>,
+    /// The cost charged or checked (for metrics).
+    pub hits: u64,
+    /// Whether the limiter found this descriptor over its limit, whatever the code says
+    /// (shadow mode reports OK).
+    pub denied: bool,
+    /// Whether the cost was refunded.
+    pub refund: bool,
 }
 
 /// The limit a status reports.
@@ -234,6 +243,7 @@ enum Slot<'p> {
 pub struct Plan<'p> {
     slots: Vec<Slot<'p>>,
     ops: Vec<Op>,
+    domain_known: bool,
 }
 
 impl Plan<'_> {
@@ -327,11 +337,13 @@ impl Decider {
         policies: &'p PolicySet,
     ) -> Result<Plan<'p>, RequestError> {
         self.validate(req)?;
+        let domain = policies.domain(&req.domain);
         let mut plan = Plan {
             slots: Vec::with_capacity(req.descriptors.len()),
             ops: Vec::new(),
+            domain_known: domain.is_some(),
         };
-        let Some(domain) = policies.domain(&req.domain) else {
+        let Some(domain) = domain else {
             plan.slots.resize(req.descriptors.len(), Slot::None);
             return Ok(plan);
         };
@@ -412,17 +424,26 @@ impl Decider {
                     limit: None,
                     remaining: 0,
                     reset_seconds: None,
+                    hits: 0,
+                    denied: false,
+                    refund: false,
                 },
                 Slot::Unlimited => Status {
                     code: Code::Ok,
                     limit: None,
                     remaining: u32::MAX,
                     reset_seconds: None,
+                    hits: 0,
+                    denied: false,
+                    refund: false,
                 },
                 Slot::Counted { limit, op } => {
                     let outcome = batch.outcomes[op];
                     let shadow = limit.rule.is_some_and(|r| r.shadow_mode);
                     Status {
+                        hits: plan.ops[op].cost,
+                        denied: !outcome.admitted,
+                        refund: plan.ops[op].refund,
                         code: if outcome.admitted || shadow {
                             Code::Ok
                         } else {
@@ -444,6 +465,7 @@ impl Decider {
                 Code::Ok
             },
             statuses,
+            domain_known: plan.domain_known,
         }
     }
 }

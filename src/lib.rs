@@ -11,6 +11,8 @@
 //! - [`decision`]: the transport-free use case: validate, match, count, aggregate.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys and the in-memory store.
+//! - [`reload`]: watches the policy directory and SIGHUP; load → validate → swap.
+//! - [`metrics`]: metric names, the Prometheus recorder, the request path's counters.
 //! - [`settings`], [`telemetry`], [`shutdown`]: process settings and CLI, logging, signals.
 //! - [`pb`]: generated protobuf code.
 //!
@@ -26,8 +28,10 @@
 pub mod app;
 pub mod decision;
 pub mod limiter;
+pub mod metrics;
 pub mod pb;
 pub mod policy;
+pub mod reload;
 pub mod server;
 pub mod settings;
 pub mod shutdown;

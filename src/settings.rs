@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// Log level or filter directives (overridden by `RUST_LOG`).
     #[arg(long, value_name = "FILTER")]
     pub log_level: Option<String>,
+    /// Most counters the in-memory store holds.
+    #[arg(long, value_name = "N")]
+    pub max_keys: Option<usize>,
 }
 
 /// Flags of `sluice check`.
@@ -104,7 +107,12 @@ pub struct Settings {
     pub requests: RequestSettings,
     /// The in-memory store.
     pub store: StoreSettings,
-    /// How long shutdown waits for in-flight calls, in milliseconds.
+    /// Metrics.
+    pub metrics: MetricsSettings,
+    /// After a stop signal, how long to keep answering while health reports NOT_SERVING (so
+    /// load balancers notice first), in milliseconds.
+    pub drain_delay_ms: u64,
+    /// How long shutdown then waits for in-flight calls, in milliseconds.
     pub shutdown_grace_ms: u64,
 }
 
@@ -130,8 +138,27 @@ pub struct RequestSettings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSettings {
+    /// Most counters held; past it a new counter evicts the one closest to expiry.
+    pub max_keys: usize,
     /// How often keys with a full bucket (no information) are removed, in milliseconds.
     pub sweep_interval_ms: u64,
+}
+
+/// Metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// Most series whose labels carry request values (`detailed_metric`, `value_to_metric`,
+    /// unknown domains); past it they are counted under `_other`.
+    pub max_detailed_series: usize,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            max_detailed_series: 1_000,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -145,6 +172,8 @@ impl Default for Settings {
             shadow_mode: false,
             requests: RequestSettings::default(),
             store: StoreSettings::default(),
+            metrics: MetricsSettings::default(),
+            drain_delay_ms: 0,
             shutdown_grace_ms: 10_000,
         }
     }
@@ -167,6 +196,7 @@ impl Default for RequestSettings {
 impl Default for StoreSettings {
     fn default() -> Self {
         Self {
+            max_keys: 1_000_000,
             sweep_interval_ms: 10_000,
         }
     }
@@ -231,6 +261,9 @@ impl Settings {
         if let Some(l) = &flags.log_level {
             settings.log_level.clone_from(l);
         }
+        if let Some(n) = flags.max_keys {
+            settings.store.max_keys = n;
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -244,6 +277,7 @@ impl Settings {
             ("requests.max_domain_bytes", r.max_domain_bytes),
             ("requests.max_key_bytes", r.max_key_bytes),
             ("requests.max_value_bytes", r.max_value_bytes),
+            ("store.max_keys", self.store.max_keys),
         ] {
             if value == 0 {
                 return Err(SettingsError::Invalid(format!("{name} must be at least 1")));

@@ -1,14 +1,21 @@
-//! The in-memory store: counter key → TAT, in a sharded map of atomics, and the batch check that
-//! decides all of a request's counters together, all or nothing.
+//! The in-memory store: counter key → TAT in a sharded map of atomics, bounded in size, and the
+//! batch check that decides all of a request's counters together, all or nothing.
 //!
-//! Each entry is one `AtomicU64` updated by compare-and-swap, so deciding never takes a write
-//! lock; a shard's write lock is taken only to insert a key seen for the first time, and no guard
-//! outlives a single map call. The store knows nothing of policies, protobuf or async runtimes.
+//! Each entry is one `AtomicU64` updated by compare-and-swap under its shard's *read* lock, so
+//! deciding never takes a write lock; a shard's write lock is taken only to insert a key seen for
+//! the first time, to evict, or to sweep, and no lock outlives one of these calls. The number of
+//! keys never exceeds `max_keys`: a new key first evicts, from a sample, the key closest to
+//! expiry (one whose bucket is already full when there is one, which loses nothing). The store
+//! knows nothing of policies, protobuf or async runtimes.
+//!
+//! Memory: an entry is a 16-byte key hash and an 8-byte TAT in a SwissTable (one control byte,
+//! load factor ≤ 7/8, capacity doubling): 28 to 55 bytes per key depending on where the table
+//! sits between two growths.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use dashmap::DashMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::gcra::{self, Outcome, Quota};
 use super::{Batch, Key, Mode, Op};
@@ -18,46 +25,114 @@ use super::{Batch, Key, Mode, Op};
 /// under-admit.
 const MAX_ATTEMPTS: usize = 16;
 
-/// The in-memory counter store.
+/// Entries examined to choose an eviction victim.
+const EVICTION_SAMPLE: usize = 16;
+
+type Map = HashMap<Key, AtomicU64, BuildHasherDefault<KeyHasher>>;
+
+/// One shard, on its own cache lines so shards do not contend through false sharing.
 #[derive(Debug, Default)]
-pub struct MemoryStore {
-    /// Counter key → TAT in nanoseconds of the limiter's clock. A key whose TAT ≤ now is
+#[repr(align(128))]
+struct Shard {
+    /// Key → TAT in nanoseconds of the limiter's clock. A key whose TAT ≤ now is
     /// indistinguishable from an absent one, so absent keys read as TAT 0.
-    map: DashMap<Key, AtomicU64, BuildHasherDefault<KeyHasher>>,
+    map: RwLock<Map>,
+}
+
+/// The in-memory counter store.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    /// `shards.len() - 1`; the length is a power of two.
+    mask: usize,
+    /// Most keys held at once.
+    max_keys: usize,
+    /// Keys held. Reserved before an insert, so it never exceeds `max_keys`.
+    keys: AtomicUsize,
+    /// Keys evicted while their bucket was not yet full.
+    evictions: AtomicU64,
+    /// Rotates eviction over shards.
+    next_victim: AtomicUsize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store without a key limit.
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Self::with_max_keys(usize::MAX)
+    }
+
+    /// An empty store holding at most `max_keys` keys (at least 1).
+    #[must_use]
+    pub fn with_max_keys(max_keys: usize) -> Self {
+        let parallelism = std::thread::available_parallelism().map_or(4, usize::from);
+        let shards = (parallelism * 8).next_power_of_two().max(16);
+        Self {
+            shards: (0..shards).map(|_| Shard::default()).collect(),
+            mask: shards - 1,
+            max_keys: max_keys.max(1),
+            keys: AtomicUsize::new(0),
+            evictions: AtomicU64::new(0),
+            next_victim: AtomicUsize::new(0),
+        }
+    }
+
+    /// The most keys this store holds.
+    #[must_use]
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
     }
 
     /// Number of keys held (live or expired but not yet swept).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.map.len()
+        // Relaxed: a statistic; exact under quiescence.
+        self.keys.load(Ordering::Relaxed)
     }
 
     /// Whether the store holds no keys.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
+    }
+
+    /// Keys evicted before their bucket was full (each may forget some debt).
+    #[must_use]
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    fn shard(&self, key: Key) -> &Shard {
+        // The map hashes the folded key; pick the shard from other bits. Truncation intended.
+        &self.shards[(key >> 100) as usize & self.mask]
     }
 
     /// The TAT stored for `key`, 0 when absent.
     #[must_use]
     pub fn tat(&self, key: Key) -> u64 {
+        let map = read(&self.shard(key).map);
         // Relaxed: a single independent value; no other memory is published through it.
-        self.map.get(&key).map_or(0, |v| v.load(Ordering::Relaxed))
+        map.get(&key).map_or(0, |v| v.load(Ordering::Relaxed))
     }
 
     /// Removes every key whose TAT ≤ `now` (a full bucket, the same as no entry) and returns how
     /// many were removed. Never changes a future decision.
     pub fn sweep(&self, now: u64) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, tat| tat.load(Ordering::Relaxed) > now);
-        before.saturating_sub(self.map.len())
+        let mut removed = 0;
+        for shard in &*self.shards {
+            let mut map = write(&shard.map);
+            let before = map.len();
+            map.retain(|_, tat| tat.load(Ordering::Relaxed) > now);
+            removed += before - map.len();
+        }
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        removed
     }
 
     /// Decides one request of `cost` on one key, charging it when admitted.
@@ -178,17 +253,79 @@ impl MemoryStore {
     /// Runs `f` on `key`'s TAT and stores the result when it admits, by compare-and-swap.
     /// A key is inserted only when an admitted outcome must be written.
     fn update(&self, key: Key, now: u64, f: impl Fn(u64) -> Outcome) -> Outcome {
-        if let Some(cell) = self.map.get(&key) {
-            return cas(&cell, f);
+        let shard = self.shard(key);
+        if let Some(cell) = read(&shard.map).get(&key) {
+            return cas(cell, f);
         }
         let o = f(0);
         if !o.admitted || o.tat <= now {
             // Nothing to remember: a denial writes nothing and a full bucket is the default.
             return o;
         }
-        let cell = self.map.entry(key).or_insert_with(|| AtomicU64::new(0));
-        cas(&cell, f)
+        self.reserve(now);
+        let mut map = write(&shard.map);
+        if let Some(cell) = map.get(&key) {
+            // Inserted meanwhile by another request: give the reservation back.
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            return cas(cell, f);
+        }
+        let cell = map.entry(key).or_insert_with(|| AtomicU64::new(0));
+        cas(cell, f)
     }
+
+    /// Reserves room for one more key, evicting when the store is full.
+    fn reserve(&self, now: u64) {
+        let mut current = self.keys.load(Ordering::Relaxed);
+        loop {
+            if current < self.max_keys {
+                match self.keys.compare_exchange_weak(
+                    current,
+                    current + 1,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return,
+                    Err(actual) => current = actual,
+                }
+            } else {
+                self.evict_one(now);
+                current = self.keys.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Removes the key closest to expiry among a sample of one shard's keys.
+    fn evict_one(&self, now: u64) {
+        for _ in 0..self.shards.len() {
+            let i = self.next_victim.fetch_add(1, Ordering::Relaxed) & self.mask;
+            let mut map = write(&self.shards[i].map);
+            let victim = map
+                .iter()
+                .take(EVICTION_SAMPLE)
+                .map(|(k, tat)| (*k, tat.load(Ordering::Relaxed)))
+                .min_by_key(|(_, tat)| *tat);
+            if let Some((key, tat)) = victim {
+                map.remove(&key);
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+                if tat > now {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A read guard, recovering from poisoning: the map holds plain atomics, never torn state.
+fn read(lock: &RwLock<Map>) -> std::sync::RwLockReadGuard<'_, Map> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A write guard, recovering from poisoning.
+fn write(lock: &RwLock<Map>) -> std::sync::RwLockWriteGuard<'_, Map> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether a request is refused: an enforced op is denied, or every quota-mode op is.
@@ -346,6 +483,23 @@ mod tests {
         assert!(b.blocked);
         assert_eq!(b.outcomes[0].remaining, 1);
         assert_eq!(store.tat(1), 30 * SEC);
+    }
+
+    #[test]
+    fn the_key_limit_holds_and_evicts_the_closest_to_expiry() {
+        let store = MemoryStore::with_max_keys(4);
+        let q = Quota::new(SEC, 1, 1).unwrap();
+        for key in 0..4u128 {
+            assert!(store.check(key << 100, &q, 1, 1).admitted);
+        }
+        assert_eq!(store.len(), 4);
+        // Full of live keys: the next key evicts one, counted.
+        assert!(store.check(9 << 100, &q, 10, 1).admitted);
+        assert_eq!(store.len(), 4);
+        assert_eq!(store.evictions(), 1);
+        // Once buckets are full again, evicting them is free and uncounted.
+        assert!(store.check(10 << 100, &q, 10 * SEC, 1).admitted);
+        assert_eq!((store.len(), store.evictions()), (4, 1));
     }
 
     #[test]

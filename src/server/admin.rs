@@ -1,23 +1,124 @@
-//! The HTTP admin port: `GET /healthcheck` (200 `OK` while serving, 500 otherwise).
+//! The HTTP admin port, envoyproxy/ratelimit's surface:
+//! - `GET /healthcheck`: 200 `OK` while serving, 500 otherwise;
+//! - `GET /metrics`: Prometheus text exposition;
+//! - `POST /json`: a proto3-JSON `RateLimitRequest` decided like a gRPC call (200 OK, 429 over
+//!   limit, 400 with the reason for bad input);
+//! - `GET /rlconfig`: the loaded limits, one sorted line each.
+
+use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 
 use super::Health;
+use super::json;
+use super::rls::RateLimitHandler;
+use crate::decision::Code;
+use crate::limiter::MemoryStore;
+use crate::metrics::Metrics;
+use crate::policy::{Limit, PolicyHandle};
 
-/// The admin routes.
-pub fn router(health: Health) -> Router {
-    Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .with_state(health)
+/// What the admin endpoints read.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// Serving or not.
+    pub health: Health,
+    /// Decides `/json` requests.
+    pub handler: RateLimitHandler,
+    /// Renders `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// For the store gauges.
+    pub store: Arc<MemoryStore>,
+    /// For `/rlconfig`.
+    pub policies: PolicyHandle,
 }
 
-async fn healthcheck(State(health): State<Health>) -> (StatusCode, &'static str) {
-    if health.is_serving() {
+/// The admin routes; `/json` bodies are limited to `max_body_bytes`.
+pub fn router(state: AdminState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/json", post(decide_json))
+        .route("/rlconfig", get(rlconfig))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn healthcheck(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if s.health.is_serving() {
         (StatusCode::OK, "OK")
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "")
     }
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    s.metrics.store(s.store.len(), s.store.evictions());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
+    let bad = |reason: String| (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
+    let req = match json::parse(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            s.metrics.invalid();
+            return bad(e.to_string());
+        }
+    };
+    match s.handler.decide(&req, |resp| {
+        let status = match resp.overall {
+            Code::Ok => StatusCode::OK,
+            Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+        };
+        (status, axum::Json(json::render(resp))).into_response()
+    }) {
+        Ok(r) => r,
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+async fn rlconfig(State(s): State<AdminState>) -> String {
+    let set = s.policies.load();
+    let mut lines: Vec<String> = set
+        .domains()
+        .into_iter()
+        .flat_map(|d| d.rules())
+        .map(|r| {
+            let mut line = format!("{}: ", r.stats_key);
+            match r.limit {
+                Limit::Unlimited => line.push_str("unlimited"),
+                Limit::Limited(rate) => line.push_str(&format!(
+                    "unit={} unit_multiplier={} requests_per_unit={} burst={}",
+                    rate.unit.name(),
+                    rate.unit_multiplier,
+                    rate.requests_per_unit,
+                    rate.burst
+                )),
+            }
+            if let Some(name) = &r.name {
+                line.push_str(&format!(" name={name}"));
+            }
+            line.push_str(&format!(
+                ", shadow_mode: {}, quota_mode: {}",
+                r.shadow_mode, r.quota_mode
+            ));
+            line
+        })
+        .collect();
+    lines.sort();
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
 }

@@ -1,47 +1,66 @@
 //! The gRPC adapter for `envoy.service.ratelimit.v3.RateLimitService`: protobuf → domain
 //! request, decision, domain response → protobuf, and the one place errors become gRPC statuses.
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use prost_types::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::decision::{self, Code, Decider, RequestError};
-use crate::limiter::Limiter;
+use crate::limiter::{Batch, Limiter};
+use crate::metrics::Metrics;
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_response::{self as pbr, rate_limit::Unit as PbUnit};
 use crate::pb::rate_limit_service_server::RateLimitService;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::policy::{PolicyHandle, Unit};
 
-/// Answers `ShouldRateLimit` from the live policies and the limiter.
+/// Answers `ShouldRateLimit` from the live policies and the limiter, and counts what it did.
 #[derive(Debug, Clone)]
 pub struct RateLimitHandler {
     policies: PolicyHandle,
     limiter: Limiter,
     decider: Decider,
+    metrics: Arc<Metrics>,
 }
 
 impl RateLimitHandler {
     /// A handler over the given policies and limiter.
     #[must_use]
-    pub fn new(policies: PolicyHandle, limiter: Limiter, decider: Decider) -> Self {
+    pub fn new(
+        policies: PolicyHandle,
+        limiter: Limiter,
+        decider: Decider,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             policies,
             limiter,
             decider,
+            metrics,
         }
     }
 
-    /// Decides one decoded request.
+    /// Decides `req` on one policy snapshot and hands the response to `respond` (which encodes
+    /// it for its transport); counts the decision.
     ///
     /// # Errors
     ///
-    /// `INVALID_ARGUMENT` for a malformed request.
-    pub fn decide(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let req = from_pb(request).map_err(status)?;
+    /// [`RequestError`] for a malformed request; nothing is charged.
+    pub fn decide<R>(
+        &self,
+        req: &decision::Request,
+        respond: impl FnOnce(&decision::Response<'_>) -> R,
+    ) -> Result<R, RequestError> {
+        let start = Instant::now();
         let policies = self.policies.load();
-        let plan = self.decider.plan(&req, &policies).map_err(status)?;
+        let plan = self
+            .decider
+            .plan(req, &policies)
+            .inspect_err(|_| self.metrics.invalid())?;
         let batch = if plan.ops().is_empty() {
-            crate::limiter::Batch {
+            Batch {
                 blocked: false,
                 outcomes: Vec::new(),
             }
@@ -49,8 +68,11 @@ impl RateLimitHandler {
             self.limiter.check(plan.ops())
         };
         let resp = self.decider.finish(&plan, &batch);
+        let out = respond(&resp);
+        self.metrics
+            .decided(req, &resp, start.elapsed().as_secs_f64());
         tracing::debug!(domain = %req.domain, overall = ?resp.overall, "decided");
-        Ok(to_pb(&resp))
+        Ok(out)
     }
 }
 
@@ -60,7 +82,10 @@ impl RateLimitService for RateLimitHandler {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.decide(request.into_inner()).map(Response::new)
+        let req = from_pb(request.into_inner())
+            .inspect_err(|_| self.metrics.invalid())
+            .map_err(status)?;
+        self.decide(&req, to_pb).map(Response::new).map_err(status)
     }
 }
 

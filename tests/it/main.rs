@@ -1,5 +1,6 @@
 //! sluice integration tests: one binary, a module per area.
 mod check;
+mod gcra;
 mod helpers;
 mod service;
 mod wire;

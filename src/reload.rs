@@ -1,0 +1,139 @@
+//! Hot reload: turns changes to the policy directory (a file added, changed or removed, or a
+//! Kubernetes ConfigMap's `..data` symlink swapped to a new directory) and SIGHUP into one
+//! debounced reload: load → validate → swap atomically.
+//!
+//! A load that fails keeps the running policies, logs every problem and counts the failure;
+//! requests never see a partial set. Counters live in the store under rule identities, so rules
+//! that did not change keep their state, and a rule whose rate changed has its stored debt capped
+//! to the new bucket at its next decision (no fresh burst for everyone).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::policy::{self, PolicyError, PolicyHandle, Summary};
+
+/// Quiet time after the last change before reloading: editors and the kubelet write in bursts.
+pub const DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// The longest a burst of changes can postpone a reload.
+const MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// Reloads one policy directory into one handle.
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    dir: PathBuf,
+    policies: PolicyHandle,
+    metrics: Arc<Metrics>,
+}
+
+impl Reloader {
+    /// A reloader of `dir` into `policies`.
+    #[must_use]
+    pub fn new(dir: &Path, policies: PolicyHandle, metrics: Arc<Metrics>) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            policies,
+            metrics,
+        }
+    }
+
+    /// Loads the directory and, if every file is valid, swaps the new set in.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] listing every problem; the running policies are kept.
+    pub fn apply(&self) -> Result<Summary, PolicyError> {
+        match policy::load_dir(&self.dir) {
+            Ok(set) => {
+                let summary = set.summary();
+                self.policies.store(set);
+                self.metrics.policy_load(true, true);
+                tracing::info!(policies = %self.dir.display(), %summary, "policies reloaded");
+                Ok(summary)
+            }
+            Err(e) => {
+                self.metrics.policy_load(false, true);
+                tracing::warn!(policies = %self.dir.display(), error = %e, "policy reload rejected; keeping the running policies");
+                Err(e)
+            }
+        }
+    }
+
+    /// Watches the directory and SIGHUP until `stop`, reloading after each debounced burst of
+    /// changes. Falls back to SIGHUP alone if the directory cannot be watched.
+    pub async fn run(self, stop: CancellationToken) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let _watcher = match self.watch(tx.clone()) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(policies = %self.dir.display(), error = %e, "cannot watch the policy directory; reload with SIGHUP");
+                None
+            }
+        };
+        spawn_sighup(tx, stop.clone());
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                got = rx.recv() => if got.is_none() { return },
+            }
+            // Debounce: wait for a quiet spell, but not forever.
+            let deadline = tokio::time::Instant::now() + MAX_DELAY;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(DEBOUNCE) => break,
+                    got = rx.recv() => if got.is_none() || tokio::time::Instant::now() >= deadline { break },
+                }
+            }
+            let _ = self.apply();
+        }
+    }
+
+    fn watch(&self, tx: mpsc::UnboundedSender<()>) -> notify::Result<RecommendedWatcher> {
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                match event {
+                    // Reads (including our own) are not changes.
+                    Ok(e) if matches!(e.kind, EventKind::Access(_)) => {}
+                    Ok(_) | Err(_) => {
+                        let _ = tx.send(());
+                    }
+                }
+            })?;
+        watcher.watch(&self.dir, RecursiveMode::NonRecursive)?;
+        Ok(watcher)
+    }
+}
+
+#[cfg(unix)]
+fn spawn_sighup(tx: mpsc::UnboundedSender<()>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                got = hup.recv() => {
+                    if got.is_none() { return }
+                    tracing::info!("SIGHUP: reloading policies");
+                    if tx.send(()).is_err() { return }
+                }
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_tx: mpsc::UnboundedSender<()>, _stop: CancellationToken) {}

@@ -1,0 +1,250 @@
+//! The proto3-JSON form of `RateLimitRequest` and `RateLimitResponse` used by `POST /json`, as
+//! envoyproxy/ratelimit's `/json` endpoint speaks it: lowerCamelCase names (the proto names are
+//! accepted too), enums by name (or number), 64-bit integers as numbers or strings, durations as
+//! `"58s"`, zero values left out. Unknown fields are refused.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use serde_json::{Map, Value, json};
+
+use crate::decision::{self, Code, Override};
+use crate::policy::Unit;
+
+/// `RateLimitRequest` in proto3 JSON.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JsonRequest {
+    domain: String,
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(rename = "hitsAddend", alias = "hits_addend")]
+    hits_addend: Number,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct JsonDescriptor {
+    entries: Vec<JsonEntry>,
+    limit: Option<JsonOverride>,
+    #[serde(rename = "hitsAddend", alias = "hits_addend")]
+    hits_addend: Option<Number>,
+    #[serde(rename = "isNegativeHits", alias = "is_negative_hits")]
+    is_negative_hits: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct JsonEntry {
+    key: String,
+    value: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct JsonOverride {
+    #[serde(rename = "requestsPerUnit", alias = "requests_per_unit")]
+    requests_per_unit: Number,
+    unit: Option<Value>,
+}
+
+/// A proto3-JSON integer: a number or a decimal string.
+#[derive(Debug, Default, Clone, Copy)]
+struct Number(u64);
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a non-negative integer or a string of one")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Number, E> {
+                u64::try_from(v)
+                    .map(Number)
+                    .map_err(|_| E::custom("must not be negative"))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
+                // Only whole numbers in range; truncation is guarded by the checks.
+                if v.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&v) {
+                    Ok(Number(v as u64))
+                } else {
+                    Err(E::custom("must be a whole number"))
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Number, E> {
+                v.parse()
+                    .map(Number)
+                    .map_err(|_| E::custom(format!("{v:?} is not an integer")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Why a `/json` body is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonError {
+    /// The body is not a valid `RateLimitRequest`.
+    #[error("invalid request body: {0}")]
+    Body(#[from] serde_json::Error),
+    /// A value is out of range or unknown.
+    #[error("invalid request: {0}")]
+    Value(String),
+}
+
+/// Parses a `/json` body into a request.
+///
+/// # Errors
+///
+/// [`JsonError`] for malformed JSON, unknown fields or out-of-range values.
+pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
+    let raw: JsonRequest = serde_json::from_slice(body)?;
+    let hits_addend = u32::try_from(raw.hits_addend.0)
+        .map_err(|_| JsonError::Value("hitsAddend does not fit 32 bits".into()))?;
+    let mut descriptors = Vec::with_capacity(raw.descriptors.len());
+    for (i, d) in raw.descriptors.into_iter().enumerate() {
+        let limit = match d.limit {
+            None => None,
+            Some(ov) => Some(Override {
+                requests_per_unit: u32::try_from(ov.requests_per_unit.0).map_err(|_| {
+                    JsonError::Value(format!(
+                        "descriptors[{i}].limit.requestsPerUnit does not fit 32 bits"
+                    ))
+                })?,
+                unit: override_unit(ov.unit.as_ref()).ok_or_else(|| {
+                    JsonError::Value(format!(
+                        "descriptors[{i}].limit.unit must be one of SECOND..YEAR"
+                    ))
+                })?,
+            }),
+        };
+        descriptors.push(decision::Descriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| decision::Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+            limit,
+            hits_addend: d.hits_addend.map(|n| n.0),
+            is_negative_hits: d.is_negative_hits,
+        });
+    }
+    Ok(decision::Request {
+        domain: raw.domain,
+        descriptors,
+        hits_addend,
+    })
+}
+
+/// `envoy.type.v3.RateLimitUnit` by name or number (no WEEK there).
+fn override_unit(v: Option<&Value>) -> Option<Unit> {
+    match v? {
+        Value::String(s) => match s.as_str() {
+            "SECOND" => Some(Unit::Second),
+            "MINUTE" => Some(Unit::Minute),
+            "HOUR" => Some(Unit::Hour),
+            "DAY" => Some(Unit::Day),
+            "MONTH" => Some(Unit::Month),
+            "YEAR" => Some(Unit::Year),
+            _ => None,
+        },
+        Value::Number(n) => match n.as_u64()? {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn code(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+/// The proto3-JSON form of a response.
+#[must_use]
+pub fn render(resp: &decision::Response<'_>) -> Value {
+    let statuses: Vec<Value> = resp
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut o = Map::new();
+            o.insert("code".into(), json!(code(s.code)));
+            if let Some(l) = s.limit {
+                let mut limit = Map::new();
+                if !l.name().is_empty() {
+                    limit.insert("name".into(), json!(l.name()));
+                }
+                if l.rate.requests_per_unit != 0 {
+                    limit.insert("requestsPerUnit".into(), json!(l.rate.requests_per_unit));
+                }
+                limit.insert("unit".into(), json!(l.rate.unit.name()));
+                o.insert("currentLimit".into(), Value::Object(limit));
+            }
+            if s.remaining != 0 {
+                o.insert("limitRemaining".into(), json!(s.remaining));
+            }
+            if let Some(secs) = s.reset_seconds {
+                o.insert("durationUntilReset".into(), json!(format!("{secs}s")));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    json!({ "overallCode": code(resp.overall), "statuses": statuses })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_camel_and_proto_names_and_string_numbers() {
+        let r = parse(
+            br#"{"domain":"d","hits_addend":2,"descriptors":[
+                {"entries":[{"key":"k","value":"v"}],"hitsAddend":"5","isNegativeHits":true,
+                 "limit":{"requestsPerUnit":3,"unit":"MINUTE"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.domain, "d");
+        assert_eq!(r.hits_addend, 2);
+        let d = &r.descriptors[0];
+        assert_eq!(d.hits_addend, Some(5));
+        assert!(d.is_negative_hits);
+        assert_eq!(
+            d.limit,
+            Some(Override {
+                requests_per_unit: 3,
+                unit: Unit::Minute
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_unknown_fields_and_bad_values() {
+        for body in [
+            &br#"{"domain":"d","descriptor":[]}"#[..],
+            br#"{"domain":"d","hitsAddend":-1}"#,
+            br#"{"domain":"d","hitsAddend":5000000000}"#,
+            br#"{"domain":"d","descriptors":[{"entries":[],"limit":{"unit":"WEEK"}}]}"#,
+            b"not json",
+            b"",
+        ] {
+            assert!(parse(body).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+}
