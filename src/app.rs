@@ -199,7 +199,7 @@ impl App {
             self.policies.clone(),
             Arc::clone(&self.metrics),
         );
-        let reload = tokio::spawn(reloader.run(stop.clone()));
+        let reload = tokio::spawn(reloader.run(self.settings.watch_policies, stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
 

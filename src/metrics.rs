@@ -163,17 +163,16 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, with the store's figures (read at
+    /// scrape time from this server's own store, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self) -> String {
-        self.handle.render()
-    }
-
-    /// Sets the store gauges (called at scrape time).
-    pub fn store(&self, keys: usize, evictions: u64) {
-        // Precision loss is irrelevant for a key count.
-        metrics::gauge!(STORE_KEYS).set(keys as f64);
-        metrics::counter!(STORE_EVICTIONS).absolute(evictions);
+    pub fn render(&self, store_keys: usize, store_evictions: u64) -> String {
+        let mut out = self.handle.render();
+        out.push_str(&format!(
+            "# HELP {STORE_KEYS} Keys held by the in-memory store.\n# TYPE {STORE_KEYS} gauge\n{STORE_KEYS} {store_keys}\n\
+             # HELP {STORE_EVICTIONS} Live keys evicted because the store was full.\n# TYPE {STORE_EVICTIONS} counter\n{STORE_EVICTIONS} {store_evictions}\n"
+        ));
+        out
     }
 
     /// Counts a policy load.
@@ -231,7 +230,7 @@ impl Metrics {
                 }
             };
             if rule.detailed_metric || rule.value_to_metric {
-                let (key1, key2) = detailed_labels(rule, &req.domain, desc);
+                let (key1, key2) = detailed_labels(rule, desc);
                 self.with_detailed(rule.id, &req.domain, &key1, &key2, record);
             } else {
                 self.with_rule(rule, &req.domain, record);
@@ -243,7 +242,7 @@ impl Metrics {
         if let Some(c) = self.rules.get(&rule.id) {
             return f(&c);
         }
-        let (key1, key2) = rule_labels(rule, domain);
+        let (key1, key2) = rule_labels(rule);
         let c = RuleCounters::new(domain, &key1, &key2);
         f(&c);
         self.rules.insert(rule.id, c);
@@ -299,24 +298,14 @@ impl Metrics {
 
 /// `key1`/`key2` of a rule from configuration: the first two levels of its stats key
 /// (`key_value` for exact or wildcard levels, `key` for key-only ones).
-fn rule_labels(rule: &Rule, domain: &str) -> (String, String) {
-    let path = rule
-        .stats_key
-        .strip_prefix(domain)
-        .unwrap_or(&rule.stats_key);
-    let mut levels = path.strip_prefix('.').unwrap_or(path).splitn(3, '.');
-    let key1 = levels.next().unwrap_or("").to_string();
-    let key2 = levels.next().unwrap_or("").to_string();
-    (key1, key2)
+fn rule_labels(rule: &Rule) -> (String, String) {
+    let level = |i: usize| rule.levels.get(i).cloned().unwrap_or_default();
+    (level(0), level(1))
 }
 
 /// `key1`/`key2` showing request values: every level's with `detailed_metric`, the rule's own
 /// (last) level's with `value_to_metric`.
-fn detailed_labels(
-    rule: &Rule,
-    domain: &str,
-    desc: &crate::decision::Descriptor,
-) -> (String, String) {
+fn detailed_labels(rule: &Rule, desc: &crate::decision::Descriptor) -> (String, String) {
     let value = |i: usize| {
         desc.entries
             .get(i)
@@ -326,7 +315,7 @@ fn detailed_labels(
     if rule.detailed_metric {
         return (value(0), value(1));
     }
-    let (mut key1, mut key2) = rule_labels(rule, domain);
+    let (mut key1, mut key2) = rule_labels(rule);
     match desc.entries.len() {
         1 => key1 = value(0),
         2 => key2 = value(1),

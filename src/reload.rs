@@ -65,16 +65,20 @@ impl Reloader {
         }
     }
 
-    /// Watches the directory and SIGHUP until `stop`, reloading after each debounced burst of
-    /// changes. Falls back to SIGHUP alone if the directory cannot be watched.
-    pub async fn run(self, stop: CancellationToken) {
+    /// Watches the directory (when `watch`) and SIGHUP until `stop`, reloading after each
+    /// debounced burst of changes. Falls back to SIGHUP alone if the directory cannot be watched.
+    pub async fn run(self, watch: bool, stop: CancellationToken) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let _watcher = match self.watch(tx.clone()) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(policies = %self.dir.display(), error = %e, "cannot watch the policy directory; reload with SIGHUP");
-                None
+        let _watcher = if watch {
+            match self.watch(tx.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(policies = %self.dir.display(), error = %e, "cannot watch the policy directory; reload with SIGHUP");
+                    None
+                }
             }
+        } else {
+            None
         };
         spawn_sighup(tx, stop.clone());
         loop {

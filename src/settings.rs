@@ -97,6 +97,8 @@ pub struct Settings {
     pub admin_addr: SocketAddr,
     /// Directory of policy files.
     pub policies: PathBuf,
+    /// Reload policies when files in the directory change (SIGHUP always reloads).
+    pub watch_policies: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -167,6 +169,7 @@ impl Default for Settings {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
             admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             policies: PathBuf::from("config/policies"),
+            watch_policies: true,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,

@@ -239,24 +239,26 @@ impl Compiler<'_> {
         }
         let mut id = KeyBuilder::new(0);
         id.part(domain.as_bytes());
-        let mut stats_key = domain.to_string();
+        let mut levels = Vec::with_capacity(steps.len());
         for s in steps {
             id.part(s.key.as_bytes());
             match &s.value {
                 Some(v) => {
                     id.part(&[1]).part(v.as_bytes());
-                    stats_key.push_str(&format!(".{}_{}", s.key, v));
+                    levels.push(format!("{}_{}", s.key, v));
                 }
                 None => {
                     id.part(&[0]);
-                    stats_key.push_str(&format!(".{}", s.key));
+                    levels.push(s.key.clone());
                 }
             }
         }
+        let stats_key = format!("{domain}.{}", levels.join("."));
         Some(Rule {
             id: id.finish(),
             path: raw.path.clone(),
             stats_key,
+            levels,
             limit,
             name,
             replaces,

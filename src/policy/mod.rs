@@ -144,6 +144,9 @@ pub struct Rule {
     pub path: String,
     /// The reference's stats key, e.g. `edge.generic_key_api.api_key`.
     pub stats_key: String,
+    /// The levels of the stats key after the domain (`key_value`, or `key` for a key-only
+    /// level), e.g. `["generic_key_api", "api_key"]`: the metric labels `key1`, `key2`.
+    pub levels: Vec<String>,
     /// The limit.
     pub limit: Limit,
     /// `rate_limit.name`.

@@ -57,13 +57,12 @@ async fn healthcheck(State(s): State<AdminState>) -> (StatusCode, &'static str) 
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    s.metrics.store(s.store.len(), s.store.evictions());
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        s.metrics.render(s.store.len(), s.store.evictions()),
     )
         .into_response()
 }

@@ -680,7 +680,9 @@ fn greedy(store: &MemoryStore, q: &Quota, t0: u64, end: u64) -> Vec<u64> {
         let o = store.check(KEY, q, now, 1);
         if o.admitted {
             times.push(now);
+            assert!(times.len() as u64 <= 3 * q.burst() + 3 * (end - t0) / q.interval() + 3);
         } else {
+            assert!(o.wait >= 1, "a denial at {now} said to retry now");
             now += o.wait;
         }
     }

@@ -20,7 +20,7 @@ pub struct TestServer {
     pub clock: Arc<ManualClock>,
     pub store: Arc<MemoryStore>,
     pub client: RateLimitServiceClient<Channel>,
-    _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), AppError>>>,
 }
@@ -37,6 +37,11 @@ impl TestServer {
         for (name, text) in policies {
             std::fs::write(dir.path().join(name), text).expect("write policy");
         }
+        Self::start_in(dir, tune).await
+    }
+
+    /// Starts a server on the policies already in `dir`.
+    pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = Settings {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
@@ -64,7 +69,7 @@ impl TestServer {
             clock,
             store,
             client,
-            _dir: dir,
+            dir,
             stop: Some(stop),
             task: Some(task),
         }
@@ -134,9 +139,17 @@ pub fn single(domain: &str, key: &str, value: &str) -> RateLimitRequest {
 
 /// A plain HTTP/1.1 GET on the admin port: (status, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(addr, "GET", path, "").await
+}
+
+/// A plain HTTP/1.1 request on the admin port: (status, body).
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     s.write_all(req.as_bytes()).await.expect("write");
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.expect("read");
@@ -150,4 +163,34 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The value of one sample (`name{labels}`, labels in the exposition's order) in `/metrics`.
+pub async fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics").await;
+    body.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Polls `check` every 20 ms until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -2,5 +2,7 @@
 mod check;
 mod gcra;
 mod helpers;
+mod memory;
+mod ops;
 mod service;
 mod wire;

@@ -1,0 +1,463 @@
+//! Operating sluice: hot reload (file rewrite, broken file, removal, ConfigMap symlink swap,
+//! SIGHUP), state kept across reloads, Prometheus counters, the admin endpoints, graceful
+//! shutdown and the key limit.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sluice::pb::rate_limit_response::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use crate::helpers::{TestServer, eventually, http, http_get, metric, single};
+
+const RELOAD_WITHIN: Duration = Duration::from_secs(2);
+
+fn policy(domain: &str, rules: &[(&str, u32)]) -> String {
+    let mut s = format!("domain: {domain}\ndescriptors:\n");
+    for (key, rpu) in rules {
+        s.push_str(&format!(
+            "  - key: {key}\n    rate_limit: {{unit: hour, requests_per_unit: {rpu}}}\n"
+        ));
+    }
+    s
+}
+
+/// Writes `text` to `path` atomically (write + rename), as editors and deploy tools do.
+fn write(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn rpu(s: &TestServer, domain: &str, key: &str) -> Option<u32> {
+    let r = s.ok(single(domain, key, "v")).await;
+    r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
+#[tokio::test]
+async fn a_rewritten_file_answers_within_two_seconds() {
+    let s = TestServer::start(&[("r.yaml", &policy("reload-rewrite", &[("a", 1)]))]).await;
+    assert_eq!(rpu(&s, "reload-rewrite", "a").await, Some(1));
+    write(
+        &s.dir.path().join("r.yaml"),
+        &policy("reload-rewrite", &[("a", 5)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-rewrite", "a").await == Some(5)
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_broken_file_keeps_the_running_policies_and_counts_the_error() {
+    let s = TestServer::start(&[("b.yaml", &policy("reload-broken", &[("a", 3)]))]).await;
+    let errors = || async {
+        metric(s.admin, "ratelimit_service_config_load_error")
+            .await
+            .unwrap_or(0.0)
+    };
+    let before = errors().await;
+    write(
+        &s.dir.path().join("b.yaml"),
+        "domain: reload-broken\ndescriptors: [{key: a, rate_limit: {unit: minutes}}]\n",
+    );
+    assert!(eventually(RELOAD_WITHIN, || async { errors().await > before }).await);
+    assert_eq!(
+        rpu(&s, "reload-broken", "a").await,
+        Some(3),
+        "old policies keep answering"
+    );
+    let failures = metric(s.admin, "sluice_policy_reloads_total{result=\"failure\"}").await;
+    assert!(failures.unwrap_or(0.0) >= 1.0);
+    // Fixing the file recovers.
+    write(
+        &s.dir.path().join("b.yaml"),
+        &policy("reload-broken", &[("a", 4)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-broken", "a").await == Some(4)
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_removed_file_makes_its_domain_unknown() {
+    let s = TestServer::start(&[
+        ("keep.yaml", &policy("reload-keep", &[("a", 3)])),
+        ("gone.yaml", &policy("reload-gone", &[("a", 3)])),
+    ])
+    .await;
+    assert_eq!(rpu(&s, "reload-gone", "a").await, Some(3));
+    std::fs::remove_file(s.dir.path().join("gone.yaml")).unwrap();
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-gone", "a").await.is_none()
+        })
+        .await
+    );
+    assert_eq!(rpu(&s, "reload-keep", "a").await, Some(3));
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_configmap_symlink_swap_reloads() {
+    use std::os::unix::fs::symlink;
+    // The kubelet's layout: files are symlinks through `..data`, itself a symlink to a
+    // timestamped directory that is replaced atomically on update.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let v1 = root.join("..2026_11_29_00_00_00.1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::write(
+        v1.join("edge.yaml"),
+        policy("reload-configmap", &[("a", 1)]),
+    )
+    .unwrap();
+    symlink("..2026_11_29_00_00_00.1", root.join("..data")).unwrap();
+    symlink("..data/edge.yaml", root.join("edge.yaml")).unwrap();
+    let s = TestServer::start_in(dir, |_| {}).await;
+    assert_eq!(rpu(&s, "reload-configmap", "a").await, Some(1));
+
+    let root = s.dir.path();
+    let v2 = root.join("..2026_11_29_00_01_00.2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::write(
+        v2.join("edge.yaml"),
+        policy("reload-configmap", &[("a", 7)]),
+    )
+    .unwrap();
+    symlink("..2026_11_29_00_01_00.2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    std::fs::remove_dir_all(&v1).unwrap();
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-configmap", "a").await == Some(7)
+        })
+        .await
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_reloads() {
+    let s = TestServer::start_with(
+        &[("h.yaml", &policy("reload-sighup", &[("a", 1)]))],
+        |settings| {
+            settings.watch_policies = false;
+        },
+    )
+    .await;
+    write(
+        &s.dir.path().join("h.yaml"),
+        &policy("reload-sighup", &[("a", 6)]),
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        rpu(&s, "reload-sighup", "a").await,
+        Some(1),
+        "not watching: no reload yet"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-sighup", "a").await == Some(6)
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn unchanged_rules_keep_their_counts_and_changed_rates_get_no_fresh_burst() {
+    let s = TestServer::start(&[("k.yaml", &policy("reload-state", &[("a", 2), ("b", 10)]))]).await;
+    for _ in 0..2 {
+        s.ok(single("reload-state", "a", "v")).await;
+    }
+    for _ in 0..10 {
+        s.ok(single("reload-state", "b", "v")).await;
+    }
+    assert_eq!(
+        s.ok(single("reload-state", "a", "v")).await.overall_code,
+        Code::OverLimit as i32
+    );
+    // a is unchanged; b drops from 10 to 2 per hour.
+    write(
+        &s.dir.path().join("k.yaml"),
+        &policy("reload-state", &[("a", 2), ("b", 2)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-state", "b").await == Some(2)
+        })
+        .await
+    );
+    let a = s.ok(single("reload-state", "a", "v")).await;
+    assert_eq!(a.overall_code, Code::OverLimit as i32, "a kept its count");
+    let b = s.ok(single("reload-state", "b", "v")).await;
+    assert_eq!(
+        b.overall_code,
+        Code::OverLimit as i32,
+        "b got no fresh burst"
+    );
+    // Its debt was capped to the new bucket: the next request fits one new interval later.
+    assert_eq!(
+        b.statuses[0].duration_until_reset.as_ref().unwrap().seconds,
+        1800
+    );
+}
+
+#[tokio::test]
+async fn counters_after_known_traffic() {
+    let s = TestServer::start(&[(
+        "m.yaml",
+        "domain: metrics-exact\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20}\n",
+    )])
+    .await;
+    for _ in 0..25 {
+        s.ok(single("metrics-exact", "k", "v")).await;
+    }
+    let labels = "{domain=\"metrics-exact\",key1=\"k\",key2=\"\"}";
+    for (name, value) in [
+        ("total_hits", 25.0),
+        ("over_limit", 5.0),
+        ("within_limit", 20.0),
+        ("near_limit", 4.0),
+        ("shadow_mode", 0.0),
+    ] {
+        let series = format!("ratelimit_service_rate_limit_{name}{labels}");
+        assert_eq!(metric(s.admin, &series).await, Some(value), "{series}");
+    }
+    s.ok(single("metrics-unknown-domain", "k", "v")).await;
+    assert_eq!(
+        metric(
+            s.admin,
+            "ratelimit_service_rate_limit_domain_not_found{domain=\"metrics-unknown-domain\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    let (_, body) = http_get(s.admin, "/metrics").await;
+    for name in [
+        "sluice_decisions_total{result=\"ok\"}",
+        "sluice_decisions_total{result=\"over_limit\"}",
+        "sluice_decision_duration_seconds_bucket{le=\"0.000001\"}",
+        "sluice_decision_duration_seconds_bucket{le=\"0.1\"}",
+        "sluice_store_keys",
+        "sluice_store_evictions_total",
+        "sluice_build_info{version=",
+        "ratelimit_service_config_load_success",
+    ] {
+        assert!(body.contains(name), "{name} missing from /metrics");
+    }
+}
+
+#[tokio::test]
+async fn request_valued_series_are_capped() {
+    let s = TestServer::start_with(
+        &[(
+            "d.yaml",
+            "domain: metrics-detailed\ndescriptors:\n  - key: ip\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 20}\n",
+        )],
+        |settings| settings.metrics.max_detailed_series = 2,
+    )
+    .await;
+    for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.1"] {
+        s.ok(single("metrics-detailed", "ip", ip)).await;
+    }
+    let series = |key1: &str| {
+        format!(
+            "ratelimit_service_rate_limit_total_hits{{domain=\"metrics-detailed\",key1=\"{key1}\",key2=\"\"}}"
+        )
+    };
+    assert_eq!(metric(s.admin, &series("ip_10.0.0.1")).await, Some(2.0));
+    assert_eq!(metric(s.admin, &series("ip_10.0.0.2")).await, Some(1.0));
+    assert_eq!(
+        metric(s.admin, &series("ip_10.0.0.3")).await,
+        None,
+        "past the cap"
+    );
+    assert_eq!(metric(s.admin, &series("_other")).await, Some(2.0));
+}
+
+#[tokio::test]
+async fn json_endpoint() {
+    let s = TestServer::start(&[(
+        "j.yaml",
+        "domain: json\ndescriptors:\n  - key: k\n    rate_limit: {name: one, unit: minute, requests_per_unit: 1}\n",
+    )])
+    .await;
+    let body = r#"{"domain":"json","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let (status, text) = http(s.admin, "POST", "/json", body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"overallCode": "OK", "statuses": [{"code": "OK",
+            "currentLimit": {"name": "one", "requestsPerUnit": 1, "unit": "MINUTE"},
+            "durationUntilReset": "60s"}]})
+    );
+    let (status, text) = http(s.admin, "POST", "/json", body).await;
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("\"overallCode\":\"OVER_LIMIT\""), "{text}");
+    for (bad, reason) in [
+        ("{not json", "invalid request body"),
+        (
+            r#"{"domain":"json","descriptors":[{"entries":[{"key":"k"}]}],"extra":1}"#,
+            "unknown field",
+        ),
+        (
+            r#"{"domain":"","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#,
+            "domain must not be empty",
+        ),
+        (
+            r#"{"domain":"json","descriptors":[]}"#,
+            "descriptor list must not be empty",
+        ),
+    ] {
+        let (status, text) = http(s.admin, "POST", "/json", bad).await;
+        assert_eq!(status, 400, "{bad}: {text}");
+        assert!(text.contains(reason), "{reason:?} not in {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn rlconfig_lists_limits_sorted() {
+    let s = TestServer::start(&[(
+        "c.yaml",
+        "domain: cfg\ndescriptors:\n  - key: z\n    rate_limit: {unlimited: true}\n  - key: a\n    value: x\n    shadow_mode: true\n    rate_limit: {name: ax, unit: second, requests_per_unit: 5, burst: 9}\n",
+    )])
+    .await;
+    let (status, body) = http_get(s.admin, "/rlconfig").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "cfg.a_x: unit=SECOND unit_multiplier=1 requests_per_unit=5 burst=9 name=ax, shadow_mode: true, quota_mode: false\n\
+         cfg.z: unlimited, shadow_mode: false, quota_mode: false\n"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_turns_health_off_first_and_lets_in_flight_calls_finish() {
+    let mut s = TestServer::start_with(
+        &[("s.yaml", &policy("shutdown", &[("a", 100)]))],
+        |settings| {
+            settings.drain_delay_ms = 1_000;
+        },
+    )
+    .await;
+    // A call in flight: its headers are sent, its body not yet.
+    let tcp = tokio::net::TcpStream::connect(s.grpc).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let req = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        s.grpc
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut body) = h2.send_request(req, false).unwrap();
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = HealthCheckRequest {
+        service: "ratelimit".into(),
+    };
+    assert_eq!(
+        health
+            .check(check.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .status,
+        ServingStatus::Serving as i32
+    );
+
+    s.begin_stop();
+    // Health flips while calls are still answered.
+    let admin = s.admin;
+    assert!(
+        eventually(Duration::from_millis(800), || async {
+            http_get(admin, "/healthcheck").await.0 == 500
+        })
+        .await
+    );
+    assert_eq!(
+        health.check(check).await.unwrap().into_inner().status,
+        ServingStatus::NotServing as i32
+    );
+    assert_eq!(
+        s.ok(single("shutdown", "a", "v")).await.overall_code,
+        Code::Ok as i32
+    );
+
+    // Finish the in-flight call after the stop began: it is answered.
+    let msg = prost::Message::encode_to_vec(&single("shutdown", "a", "v"));
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&msg);
+    body.send_data(frame.into(), true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut recv = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        data.extend_from_slice(&chunk.unwrap());
+    }
+    let trailers = recv.trailers().await.unwrap().unwrap();
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    let answer: sluice::pb::RateLimitResponse = prost::Message::decode(&data[5..]).unwrap();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(answer.statuses[0].limit_remaining, 98);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_store_never_exceeds_max_keys() {
+    let s = TestServer::start_with(
+        &[("m.yaml", &policy("max-keys", &[("ip", 1)]))],
+        |settings| {
+            settings.store.max_keys = 100;
+        },
+    )
+    .await;
+    for i in 0..300 {
+        s.ok(single(
+            "max-keys",
+            "ip",
+            &format!("10.0.{}.{}", i / 256, i % 256),
+        ))
+        .await;
+        assert!(s.store.len() <= 100);
+    }
+    assert_eq!(s.store.len(), 100);
+    assert_eq!(metric(s.admin, "sluice_store_keys").await, Some(100.0));
+    assert_eq!(
+        metric(s.admin, "sluice_store_evictions_total").await,
+        Some(200.0)
+    );
+    // The most recent key survived and still decides correctly.
+    assert_eq!(
+        s.ok(single("max-keys", "ip", "10.0.1.43"))
+            .await
+            .overall_code,
+        Code::OverLimit as i32
+    );
+}
