@@ -323,6 +323,33 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_settings_file_spells_out_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let s = Settings::load(Some(&path), &ServeArgs::default()).unwrap();
+        assert_eq!(s, Settings::default());
+        // Every field is written out, not left to the defaults.
+        let defaults = serde_json::to_value(Settings::default()).unwrap();
+        let mut names = Vec::new();
+        collect_names(&defaults, &mut names);
+        for name in names {
+            assert!(
+                text.contains(&format!("{name}:")),
+                "{name} missing from config/sluice.yaml"
+            );
+        }
+    }
+
+    fn collect_names(v: &serde_json::Value, out: &mut Vec<String>) {
+        if let serde_json::Value::Object(map) = v {
+            for (k, v) in map {
+                out.push(k.clone());
+                collect_names(v, out);
+            }
+        }
+    }
+
+    #[test]
     fn unknown_fields_and_bad_values_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");

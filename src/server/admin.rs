@@ -16,7 +16,7 @@ use axum::routing::{get, post};
 
 use super::Health;
 use super::json;
-use super::rls::RateLimitHandler;
+use super::rls::{self, RateLimitHandler};
 use crate::decision::Code;
 use crate::limiter::MemoryStore;
 use crate::metrics::Metrics;
@@ -69,11 +69,14 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
     let bad = |reason: String| (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
-    let req = match json::parse(&body) {
+    let req = match json::parse(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|r| rls::from_pb(r).map_err(|e| e.to_string()))
+    {
         Ok(r) => r,
-        Err(e) => {
+        Err(reason) => {
             s.metrics.invalid();
-            return bad(e.to_string());
+            return bad(reason);
         }
     };
     match s.handler.decide(&req, |resp| {

@@ -9,8 +9,10 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use serde_json::{Map, Value, json};
 
-use crate::decision::{self, Code, Override};
-use crate::policy::Unit;
+use crate::decision::{self, Code};
+use crate::pb::envoy::r#type::v3::RateLimitUnit;
+use crate::pb::rate_limit_descriptor::{self, RateLimitOverride};
+use crate::pb::{RateLimitDescriptor, RateLimitRequest};
 
 /// `RateLimitRequest` in proto3 JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -97,37 +99,37 @@ pub enum JsonError {
     Value(String),
 }
 
-/// Parses a `/json` body into a request.
+/// Parses a `/json` body into the protobuf request, so it takes the same path as a gRPC call.
 ///
 /// # Errors
 ///
 /// [`JsonError`] for malformed JSON, unknown fields or out-of-range values.
-pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
+pub fn parse(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
     let raw: JsonRequest = serde_json::from_slice(body)?;
-    let hits_addend = u32::try_from(raw.hits_addend.0)
-        .map_err(|_| JsonError::Value("hitsAddend does not fit 32 bits".into()))?;
+    let fits = |n: Number, what: &str| {
+        u32::try_from(n.0).map_err(|_| JsonError::Value(format!("{what} does not fit 32 bits")))
+    };
     let mut descriptors = Vec::with_capacity(raw.descriptors.len());
     for (i, d) in raw.descriptors.into_iter().enumerate() {
         let limit = match d.limit {
             None => None,
-            Some(ov) => Some(Override {
-                requests_per_unit: u32::try_from(ov.requests_per_unit.0).map_err(|_| {
-                    JsonError::Value(format!(
-                        "descriptors[{i}].limit.requestsPerUnit does not fit 32 bits"
-                    ))
-                })?,
+            Some(ov) => Some(RateLimitOverride {
+                requests_per_unit: fits(
+                    ov.requests_per_unit,
+                    &format!("descriptors[{i}].limit.requestsPerUnit"),
+                )?,
                 unit: override_unit(ov.unit.as_ref()).ok_or_else(|| {
                     JsonError::Value(format!(
-                        "descriptors[{i}].limit.unit must be one of SECOND..YEAR"
+                        "descriptors[{i}].limit.unit is not a RateLimitUnit"
                     ))
                 })?,
             }),
         };
-        descriptors.push(decision::Descriptor {
+        descriptors.push(RateLimitDescriptor {
             entries: d
                 .entries
                 .into_iter()
-                .map(|e| decision::Entry {
+                .map(|e| rate_limit_descriptor::Entry {
                     key: e.key,
                     value: e.value,
                 })
@@ -137,35 +139,20 @@ pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
             is_negative_hits: d.is_negative_hits,
         });
     }
-    Ok(decision::Request {
+    Ok(RateLimitRequest {
         domain: raw.domain,
         descriptors,
-        hits_addend,
+        hits_addend: fits(raw.hits_addend, "hitsAddend")?,
     })
 }
 
-/// `envoy.type.v3.RateLimitUnit` by name or number (no WEEK there).
-fn override_unit(v: Option<&Value>) -> Option<Unit> {
-    match v? {
-        Value::String(s) => match s.as_str() {
-            "SECOND" => Some(Unit::Second),
-            "MINUTE" => Some(Unit::Minute),
-            "HOUR" => Some(Unit::Hour),
-            "DAY" => Some(Unit::Day),
-            "MONTH" => Some(Unit::Month),
-            "YEAR" => Some(Unit::Year),
-            _ => None,
-        },
-        Value::Number(n) => match n.as_u64()? {
-            1 => Some(Unit::Second),
-            2 => Some(Unit::Minute),
-            3 => Some(Unit::Hour),
-            4 => Some(Unit::Day),
-            5 => Some(Unit::Month),
-            6 => Some(Unit::Year),
-            _ => None,
-        },
-        _ => None,
+/// `envoy.type.v3.RateLimitUnit` by name or number; its validity is checked with the request.
+fn override_unit(v: Option<&Value>) -> Option<i32> {
+    match v {
+        None => Some(0),
+        Some(Value::String(s)) => RateLimitUnit::from_str_name(s).map(Into::into),
+        Some(Value::Number(n)) => n.as_i64().and_then(|n| i32::try_from(n).ok()),
+        Some(_) => None,
     }
 }
 
@@ -223,13 +210,14 @@ mod tests {
         assert_eq!(r.domain, "d");
         assert_eq!(r.hits_addend, 2);
         let d = &r.descriptors[0];
+        assert_eq!(d.entries[0].key, "k");
         assert_eq!(d.hits_addend, Some(5));
         assert!(d.is_negative_hits);
         assert_eq!(
             d.limit,
-            Some(Override {
+            Some(RateLimitOverride {
                 requests_per_unit: 3,
-                unit: Unit::Minute
+                unit: RateLimitUnit::Minute.into(),
             })
         );
     }

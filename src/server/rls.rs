@@ -94,7 +94,12 @@ fn status(err: RequestError) -> Status {
     Status::invalid_argument(err.to_string())
 }
 
-fn from_pb(req: RateLimitRequest) -> Result<decision::Request, RequestError> {
+/// The protobuf request as a domain request (strings moved, not copied).
+///
+/// # Errors
+///
+/// [`RequestError::UnknownUnit`] for an override whose unit is not SECOND..YEAR.
+pub fn from_pb(req: RateLimitRequest) -> Result<decision::Request, RequestError> {
     let mut descriptors = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.into_iter().enumerate() {
         let limit = match d.limit {
