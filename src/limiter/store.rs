@@ -287,15 +287,20 @@ impl MemoryStore {
                     Ok(_) => return,
                     Err(actual) => current = actual,
                 }
-            } else {
-                self.evict_one(now);
+            } else if self.evict_one(now) {
                 current = self.keys.load(Ordering::Relaxed);
+            } else {
+                // Every shard is empty although the count says full, which the count's
+                // bookkeeping rules out; take the slot rather than spin.
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                return;
             }
         }
     }
 
-    /// Removes the key closest to expiry among a sample of one shard's keys.
-    fn evict_one(&self, now: u64) {
+    /// Removes the key closest to expiry among a sample of one shard's keys; false when every
+    /// shard is empty.
+    fn evict_one(&self, now: u64) -> bool {
         for _ in 0..self.shards.len() {
             let i = self.next_victim.fetch_add(1, Ordering::Relaxed) & self.mask;
             let mut map = write(&self.shards[i].map);
@@ -310,9 +315,10 @@ impl MemoryStore {
                 if tat > now {
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                 }
-                return;
+                return true;
             }
         }
+        false
     }
 }
 
