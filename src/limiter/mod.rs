@@ -7,6 +7,7 @@
 pub mod clock;
 pub mod gcra;
 pub mod key;
+
 pub mod store;
 
 use std::sync::Arc;
@@ -94,7 +95,6 @@ impl Limiter {
     /// Decides a request's ops at the current time.
     #[must_use]
     pub fn check(&self, ops: &[Op]) -> Batch {
-        let now = self.clock.now();
-        self.store.check_batch(ops, now)
+        self.store.check_batch_with(ops, &|| self.clock.now())
     }
 }

@@ -117,8 +117,8 @@ impl MemoryStore {
     #[must_use]
     pub fn tat(&self, key: Key) -> u64 {
         let map = read(&self.shard(key).map);
-        // Relaxed: a single independent value; no other memory is published through it.
-        map.get(&key).map_or(0, |v| v.load(Ordering::Relaxed))
+        // Acquire: see `cas`; a clock read after this load is no older than the TAT's writer's.
+        map.get(&key).map_or(0, |v| v.load(Ordering::Acquire))
     }
 
     /// Removes every key whose TAT ≤ `now` (a full bucket, the same as no entry) and returns how
@@ -135,22 +135,32 @@ impl MemoryStore {
         removed
     }
 
-    /// Decides one request of `cost` on one key, charging it when admitted.
+    /// Decides one request of `cost` on one key at `now`, charging it when admitted.
     pub fn check(&self, key: Key, quota: &Quota, now: u64, cost: u64) -> Outcome {
-        self.update(key, now, |tat| gcra::decide(quota, tat, now, cost))
+        self.update(key, &|| now, |tat, now| gcra::decide(quota, tat, now, cost))
+            .0
     }
 
-    /// Decides every op of a request together (see [`Batch`] for the rules), charging the
-    /// admitted ops only when the request as a whole is admitted.
+    /// Decides every op of a request together at `now` (see [`Batch`] for the rules), charging
+    /// the admitted ops only when the request as a whole is admitted.
     pub fn check_batch(&self, ops: &[Op], now: u64) -> Batch {
+        self.check_batch_with(ops, &|| now)
+    }
+
+    /// As [`MemoryStore::check_batch`], reading the time from `clock` *after* loading each TAT
+    /// it decides on. A TAT written by a request that read the clock earlier is then never
+    /// judged with an older time than its writer's, so concurrent requests cannot reach the
+    /// store out of time order.
+    pub fn check_batch_with(&self, ops: &[Op], clock: &dyn Fn() -> u64) -> Batch {
         // Refunds first, exactly once, whatever the request's outcome.
         let mut outcomes: Vec<Outcome> = ops
             .iter()
             .map(|op| {
                 if op.refund {
-                    self.update(op.key, now, |tat| {
+                    self.update(op.key, clock, |tat, now| {
                         gcra::refund(&op.quota, tat, now, op.cost)
                     })
+                    .0
                 } else {
                     Outcome {
                         admitted: false,
@@ -162,13 +172,13 @@ impl MemoryStore {
             })
             .collect();
         for _ in 0..MAX_ATTEMPTS {
-            if self.plan(ops, now, &mut outcomes) {
+            if self.plan(ops, clock, &mut outcomes) {
                 return Batch {
                     blocked: true,
                     outcomes,
                 };
             }
-            if self.commit(ops, now, &mut outcomes) {
+            if self.commit(ops, clock, &mut outcomes) {
                 return Batch {
                     blocked: false,
                     outcomes,
@@ -190,20 +200,27 @@ impl MemoryStore {
     /// Evaluates the charges of a batch against the current state without writing, in order, as
     /// if each admitted charge had been applied (so two ops on one key both count). Returns
     /// whether the request is blocked.
-    fn plan(&self, ops: &[Op], now: u64, outcomes: &mut [Outcome]) -> bool {
+    fn plan(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
+        let loaded: Vec<u64> = ops
+            .iter()
+            .zip(outcomes.iter())
+            .map(|(op, out)| if op.refund { out.tat } else { self.tat(op.key) })
+            .collect();
+        // After the loads: never older than the time of any TAT just read.
+        let now = clock();
         // TATs this plan has tentatively moved; requests carry few descriptors, so a linear scan.
         let mut overlay: Vec<(Key, u64)> = Vec::new();
         let mut before: Vec<u64> = Vec::with_capacity(ops.len());
-        for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
+        for ((op, out), tat) in ops.iter().zip(outcomes.iter_mut()).zip(loaded) {
             if op.refund {
-                before.push(out.tat);
+                before.push(tat);
                 continue;
             }
             let tat = overlay
                 .iter()
                 .rev()
                 .find(|(k, _)| *k == op.key)
-                .map_or_else(|| self.tat(op.key), |(_, t)| *t);
+                .map_or(tat, |(_, t)| *t);
             before.push(tat);
             *out = gcra::decide(&op.quota, tat, now, op.cost);
             if out.admitted {
@@ -222,55 +239,93 @@ impl MemoryStore {
         blocked
     }
 
-    /// Applies the planned charges. Returns false (with every charge of this attempt undone) when
-    /// a concurrent request took the room a charge needed; the caller then plans again.
-    fn commit(&self, ops: &[Op], now: u64, outcomes: &mut [Outcome]) -> bool {
-        for i in 0..ops.len() {
-            let op = &ops[i];
-            if op.refund || !outcomes[i].admitted || op.cost == 0 {
+    /// Applies the planned charges. Returns false (with this attempt's charges undone where
+    /// nobody has built on them) when a concurrent request took the room a charge needed; the
+    /// caller then plans again.
+    fn commit(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
+        // (key, TAT before, TAT written) of each charge this attempt made.
+        let mut written: Vec<(Key, u64, u64)> = Vec::new();
+        for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
+            if op.refund || !out.admitted || op.cost == 0 {
                 continue;
             }
-            let o = self.check(op.key, &op.quota, now, op.cost);
+            let (o, before) = self.update(op.key, clock, |tat, now| {
+                gcra::decide(&op.quota, tat, now, op.cost)
+            });
             if o.admitted {
-                outcomes[i] = o;
+                *out = o;
+                written.push((op.key, before, o.tat));
                 continue;
             }
-            // Undo this attempt's charges in reverse order; each is the exact inverse of its
-            // addition of cost·T, whatever else happened to the key meanwhile.
-            for j in (0..i).rev() {
-                let prior = &ops[j];
-                if !prior.refund && outcomes[j].admitted && prior.cost > 0 {
-                    let _ = self.update(prior.key, now, |tat| {
-                        gcra::refund(&prior.quota, tat, now, prior.cost)
-                    });
-                }
+            // Undo in reverse order (see `undo`).
+            for (key, before, ours) in written.into_iter().rev() {
+                let charge = ops
+                    .iter()
+                    .find(|o| o.key == key)
+                    .map_or(0, |o| o.cost.saturating_mul(o.quota.interval()));
+                self.undo(key, before, ours, charge, clock);
             }
             return false;
         }
         true
     }
 
-    /// Runs `f` on `key`'s TAT and stores the result when it admits, by compare-and-swap.
-    /// A key is inserted only when an admitted outcome must be written.
-    fn update(&self, key: Key, now: u64, f: impl Fn(u64) -> Outcome) -> Outcome {
+    /// Takes back a charge of `charge` ns that moved `key` from `before` to `ours`, without ever
+    /// taking back anything another request charged:
+    /// - the key still holds `ours`: put `before` back, exactly;
+    /// - others have charged on top, and the time (read after their writes) is still before `ours`:
+    ///   each of them started from a TAT at or past `ours`, so each added its whole cost on top
+    ///   of ours, and subtracting ours is exact;
+    /// - otherwise our debt may have run out before someone else's charge, which then did not
+    ///   build on ours: leave it. That can only refuse a little more than necessary.
+    fn undo(&self, key: Key, before: u64, ours: u64, charge: u64, clock: &dyn Fn() -> u64) {
+        let map = read(&self.shard(key).map);
+        let Some(cell) = map.get(&key) else { return };
+        let mut current = cell.load(Ordering::Acquire);
+        loop {
+            let now = clock();
+            let target = if current == ours {
+                before
+            } else if now < ours && current > ours {
+                current.saturating_sub(charge).max(now)
+            } else {
+                return;
+            };
+            match cell.compare_exchange_weak(current, target, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Runs `f(TAT, now)` on `key` and stores the result when it admits, by compare-and-swap,
+    /// reading `now` after each load of the TAT. Returns the outcome and the TAT it replaced. A
+    /// key is inserted only when an admitted outcome must be written.
+    fn update(
+        &self,
+        key: Key,
+        clock: &dyn Fn() -> u64,
+        f: impl Fn(u64, u64) -> Outcome,
+    ) -> (Outcome, u64) {
         let shard = self.shard(key);
         if let Some(cell) = read(&shard.map).get(&key) {
-            return cas(cell, f);
+            return cas(cell, clock, f);
         }
-        let o = f(0);
+        let now = clock();
+        let o = f(0, now);
         if !o.admitted || o.tat <= now {
             // Nothing to remember: a denial writes nothing and a full bucket is the default.
-            return o;
+            return (o, 0);
         }
         self.reserve(now);
         let mut map = write(&shard.map);
         if let Some(cell) = map.get(&key) {
             // Inserted meanwhile by another request: give the reservation back.
             self.keys.fetch_sub(1, Ordering::Relaxed);
-            return cas(cell, f);
+            return cas(cell, clock, f);
         }
         let cell = map.entry(key).or_insert_with(|| AtomicU64::new(0));
-        cas(cell, f)
+        cas(cell, clock, f)
     }
 
     /// Reserves room for one more key, evicting when the store is full.
@@ -336,39 +391,40 @@ fn write(lock: &RwLock<Map>) -> std::sync::RwLockWriteGuard<'_, Map> {
 
 /// Whether a request is refused: an enforced op is denied, or every quota-mode op is.
 fn is_blocked(ops: &[Op], outcomes: &[Outcome]) -> bool {
-    let mut quota_ops = 0;
-    let mut quota_denied = 0;
-    for (op, o) in ops.iter().zip(outcomes) {
-        if op.refund || o.admitted {
-            if op.mode == Mode::Quota && !op.refund {
-                quota_ops += 1;
-            }
-            continue;
-        }
-        match op.mode {
-            Mode::Enforce => return true,
-            Mode::Shadow => {}
-            Mode::Quota => {
-                quota_ops += 1;
-                quota_denied += 1;
-            }
-        }
-    }
-    quota_ops > 0 && quota_denied == quota_ops
+    let enforce_denied = ops
+        .iter()
+        .zip(outcomes)
+        .any(|(op, o)| !op.refund && op.mode == Mode::Enforce && !o.admitted);
+    enforce_denied || all_quota_denied(ops, outcomes)
 }
 
-/// The compare-and-swap loop on one TAT.
-fn cas(cell: &AtomicU64, f: impl Fn(u64) -> Outcome) -> Outcome {
-    // Relaxed throughout: each TAT is an independent value and the CAS alone orders updates to
-    // it; no other data is published through the atomic.
-    let mut current = cell.load(Ordering::Relaxed);
+/// Whether the request has quota-mode ops and every one of them is denied.
+pub(super) fn all_quota_denied(ops: &[Op], outcomes: &[Outcome]) -> bool {
+    let mut quota = ops
+        .iter()
+        .zip(outcomes)
+        .filter(|(op, _)| !op.refund && op.mode == Mode::Quota)
+        .peekable();
+    quota.peek().is_some() && quota.all(|(_, o)| !o.admitted)
+}
+
+/// The compare-and-swap loop on one TAT; returns the outcome and the TAT it replaced.
+fn cas(
+    cell: &AtomicU64,
+    clock: &dyn Fn() -> u64,
+    f: impl Fn(u64, u64) -> Outcome,
+) -> (Outcome, u64) {
+    // Acquire on loads and Release on writes: a TAT's writer read its clock before writing, so
+    // a reader that sees the TAT and then reads the clock gets a time no older than the
+    // writer's. (Free on x86; the CAS alone would order the TAT values themselves.)
+    let mut current = cell.load(Ordering::Acquire);
     loop {
-        let o = f(current);
+        let o = f(current, clock());
         if !o.admitted || o.tat == current {
-            return o;
+            return (o, current);
         }
-        match cell.compare_exchange_weak(current, o.tat, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return o,
+        match cell.compare_exchange_weak(current, o.tat, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return (o, current),
             Err(actual) => current = actual,
         }
     }

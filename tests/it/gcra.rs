@@ -909,3 +909,60 @@ fn p16_zero_requests_is_a_ban() {
         assert_eq!(store.tat(1), 5 + ok.interval());
     }
 }
+
+/// A batch that charges one key and then fails on another must not, when it undoes the first
+/// charge, take back debt another request has added on top (found by mutation testing: an undo
+/// by "refund at the batch's own time" admitted two requests at one instant with B = 1). The
+/// interleaving is forced through the batch's clock, which the store reads at known points:
+/// - call 1, the plan (time 0): both keys fit;
+/// - calls 2 and 3, the charge of k1, a new key (time 0): k1 moves to T;
+/// - call 4, the charge of k2, still absent, outside any lock: here, before answering, k2 is
+///   filled by another request at time 0 and k1 charged by a third at time T (building on
+///   ours: T → 2T);
+/// - call 5, k2 found present and full (time 0): denied, so the batch undoes k1 (call 6,
+///   time T, read after the third request's write).
+///
+/// The third request's charge must survive: one more request at T is refused.
+#[test]
+fn p13_undo_never_cancels_a_concurrent_charge() {
+    let q = Quota::new(SEC, 1_000_000, 1).unwrap(); // T = 1 µs, B = 1
+    let t = q.interval();
+    let (k1, k2) = (11u128, 22u128);
+    let store = MemoryStore::new();
+    let calls = AtomicU64::new(0);
+    let clock = || {
+        let n = calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == 4 {
+            assert!(
+                !store
+                    .check_batch(&[op(k2, q, 1, Mode::Enforce, false)], 0)
+                    .blocked
+            );
+            assert!(
+                !store
+                    .check_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+                    .blocked
+            );
+        }
+        if n <= 5 { 0 } else { t }
+    };
+    let batch = store.check_batch_with(
+        &[
+            op(k1, q, 1, Mode::Enforce, false),
+            op(k2, q, 1, Mode::Enforce, false),
+        ],
+        &clock,
+    );
+    assert!(
+        calls.load(Ordering::Relaxed) >= 6,
+        "the interleaving happened"
+    );
+    assert!(batch.blocked, "k2 was taken meanwhile");
+    // Still refused at T: the third request's charge was not taken back.
+    assert!(
+        store
+            .check_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+            .blocked
+    );
+    assert!(store.tat(k1) >= 2 * t);
+}
