@@ -12,13 +12,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 use crate::decision::Decider;
-use crate::limiter::{Clock, Limiter, MemoryStore, MonotonicClock};
+use crate::limiter::{Clock, Limiter, MemoryStore, MonotonicClock, RedisStore};
 use crate::metrics::Metrics;
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
 use crate::server::admin::AdminState;
 use crate::server::{self, Health, rls::RateLimitHandler};
-use crate::settings::Settings;
+use crate::settings::{BackendKind, Settings};
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +36,9 @@ pub enum AppError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The backend cannot be set up (e.g. a malformed Redis URL).
+    #[error("cannot set up the backend: {0}")]
+    Backend(String),
     /// A server failed while running.
     #[error("{what} server failed: {message}")]
     Serve {
@@ -97,12 +100,19 @@ impl App {
         };
         let grpc = bind("gRPC", settings.grpc_addr).await?;
         let admin = bind("admin", settings.admin_addr).await?;
+        let mut limiter = Limiter::new(
+            Arc::new(MemoryStore::with_max_keys(settings.store.max_keys)),
+            clock,
+        );
+        if settings.backend == BackendKind::Redis {
+            let redis = RedisStore::connect(settings.redis.config())
+                .map_err(|e| AppError::Backend(e.to_string()))?;
+            tracing::info!(redis = %settings.redis.url, cluster = settings.redis.cluster, "counting in redis");
+            limiter = limiter.with_redis(redis);
+        }
         Ok(Self {
             policies: PolicyHandle::new(set),
-            limiter: Limiter::new(
-                Arc::new(MemoryStore::with_max_keys(settings.store.max_keys)),
-                clock,
-            ),
+            limiter,
             metrics,
             settings,
             grpc,
@@ -167,12 +177,14 @@ impl App {
             self.limiter.clone(),
             decider,
             Arc::clone(&self.metrics),
+            self.settings.on_backend_error,
         );
         let admin_state = AdminState {
             health: health.clone(),
             handler: handler.clone(),
             metrics: Arc::clone(&self.metrics),
             store: self.store(),
+            redis: self.limiter.redis().cloned(),
             policies: self.policies.clone(),
         };
         let max_request_bytes = self.settings.requests.max_request_bytes;

@@ -18,6 +18,8 @@ use metrics::{Counter, Histogram, Unit as MetricUnit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::decision::{Code, Request, Response};
+use crate::limiter::redis::{BreakerState, LATENCY_BUCKETS};
+use crate::limiter::{MemoryStore, RedisStore};
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).
@@ -46,6 +48,18 @@ pub const STORE_KEYS: &str = "sluice_store_keys";
 pub const STORE_EVICTIONS: &str = "sluice_store_evictions_total";
 /// Policy reloads by result.
 pub const POLICY_RELOADS: &str = "sluice_policy_reloads_total";
+/// Script calls sent to Redis.
+pub const REDIS_ROUND_TRIPS: &str = "sluice_redis_round_trips_total";
+/// Failed Redis calls by kind.
+pub const REDIS_ERRORS: &str = "sluice_redis_errors_total";
+/// Requests refused from the local over-limit cache.
+pub const REDIS_CACHE_HITS: &str = "sluice_redis_local_cache_hits_total";
+/// Whether a Redis connection is established.
+pub const REDIS_CONNECTED: &str = "sluice_redis_connected";
+/// The circuit breaker's state.
+pub const REDIS_BREAKER: &str = "sluice_redis_breaker_state";
+/// Redis round-trip time.
+pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -111,6 +125,7 @@ pub struct Metrics {
     ok: Counter,
     over_limit: Counter,
     invalid: Counter,
+    backend_errors: Counter,
     duration: Histogram,
     /// Rule identity → counters of rules whose labels come from configuration alone.
     rules: DashMap<u128, RuleCounters>,
@@ -154,6 +169,7 @@ impl Metrics {
             ok: metrics::counter!(DECISIONS, "result" => "ok"),
             over_limit: metrics::counter!(DECISIONS, "result" => "over_limit"),
             invalid: metrics::counter!(DECISIONS, "result" => "invalid"),
+            backend_errors: metrics::counter!(DECISIONS, "result" => "backend_error"),
             duration: metrics::histogram!(DECISION_DURATION),
             rules: DashMap::new(),
             detailed: DashMap::new(),
@@ -163,15 +179,100 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric, with the store's figures (read at
-    /// scrape time from this server's own store, not from the process-wide recorder).
+    /// The Prometheus text exposition of every metric, with this server's store and Redis
+    /// figures (read at scrape time from its own stores, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self, store_keys: usize, store_evictions: u64) -> String {
+    pub fn render(&self, store: &MemoryStore, redis: Option<&RedisStore>) -> String {
+        use std::fmt::Write;
         let mut out = self.handle.render();
-        out.push_str(&format!(
-            "# HELP {STORE_KEYS} Keys held by the in-memory store.\n# TYPE {STORE_KEYS} gauge\n{STORE_KEYS} {store_keys}\n\
-             # HELP {STORE_EVICTIONS} Live keys evicted because the store was full.\n# TYPE {STORE_EVICTIONS} counter\n{STORE_EVICTIONS} {store_evictions}\n"
-        ));
+        let mut line = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let plain = |v: String| vec![(String::new(), v)];
+        line(
+            STORE_KEYS,
+            "gauge",
+            "Keys held by the in-memory store.",
+            &plain(store.len().to_string()),
+        );
+        line(
+            STORE_EVICTIONS,
+            "counter",
+            "Live keys evicted because the store was full.",
+            &plain(store.evictions().to_string()),
+        );
+        let Some(redis) = redis else { return out };
+        let stats = redis.stats();
+        line(
+            REDIS_ROUND_TRIPS,
+            "counter",
+            "Script calls sent to Redis.",
+            &plain(stats.round_trips().to_string()),
+        );
+        let errors: Vec<(String, String)> = stats
+            .errors()
+            .iter()
+            .map(|(kind, n)| (format!("{{kind=\"{kind}\"}}"), n.to_string()))
+            .collect();
+        line(
+            REDIS_ERRORS,
+            "counter",
+            "Failed Redis calls by kind.",
+            &errors,
+        );
+        line(
+            REDIS_CACHE_HITS,
+            "counter",
+            "Requests refused from the local over-limit cache.",
+            &plain(stats.cache_hits().to_string()),
+        );
+        line(
+            REDIS_CONNECTED,
+            "gauge",
+            "1 once a Redis connection is established.",
+            &plain(u8::from(redis.is_connected()).to_string()),
+        );
+        let state = redis.breaker_state();
+        let states: Vec<(String, String)> = [
+            ("closed", BreakerState::Closed),
+            ("open", BreakerState::Open),
+            ("half_open", BreakerState::HalfOpen),
+        ]
+        .iter()
+        .map(|(name, s)| {
+            (
+                format!("{{state=\"{name}\"}}"),
+                u8::from(*s == state).to_string(),
+            )
+        })
+        .collect();
+        line(
+            REDIS_BREAKER,
+            "gauge",
+            "The Redis circuit breaker's state (1 for the current one).",
+            &states,
+        );
+        let (counts, sum) = stats.latency_histogram();
+        let mut cumulative = 0;
+        let mut samples = Vec::with_capacity(counts.len() + 2);
+        for (i, count) in counts.iter().enumerate() {
+            cumulative += count;
+            let le = LATENCY_BUCKETS
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), ToString::to_string);
+            samples.push((format!("_bucket{{le=\"{le}\"}}"), cumulative.to_string()));
+        }
+        samples.push(("_sum".into(), sum.to_string()));
+        samples.push(("_count".into(), cumulative.to_string()));
+        line(
+            REDIS_LATENCY,
+            "histogram",
+            "Redis round-trip time.",
+            &samples,
+        );
         out
     }
 
@@ -191,6 +292,11 @@ impl Metrics {
     /// Counts a request refused as malformed.
     pub fn invalid(&self) {
         self.invalid.increment(1);
+    }
+
+    /// Counts a request the backend could not decide.
+    pub fn backend_error(&self) {
+        self.backend_errors.increment(1);
     }
 
     /// Counts a decided request: overall outcome, latency, and each limited descriptor.
@@ -340,7 +446,10 @@ fn describe() {
     );
     describe_counter!(CONFIG_LOAD_SUCCESS, "Successful policy loads.");
     describe_counter!(CONFIG_LOAD_ERROR, "Failed policy loads.");
-    describe_counter!(DECISIONS, "Requests by result: ok, over_limit, invalid.");
+    describe_counter!(
+        DECISIONS,
+        "Requests by result: ok, over_limit, invalid, backend_error."
+    );
     describe_histogram!(
         DECISION_DURATION,
         MetricUnit::Seconds,

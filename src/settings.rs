@@ -60,6 +60,39 @@ pub struct ServeArgs {
     /// Most counters the in-memory store holds.
     #[arg(long, value_name = "N")]
     pub max_keys: Option<usize>,
+    /// Where counters live: `memory` (this node) or `redis` (shared by several nodes).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Redis URL(s), comma-separated (the seed nodes of a cluster).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// The answer when the backend cannot decide.
+    #[arg(long, value_enum)]
+    pub on_backend_error: Option<OnBackendError>,
+}
+
+/// Where counters live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// In this process's memory.
+    #[default]
+    Memory,
+    /// In Redis (single node or cluster), shared by every node pointed at it.
+    Redis,
+}
+
+/// The answer when the backend (Redis) cannot decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBackendError {
+    /// Answer OK (fail open).
+    Allow,
+    /// Answer OVER_LIMIT (fail closed).
+    Deny,
+    /// Answer gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
 }
 
 /// Flags of `sluice check`.
@@ -109,6 +142,12 @@ pub struct Settings {
     pub requests: RequestSettings,
     /// The in-memory store.
     pub store: StoreSettings,
+    /// Where counters live: `memory` or `redis`.
+    pub backend: BackendKind,
+    /// The answer when the backend cannot decide: `allow`, `deny` or `error`.
+    pub on_backend_error: OnBackendError,
+    /// Redis, for `backend: redis`.
+    pub redis: RedisSettings,
     /// Metrics.
     pub metrics: MetricsSettings,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING (so
@@ -146,6 +185,66 @@ pub struct StoreSettings {
     pub sweep_interval_ms: u64,
 }
 
+/// Redis, for `backend: redis`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// `redis://host:port`; for a cluster, the seed nodes, comma-separated.
+    pub url: String,
+    /// Talk Redis Cluster.
+    pub cluster: bool,
+    /// Prefix of every key sluice writes.
+    pub key_prefix: String,
+    /// Deadline of one request's round trip, in milliseconds (Envoy's default budget for the
+    /// whole call is 20 ms).
+    pub timeout_ms: u64,
+    /// Deadline of one connection attempt, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Consecutive failures that open the circuit breaker (0 disables it).
+    pub breaker_failures: u32,
+    /// How long the open breaker answers without trying Redis, in milliseconds.
+    pub breaker_cooldown_ms: u64,
+    /// Most counters in the local over-limit cache (0 disables it).
+    pub deny_cache_keys: usize,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            cluster: false,
+            key_prefix: "sluice:".into(),
+            timeout_ms: 10,
+            connect_timeout_ms: 1_000,
+            breaker_failures: 5,
+            breaker_cooldown_ms: 1_000,
+            deny_cache_keys: 100_000,
+        }
+    }
+}
+
+impl RedisSettings {
+    /// The limiter's view of these settings.
+    #[must_use]
+    pub fn config(&self) -> crate::limiter::RedisConfig {
+        crate::limiter::RedisConfig {
+            urls: self
+                .url
+                .split(',')
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            cluster: self.cluster,
+            key_prefix: self.key_prefix.clone(),
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+            breaker_failures: self.breaker_failures,
+            breaker_cooldown: std::time::Duration::from_millis(self.breaker_cooldown_ms),
+            deny_cache_keys: self.deny_cache_keys,
+        }
+    }
+}
+
 /// Metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -175,6 +274,9 @@ impl Default for Settings {
             shadow_mode: false,
             requests: RequestSettings::default(),
             store: StoreSettings::default(),
+            backend: BackendKind::Memory,
+            on_backend_error: OnBackendError::Error,
+            redis: RedisSettings::default(),
             metrics: MetricsSettings::default(),
             drain_delay_ms: 0,
             shutdown_grace_ms: 10_000,
@@ -267,6 +369,15 @@ impl Settings {
         if let Some(n) = flags.max_keys {
             settings.store.max_keys = n;
         }
+        if let Some(b) = flags.backend {
+            settings.backend = b;
+        }
+        if let Some(u) = &flags.redis_url {
+            settings.redis.url.clone_from(u);
+        }
+        if let Some(o) = flags.on_backend_error {
+            settings.on_backend_error = o;
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -284,6 +395,25 @@ impl Settings {
         ] {
             if value == 0 {
                 return Err(SettingsError::Invalid(format!("{name} must be at least 1")));
+            }
+        }
+        if self.redis.timeout_ms == 0 || self.redis.connect_timeout_ms == 0 {
+            return Err(SettingsError::Invalid(
+                "redis.timeout_ms and redis.connect_timeout_ms must be at least 1".into(),
+            ));
+        }
+        if self.backend == BackendKind::Redis {
+            let urls = self.redis.config().urls;
+            if urls.is_empty() {
+                return Err(SettingsError::Invalid("redis.url is empty".into()));
+            }
+            if let Some(bad) = urls
+                .iter()
+                .find(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
+            {
+                return Err(SettingsError::Invalid(format!(
+                    "redis.url {bad:?} must start with redis://"
+                )));
             }
         }
         if self.store.sweep_interval_ms == 0 {

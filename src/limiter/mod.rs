@@ -7,7 +7,7 @@
 pub mod clock;
 pub mod gcra;
 pub mod key;
-
+pub mod redis;
 pub mod store;
 
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use std::sync::Arc;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use gcra::{Outcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
+pub use redis::{BackendError, RedisConfig, RedisStore};
 pub use store::MemoryStore;
 
 /// How a denial of one op weighs on its request.
@@ -57,18 +58,24 @@ pub struct Batch {
     pub outcomes: Vec<Outcome>,
 }
 
-/// The counting backend plus the clock it decides with.
+/// The counting backend (memory, or Redis shared by several nodes) plus the clock it decides
+/// with.
 #[derive(Debug, Clone)]
 pub struct Limiter {
     store: Arc<MemoryStore>,
+    redis: Option<Arc<RedisStore>>,
     clock: Arc<dyn Clock>,
 }
 
 impl Limiter {
-    /// A limiter over `store`, deciding at the times `clock` gives.
+    /// A limiter over the in-memory `store`, deciding at the times `clock` gives.
     #[must_use]
     pub fn new(store: Arc<MemoryStore>, clock: Arc<dyn Clock>) -> Self {
-        Self { store, clock }
+        Self {
+            store,
+            redis: None,
+            clock,
+        }
     }
 
     /// A limiter with a fresh in-memory store and the process's monotonic clock.
@@ -80,10 +87,23 @@ impl Limiter {
         )
     }
 
-    /// The in-memory store.
+    /// This limiter counting in Redis instead of memory.
+    #[must_use]
+    pub fn with_redis(mut self, redis: Arc<RedisStore>) -> Self {
+        self.redis = Some(redis);
+        self
+    }
+
+    /// The in-memory store (empty when counting in Redis).
     #[must_use]
     pub fn store(&self) -> &Arc<MemoryStore> {
         &self.store
+    }
+
+    /// The Redis store, when counting in Redis.
+    #[must_use]
+    pub fn redis(&self) -> Option<&Arc<RedisStore>> {
+        self.redis.as_ref()
     }
 
     /// The current time of the limiter's clock, in nanoseconds.
@@ -92,9 +112,49 @@ impl Limiter {
         self.clock.now()
     }
 
-    /// Decides a request's ops at the current time.
+    /// Decides a request's ops now in the in-memory store, all or nothing (whatever the
+    /// backend; for tests and benchmarks of the memory path).
     #[must_use]
-    pub fn check(&self, ops: &[Op]) -> Batch {
+    pub fn check_in_memory(&self, ops: &[Op]) -> Batch {
         self.store.check_batch_with(ops, &|| self.clock.now())
+    }
+
+    /// Decides a request's ops now, all or nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot decide (the memory store always can).
+    pub async fn check(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+        match &self.redis {
+            None => Ok(self.check_in_memory(ops)),
+            Some(redis) => redis.check_batch(ops, self.clock.now(), None).await,
+        }
+    }
+}
+
+impl Batch {
+    /// The answer for `ops` when the backend cannot decide and the operator chose to allow
+    /// (every op admitted, nothing known) or to deny (every op refused, retry after one
+    /// emission interval).
+    #[must_use]
+    pub fn fallback(ops: &[Op], allow: bool) -> Self {
+        Self {
+            blocked: !allow,
+            outcomes: ops
+                .iter()
+                .map(|op| Outcome {
+                    admitted: allow,
+                    tat: 0,
+                    remaining: 0,
+                    wait: if allow {
+                        0
+                    } else {
+                        op.quota
+                            .interval()
+                            .max(op.quota.period() * u64::from(op.quota.is_ban()))
+                    },
+                })
+                .collect(),
+        }
     }
 }

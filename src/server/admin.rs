@@ -18,7 +18,7 @@ use super::Health;
 use super::json;
 use super::rls::{self, RateLimitHandler};
 use crate::decision::Code;
-use crate::limiter::MemoryStore;
+use crate::limiter::{MemoryStore, RedisStore};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle};
 
@@ -33,6 +33,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// For the store gauges.
     pub store: Arc<MemoryStore>,
+    /// For the Redis figures, when counting in Redis.
+    pub redis: Option<Arc<RedisStore>>,
     /// For `/rlconfig`.
     pub policies: PolicyHandle,
 }
@@ -62,7 +64,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(s.store.len(), s.store.evictions()),
+        s.metrics.render(&s.store, s.redis.as_deref()),
     )
         .into_response()
 }
@@ -79,14 +81,18 @@ async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
             return bad(reason);
         }
     };
-    match s.handler.decide(&req, |resp| {
+    let decided = s.handler.decide(&req, |resp| {
         let status = match resp.overall {
             Code::Ok => StatusCode::OK,
             Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
         };
         (status, axum::Json(json::render(resp))).into_response()
-    }) {
+    });
+    match decided.await {
         Ok(r) => r,
+        Err(rls::DecideError::Backend(e)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
         Err(e) => bad(e.to_string()),
     }
 }

@@ -8,13 +8,14 @@ use prost_types::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::decision::{self, Code, Decider, RequestError};
-use crate::limiter::{Batch, Limiter};
+use crate::limiter::{BackendError, Batch, Limiter};
 use crate::metrics::Metrics;
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_response::{self as pbr, rate_limit::Unit as PbUnit};
 use crate::pb::rate_limit_service_server::RateLimitService;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::policy::{PolicyHandle, Unit};
+use crate::settings::OnBackendError;
 
 /// Answers `ShouldRateLimit` from the live policies and the limiter, and counts what it did.
 #[derive(Debug, Clone)]
@@ -23,6 +24,18 @@ pub struct RateLimitHandler {
     limiter: Limiter,
     decider: Decider,
     metrics: Arc<Metrics>,
+    on_backend_error: OnBackendError,
+}
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request is malformed.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The backend could not decide and the operator chose to answer with an error.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
 }
 
 impl RateLimitHandler {
@@ -33,12 +46,14 @@ impl RateLimitHandler {
         limiter: Limiter,
         decider: Decider,
         metrics: Arc<Metrics>,
+        on_backend_error: OnBackendError,
     ) -> Self {
         Self {
             policies,
             limiter,
             decider,
             metrics,
+            on_backend_error,
         }
     }
 
@@ -47,12 +62,13 @@ impl RateLimitHandler {
     ///
     /// # Errors
     ///
-    /// [`RequestError`] for a malformed request; nothing is charged.
-    pub fn decide<R>(
+    /// [`DecideError`] for a malformed request (nothing is charged), or when the backend fails
+    /// and `on_backend_error` is `error`.
+    pub async fn decide<R>(
         &self,
         req: &decision::Request,
         respond: impl FnOnce(&decision::Response<'_>) -> R,
-    ) -> Result<R, RequestError> {
+    ) -> Result<R, DecideError> {
         let start = Instant::now();
         let policies = self.policies.load();
         let plan = self
@@ -65,7 +81,18 @@ impl RateLimitHandler {
                 outcomes: Vec::new(),
             }
         } else {
-            self.limiter.check(plan.ops())
+            match self.limiter.check(plan.ops()).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::debug!(domain = %req.domain, error = %e, "backend failed");
+                    self.metrics.backend_error();
+                    match self.on_backend_error {
+                        OnBackendError::Allow => Batch::fallback(plan.ops(), true),
+                        OnBackendError::Deny => Batch::fallback(plan.ops(), false),
+                        OnBackendError::Error => return Err(e.into()),
+                    }
+                }
+            }
         };
         let resp = self.decider.finish(&plan, &batch);
         let out = respond(&resp);
@@ -84,14 +111,21 @@ impl RateLimitService for RateLimitHandler {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let req = from_pb(request.into_inner())
             .inspect_err(|_| self.metrics.invalid())
-            .map_err(status)?;
-        self.decide(&req, to_pb).map(Response::new).map_err(status)
+            .map_err(|e| status(e.into()))?;
+        self.decide(&req, to_pb)
+            .await
+            .map(Response::new)
+            .map_err(status)
     }
 }
 
-/// The one mapping from errors to gRPC statuses: malformed input is `INVALID_ARGUMENT`.
-fn status(err: RequestError) -> Status {
-    Status::invalid_argument(err.to_string())
+/// The one mapping from errors to gRPC statuses: malformed input is `INVALID_ARGUMENT`; a
+/// backend that cannot decide is `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides.
+fn status(err: DecideError) -> Status {
+    match err {
+        DecideError::Request(e) => Status::invalid_argument(e.to_string()),
+        DecideError::Backend(e) => Status::unavailable(e.to_string()),
+    }
 }
 
 /// The protobuf request as a domain request (strings moved, not copied).

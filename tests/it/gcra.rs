@@ -585,7 +585,7 @@ proptest! {
             }
         }
 
-        let Batch { blocked: got_blocked, outcomes } = limiter.check(&ops);
+        let Batch { blocked: got_blocked, outcomes } = limiter.check_in_memory(&ops);
         prop_assert_eq!(got_blocked, blocked, "ops {:?}", ops);
         for (i, (got, want)) in outcomes.iter().zip(&expected).enumerate() {
             prop_assert_eq!(

@@ -4,5 +4,6 @@ mod gcra;
 mod helpers;
 mod memory;
 mod ops;
+mod redis;
 mod service;
 mod wire;

@@ -1,0 +1,102 @@
+//! The local over-limit cache: counters Redis reported out of tokens until an instant. While
+//! every counted op of a request is such a counter and the request would be refused, it is
+//! refused here without a round trip. The cache only ever refuses, and only until an instant at
+//! or before the one Redis gave (dated from when the request started, before Redis saw it), so
+//! it never admits anything and never refuses what Redis would admit (short of refunds made
+//! through other nodes meanwhile). Bounded; expired entries are dropped as they are met.
+
+use dashmap::DashMap;
+
+use super::super::gcra::Outcome;
+use super::super::{Batch, Key, Mode, Op};
+
+#[derive(Debug)]
+pub(super) struct DenyCache {
+    /// Counter → local monotonic nanoseconds until which no single request fits.
+    until: DashMap<Key, u64>,
+    max: usize,
+}
+
+impl DenyCache {
+    pub(super) fn new(max: usize) -> Self {
+        Self {
+            until: DashMap::new(),
+            max,
+        }
+    }
+
+    /// The refusal of a request all of whose counted ops are known to be out of tokens.
+    pub(super) fn answer(&self, ops: &[Op], now: u64) -> Option<Batch> {
+        if self.max == 0 || ops.is_empty() {
+            return None;
+        }
+        let mut outcomes = Vec::with_capacity(ops.len());
+        let (mut enforce, mut quota) = (false, 0usize);
+        for op in ops {
+            if op.refund || op.cost == 0 {
+                return None;
+            }
+            let until = *self.until.get(&op.key)?;
+            if until <= now {
+                self.until.remove_if(&op.key, |_, u| *u <= now);
+                return None;
+            }
+            match op.mode {
+                Mode::Enforce => enforce = true,
+                Mode::Quota => quota += 1,
+                Mode::Shadow => {}
+            }
+            let extra = op
+                .cost
+                .saturating_sub(1)
+                .saturating_mul(op.quota.interval());
+            outcomes.push(Outcome {
+                admitted: false,
+                tat: 0,
+                remaining: 0,
+                wait: (until - now).saturating_add(extra),
+            });
+        }
+        // Shadow-only requests are admitted: let Redis count them.
+        (enforce || quota > 0).then_some(Batch {
+            blocked: true,
+            outcomes,
+        })
+    }
+
+    /// Remembers the counters Redis just found out of tokens.
+    pub(super) fn learn(&self, ops: &[Op], batch: &Batch, now: u64) {
+        if self.max == 0 {
+            return;
+        }
+        for (op, o) in ops.iter().zip(&batch.outcomes) {
+            if op.refund || op.cost == 0 {
+                continue;
+            }
+            if o.admitted {
+                self.until.remove(&op.key);
+                continue;
+            }
+            if o.remaining != 0 || (op.cost > op.quota.burst() && !op.quota.is_ban()) {
+                continue;
+            }
+            // The wait of one unit request: this cost's wait less the extra intervals.
+            let unit_wait = if op.quota.is_ban() {
+                o.wait
+            } else {
+                o.wait
+                    .saturating_sub((op.cost - 1).saturating_mul(op.quota.interval()))
+            };
+            if unit_wait == 0 {
+                continue;
+            }
+            if self.until.len() >= self.max {
+                self.until.retain(|_, until| *until > now);
+                if self.until.len() >= self.max {
+                    continue;
+                }
+            }
+            self.until.insert(op.key, now.saturating_add(unit_wait));
+        }
+    }
+}

@@ -1,0 +1,203 @@
+-- sluice: GCRA for one request's counters, all or nothing, inside Redis.
+--
+-- The same decision as the in-memory store (src/limiter/gcra.rs and store.rs), in integer
+-- nanoseconds. Lua numbers are doubles, exact only below 2^53 (104 days in nanoseconds), so every
+-- time is kept as a pair {seconds, nanoseconds} and the few operations GCRA needs (add, subtract,
+-- compare, multiply by a count, divide into a count) are done exactly on pairs.
+--
+-- KEYS[i]  the counter of op i (a decimal TAT in nanoseconds, with a TTL of TAT - now)
+-- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share)
+-- ARGV[2]  1 when the whole request is decided here; 0 when this call is one hash-slot group of
+--          a Redis Cluster request: a denied enforced op still blocks the group, but whether all
+--          quota-mode ops are over is for the caller to judge (and to compensate by refunds)
+-- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund),
+--          period (ns, the wait reported by a ban)
+-- Returns { blocked, now, then per op: admitted (0/1), remaining, wait (ns, decimal string) }.
+
+local G = 1000000000
+
+local function pair(s)
+  local len = #s
+  if len <= 9 then return { 0, tonumber(s) } end
+  return { tonumber(string.sub(s, 1, len - 9)), tonumber(string.sub(s, len - 8)) }
+end
+
+local function text(a)
+  if a[1] == 0 then return string.format('%.0f', a[2]) end
+  return string.format('%.0f%09.0f', a[1], a[2])
+end
+
+local function cmp(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] and -1 or 1 end
+  if a[2] ~= b[2] then return a[2] < b[2] and -1 or 1 end
+  return 0
+end
+
+local function add(a, b)
+  local s, n = a[1] + b[1], a[2] + b[2]
+  if n >= G then return { s + 1, n - G } end
+  return { s, n }
+end
+
+-- a - b, or zero when b >= a
+local function sub(a, b)
+  if cmp(a, b) <= 0 then return { 0, 0 } end
+  local s, n = a[1] - b[1], a[2] - b[2]
+  if n < 0 then return { s - 1, n + G } end
+  return { s, n }
+end
+
+local function max(a, b) if cmp(a, b) >= 0 then return a end return b end
+local function min(a, b) if cmp(a, b) <= 0 then return a end return b end
+
+-- x = q*G + r exactly, for an integer 0 <= x < 2^53
+local function divmod(x)
+  local q = math.floor(x / G)
+  local r = x - q * G
+  if r < 0 then q, r = q - 1, r + G elseif r >= G then q, r = q + 1, r - G end
+  return q, r
+end
+
+-- a * k for an integer 0 <= k <= 2^32 whose product stays below 2^62 ns
+local function mul(a, k)
+  local kh = math.floor(k / 65536)
+  local kl = k - kh * 65536
+  local hq, hr = divmod(kh * a[2])
+  local tq, tr = divmod(hr * 65536 + kl * a[2])
+  return { k * a[1] + hq * 65536 + tq, tr }
+end
+
+-- floor(x / t) for a result below 2^32
+local function div(x, t)
+  local q = math.floor((x[1] * G + x[2]) / (t[1] * G + t[2]))
+  if q > 4294967296 then q = 4294967296 end
+  while q > 0 and cmp(mul(t, q), x) > 0 do q = q - 1 end
+  while cmp(mul(t, q + 1), x) <= 0 do q = q + 1 end
+  return q
+end
+
+local ZERO = { 0, 0 }
+
+local now
+if ARGV[1] ~= '' then
+  now = pair(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = { tonumber(t[1]), tonumber(t[2]) * 1000 }
+end
+local whole = ARGV[2] == '1'
+
+local ops = {}
+for i = 1, #KEYS do
+  local a = 2 + (i - 1) * 6
+  local kind = tonumber(ARGV[a + 5])
+  ops[i] = {
+    key = KEYS[i], t = pair(ARGV[a + 1]), tol = pair(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
+    cost = tonumber(ARGV[a + 4]), mode = kind % 4, refund = kind >= 4, period = pair(ARGV[a + 6]),
+  }
+end
+
+local function remaining(op, tat)
+  if op.burst == 0 then return 0 end
+  local debt = sub(tat, now)
+  if cmp(debt, op.tol) >= 0 then return 0 end
+  return div(sub(op.tol, debt), op.t)
+end
+
+-- the in-memory store's gcra::decide
+local function decide(op, tat, cost)
+  if op.burst == 0 then return false, tat, 0, op.period end
+  local base = max(min(tat, add(now, op.tol)), now)
+  if cost > op.burst then return false, tat, remaining(op, base), sub(base, now) end
+  local new = add(base, mul(op.t, cost))
+  local debt = sub(new, now)
+  if cmp(debt, op.tol) <= 0 then return true, new, div(sub(op.tol, debt), op.t), debt end
+  return false, tat, remaining(op, base), sub(debt, op.tol)
+end
+
+local function read(key)
+  local v = redis.call('GET', key)
+  if v then return pair(v) end
+  return ZERO
+end
+
+local function write(key, tat)
+  local ttl = sub(tat, now)
+  if cmp(ttl, ZERO) == 0 then
+    redis.call('DEL', key)
+  else
+    -- milliseconds, rounded up
+    local ms = ttl[1] * 1000 + math.ceil(ttl[2] / 1000000)
+    redis.call('SET', key, text(tat), 'PX', ms)
+  end
+end
+
+local out = {}
+
+-- Refunds first, exactly once, whatever the outcome.
+for i, op in ipairs(ops) do
+  if op.refund then
+    local tat = read(op.key)
+    if op.burst == 0 then
+      out[i] = { false, tat, 0, op.period }
+    else
+      local clamped = min(tat, add(now, op.tol))
+      local back
+      if op.cost >= op.burst then back = now else back = max(now, sub(clamped, mul(op.t, op.cost))) end
+      if cmp(back, tat) ~= 0 then write(op.key, back) end
+      out[i] = { true, back, remaining(op, back), sub(back, now) }
+    end
+  end
+end
+
+-- Plan the charges in order, as if each admitted one had been applied.
+local overlay = {}
+local before = {}
+for i, op in ipairs(ops) do
+  if not op.refund then
+    local tat = overlay[op.key] or read(op.key)
+    before[i] = tat
+    local ok, new, rem, wait = decide(op, tat, op.cost)
+    out[i] = { ok, new, rem, wait }
+    if ok then overlay[op.key] = new end
+  end
+end
+
+local blocked = false
+local quota_ops, quota_denied = 0, 0
+for i, op in ipairs(ops) do
+  if not op.refund then
+    if op.mode == 2 then
+      quota_ops = quota_ops + 1
+      if not out[i][1] then quota_denied = quota_denied + 1 end
+    elseif op.mode == 0 and not out[i][1] then
+      blocked = true
+    end
+  end
+end
+if whole and quota_ops > 0 and quota_denied == quota_ops then blocked = true end
+
+if blocked then
+  -- Nothing is charged: an op that fit reports the state it found.
+  for i, op in ipairs(ops) do
+    if not op.refund and out[i][1] then
+      local ok, new, rem, wait = decide(op, before[i], 0)
+      out[i] = { ok, new, rem, wait }
+    end
+  end
+else
+  for i, op in ipairs(ops) do
+    if not op.refund and out[i][1] and op.cost > 0 and overlay[op.key] then
+      write(op.key, overlay[op.key])
+      overlay[op.key] = nil
+    end
+  end
+end
+
+local reply = { blocked and 1 or 0, text(now) }
+for i = 1, #ops do
+  reply[#reply + 1] = out[i][1] and 1 or 0
+  reply[#reply + 1] = out[i][3]
+  reply[#reply + 1] = text(out[i][4])
+end
+return reply

@@ -1,0 +1,461 @@
+//! The Redis backend: the same GCRA as the in-memory store, run inside Redis by one Lua script
+//! per request (`gcra.lua`), so several sluice nodes share one budget.
+//!
+//! - One round trip: all of a request's counters go in one `EVALSHA` (loaded once, reloaded on
+//!   `NOSCRIPT`), with Redis `TIME` as the single clock. Each key's TTL is `TAT − now`, so Redis
+//!   holds only live state. Concurrent requests share one multiplexed connection (pipelined).
+//! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
+//!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
+//!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
+//!   concurrent request may see those charges for that instant (it can be refused, never
+//!   over-admitted).
+//! - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
+//!   answers at once for a cool-down, then lets one probe through. The connection manager
+//!   reconnects in the background.
+//! - A local cache of counters Redis reported out of tokens until an instant answers repeat
+//!   offenders without a round trip. It only ever refuses what Redis itself would refuse.
+//!
+//! Unlike the memory store this is async I/O by nature; it still knows nothing of policies,
+//! protobuf or the server.
+
+mod breaker;
+mod cache;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script, Value};
+
+use super::gcra::Outcome;
+use super::{Batch, Key, Mode, Op};
+use breaker::Breaker;
+pub use breaker::BreakerState;
+use cache::DenyCache;
+pub use stats::{LATENCY_BUCKETS, RedisStats};
+
+/// How to reach Redis and how hard to try.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://` URLs: one for a single node, the seed nodes for a cluster.
+    pub urls: Vec<String>,
+    /// Talk Redis Cluster.
+    pub cluster: bool,
+    /// Prefix of every key sluice writes.
+    pub key_prefix: String,
+    /// Deadline of one call (the whole request's round trip).
+    pub timeout: Duration,
+    /// Deadline of one connection attempt.
+    pub connect_timeout: Duration,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long the open breaker answers without trying Redis.
+    pub breaker_cooldown: Duration,
+    /// Most counters kept in the local over-limit cache (0 disables it).
+    pub deny_cache_keys: usize,
+}
+
+/// Why Redis could not decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// No answer within the deadline.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Not connected (yet, or any more).
+    #[error("redis is not connected: {0}")]
+    Connection(String),
+    /// The circuit breaker is open after repeated failures.
+    #[error("redis circuit breaker is open")]
+    BreakerOpen,
+    /// Redis answered with an error, or with something the script never returns.
+    #[error("redis error: {0}")]
+    Redis(String),
+}
+
+impl BackendError {
+    /// A short label for metrics.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout(_) => "timeout",
+            Self::Connection(_) => "connection",
+            Self::BreakerOpen => "breaker_open",
+            Self::Redis(_) => "redis",
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The Redis counter store.
+pub struct RedisStore {
+    config: RedisConfig,
+    conn: Arc<ArcSwapOption<Conn>>,
+    script: Script,
+    breaker: Breaker,
+    cache: DenyCache,
+    stats: RedisStats,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store for `config`. Connects in the background (retrying until it succeeds), so sluice
+    /// starts, and answers with its backend-error policy, while Redis is down.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Connection`] when a URL is malformed.
+    pub fn connect(config: RedisConfig) -> Result<Arc<Self>, BackendError> {
+        let store = Arc::new(Self {
+            conn: Arc::new(ArcSwapOption::empty()),
+            script: Script::new(include_str!("gcra.lua")),
+            breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
+            cache: DenyCache::new(config.deny_cache_keys),
+            stats: RedisStats::default(),
+            config,
+        });
+        let connector = Connector::new(&store.config)?;
+        let slot = Arc::clone(&store.conn);
+        let urls = store.config.urls.join(",");
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(100);
+            loop {
+                match connector.connect().await {
+                    Ok(conn) => {
+                        tracing::info!(redis = %urls, "connected to redis");
+                        slot.store(Some(Arc::new(conn)));
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(redis = %urls, error = %e, retry_ms = delay.as_millis(), "cannot connect to redis; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+        Ok(store)
+    }
+
+    /// Counters of round trips, errors, cache hits and latency.
+    #[must_use]
+    pub fn stats(&self) -> &RedisStats {
+        &self.stats
+    }
+
+    /// The circuit breaker's state.
+    #[must_use]
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// Whether a connection has been established.
+    #[must_use]
+    pub fn is_connected(&self) -> bool {
+        self.conn.load().is_some()
+    }
+
+    /// Decides a request's ops at Redis time (or at `now_override`, for tests), all or nothing.
+    /// `local_now` (the caller's monotonic clock) dates entries of the over-limit cache.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot decide; nothing is known to be charged then.
+    pub async fn check_batch(
+        &self,
+        ops: &[Op],
+        local_now: u64,
+        now_override: Option<u64>,
+    ) -> Result<Batch, BackendError> {
+        if let Some(batch) = self.cache.answer(ops, local_now) {
+            self.stats.cache_hit();
+            return Ok(batch);
+        }
+        if !self.breaker.allow() {
+            self.stats.error("breaker_open");
+            return Err(BackendError::BreakerOpen);
+        }
+        let started = std::time::Instant::now();
+        let result =
+            match tokio::time::timeout(self.config.timeout, self.run(ops, now_override)).await {
+                Ok(r) => r,
+                Err(_) => Err(BackendError::Timeout(self.config.timeout)),
+            };
+        self.stats.latency(started.elapsed());
+        match result {
+            Ok(batch) => {
+                self.breaker.success();
+                self.cache.learn(ops, &batch, local_now);
+                Ok(batch)
+            }
+            Err(e) => {
+                self.stats.error(e.kind());
+                if self.breaker.failure() {
+                    tracing::warn!(error = %e, cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn run(&self, ops: &[Op], now: Option<u64>) -> Result<Batch, BackendError> {
+        let Some(conn) = self.conn.load_full() else {
+            return Err(BackendError::Connection(
+                "no connection established yet".into(),
+            ));
+        };
+        match &*conn {
+            Conn::Single(c) => {
+                let all: Vec<usize> = (0..ops.len()).collect();
+                let (blocked, outcomes) = self.invoke(&mut c.clone(), ops, &all, true, now).await?;
+                Ok(Batch { blocked, outcomes })
+            }
+            Conn::Cluster(c) => self.run_cluster(c, ops, now).await,
+        }
+    }
+
+    /// One round trip: the script over `ops[idx]`.
+    async fn invoke(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        ops: &[Op],
+        idx: &[usize],
+        whole: bool,
+        now: Option<u64>,
+    ) -> Result<(bool, Vec<Outcome>), BackendError> {
+        let mut call = self.script.prepare_invoke();
+        call.arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(if whole { "1" } else { "0" });
+        for &i in idx {
+            let op = &ops[i];
+            let mode = match op.mode {
+                Mode::Enforce => 0,
+                Mode::Shadow => 1,
+                Mode::Quota => 2,
+            };
+            call.key(self.key(op.key))
+                .arg(op.quota.interval())
+                .arg(op.quota.tolerance())
+                .arg(op.quota.burst())
+                .arg(op.cost)
+                .arg(mode + if op.refund { 4 } else { 0 })
+                .arg(op.quota.period());
+        }
+        self.stats.round_trip();
+        let reply: Vec<Value> = call.invoke_async(conn).await.map_err(classify)?;
+        parse(&reply, idx.len())
+    }
+
+    async fn run_cluster(
+        &self,
+        conn: &ClusterConnection,
+        ops: &[Op],
+        now: Option<u64>,
+    ) -> Result<Batch, BackendError> {
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let slot = hash_slot(self.key(op.key).as_bytes());
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let whole = groups.len() == 1;
+        let calls = groups.iter().map(|(_, idx)| {
+            let mut c = conn.clone();
+            async move { self.invoke(&mut c, ops, idx, whole, now).await }
+        });
+        let replies = futures_util::future::try_join_all(calls).await?;
+        let mut outcomes = vec![
+            Outcome {
+                admitted: false,
+                tat: 0,
+                remaining: 0,
+                wait: 0
+            };
+            ops.len()
+        ];
+        let mut group_blocked = Vec::with_capacity(groups.len());
+        for ((_, idx), (blocked, outs)) in groups.iter().zip(replies) {
+            group_blocked.push(blocked);
+            for (&i, o) in idx.iter().zip(outs) {
+                outcomes[i] = o;
+            }
+        }
+        let blocked =
+            group_blocked.iter().any(|b| *b) || super::store::all_quota_denied(ops, &outcomes);
+        if blocked && !whole {
+            // Compensate: refund what the groups that did not refuse have charged.
+            let mut refunds = Vec::new();
+            for ((_, idx), group_was_blocked) in groups.iter().zip(&group_blocked) {
+                if *group_was_blocked {
+                    continue;
+                }
+                for &i in idx {
+                    let op = &ops[i];
+                    let o = &mut outcomes[i];
+                    if !op.refund && o.admitted && op.cost > 0 {
+                        refunds.push(Op {
+                            refund: true,
+                            ..*op
+                        });
+                        o.remaining = (o.remaining + op.cost).min(op.quota.burst());
+                        o.wait = o
+                            .wait
+                            .saturating_sub(op.cost.saturating_mul(op.quota.interval()));
+                    }
+                }
+            }
+            // One call per refunded key (each in its own slot, possibly), concurrently.
+            let refunds = &refunds;
+            let index: Vec<[usize; 1]> = (0..refunds.len()).map(|i| [i]).collect();
+            let calls = index.iter().map(|i| {
+                let mut c = conn.clone();
+                async move { self.invoke(&mut c, refunds, i, true, now).await }
+            });
+            futures_util::future::try_join_all(calls).await?;
+        }
+        Ok(Batch { blocked, outcomes })
+    }
+
+    fn key(&self, key: Key) -> String {
+        format!("{}{key:032x}", self.config.key_prefix)
+    }
+}
+
+/// Opens connections for a config.
+enum Connector {
+    Single(redis::Client, ConnectionManagerConfig),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Connector {
+    fn new(config: &RedisConfig) -> Result<Self, BackendError> {
+        let bad = |e: RedisError| BackendError::Connection(format!("invalid redis url: {e}"));
+        if config.cluster {
+            let client = ClusterClientBuilder::new(config.urls.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.timeout)
+                .retries(0)
+                .build()
+                .map_err(bad)?;
+            Ok(Self::Cluster(client))
+        } else {
+            let url = config
+                .urls
+                .first()
+                .ok_or_else(|| BackendError::Connection("no redis url".into()))?;
+            let client = redis::Client::open(url.as_str()).map_err(bad)?;
+            let cm = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_secs(1));
+            Ok(Self::Single(client, cm))
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        match self {
+            Self::Single(client, cm) => Ok(Conn::Single(
+                ConnectionManager::new_with_config(client.clone(), cm.clone()).await?,
+            )),
+            Self::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+        }
+    }
+}
+
+fn classify(e: RedisError) -> BackendError {
+    if e.is_timeout() {
+        BackendError::Timeout(Duration::ZERO)
+    } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
+        BackendError::Connection(e.to_string())
+    } else {
+        BackendError::Redis(e.to_string())
+    }
+}
+
+/// Reads the script's reply: `{blocked, now, then per op: admitted, remaining, wait}`.
+fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError> {
+    let bad = || BackendError::Redis(format!("unexpected script reply: {reply:?}"));
+    if reply.len() != 2 + 3 * n {
+        return Err(bad());
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    };
+    let blocked = int(&reply[0]).ok_or_else(bad)? == 1;
+    let mut outcomes = Vec::with_capacity(n);
+    for k in 0..n {
+        let at = 2 + 3 * k;
+        let admitted = int(&reply[at]).ok_or_else(bad)? == 1;
+        let remaining = int(&reply[at + 1]).ok_or_else(bad)?;
+        let wait = int(&reply[at + 2]).ok_or_else(bad)?;
+        outcomes.push(Outcome {
+            admitted,
+            tat: 0,
+            remaining,
+            wait,
+        });
+    }
+    Ok((blocked, outcomes))
+}
+
+/// Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the key, or of its `{hash tag}`.
+fn hash_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|b| *b == b'}')
+                .filter(|len| *len > 0)
+                .map(|len| &rest[..len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_slots_match_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(hash_slot(b"123456789"), 0x31C3);
+        assert_eq!(hash_slot(b"foo"), 12182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+    }
+}

@@ -1,0 +1,323 @@
+//! The Redis backend against real `redis-server` processes started on free loopback ports in
+//! temporary directories: decisions identical to the in-memory store's (P17), one budget shared
+//! by two servers, one round trip per request, and fast, configured answers while Redis is down.
+//!
+//! Needs `redis-server` on the PATH (`.ci/run` installs Debian's package).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::limiter::gcra::NANOS_PER_SEC;
+use sluice::limiter::{MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore};
+use sluice::pb::rate_limit_response::Code;
+use sluice::settings::{BackendKind, OnBackendError};
+
+use crate::helpers::{TestServer, descriptor, eventually, metric, request, single};
+
+const SEC: u64 = NANOS_PER_SEC;
+
+/// A `redis-server` on a free port, killed on drop.
+pub struct RedisProcess {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisProcess {
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Self::start_on(port)
+    }
+
+    pub fn start_on(port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (Debian package redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn config(url: &str) -> RedisConfig {
+    RedisConfig {
+        urls: vec![url.to_string()],
+        cluster: false,
+        key_prefix: "sluice-test:".into(),
+        timeout: Duration::from_millis(200),
+        connect_timeout: Duration::from_millis(200),
+        breaker_failures: 3,
+        breaker_cooldown: Duration::from_millis(200),
+        deny_cache_keys: 0,
+    }
+}
+
+async fn connected(store: &Arc<RedisStore>) {
+    let s = Arc::clone(store);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let s = Arc::clone(&s);
+            async move { s.is_connected() }
+        })
+        .await
+    );
+}
+
+/// A small deterministic generator, so a failing schedule can be replayed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// P17: the same (time, keys, costs, modes) schedule gives the same decisions, remaining counts
+/// and waits from the memory store and from the script in Redis, including costs above the
+/// burst, check-only costs, refunds, bans, shadow and quota modes, repeated keys in one request,
+/// and periods long enough that nanosecond times exceed a double's exact range.
+#[tokio::test]
+async fn same_schedule_same_decisions_as_memory() {
+    let redis = RedisProcess::start();
+    let store = RedisStore::connect(config(&redis.url())).unwrap();
+    connected(&store).await;
+    let memory = MemoryStore::new();
+    let quotas = [
+        Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
+        Quota::new(60 * SEC, 10, 4).unwrap(),          // T = 6 s, B = 4
+        Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(), // a year: times beyond 2^53 ns
+        Quota::new(3_600 * SEC, 1_000_000, 500_000).unwrap(), // T = 3.6 ms
+        Quota::ban(SEC),
+    ];
+    let mut rng = Lcg(0x5eed);
+    // Start far from zero, as Redis TIME would be (about 1.8e18 ns).
+    let mut now = 1_800_000_000 * SEC + 123_456_789;
+    for step in 0..400 {
+        now += match rng.next(4) {
+            0 => 0,
+            1 => rng.next(1_000),
+            2 => rng.next(2 * SEC),
+            _ => rng.next(3 * 86_400 * SEC),
+        };
+        let n = 1 + rng.next(3) as usize;
+        let ops: Vec<Op> = (0..n)
+            .map(|_| {
+                let k = rng.next(5) as usize;
+                Op {
+                    key: k as u128 + 1,
+                    quota: quotas[k],
+                    cost: match rng.next(6) {
+                        0 => 0,
+                        1 => 1 + rng.next(10),
+                        2 => u64::from(u32::MAX),
+                        _ => 1,
+                    },
+                    refund: rng.next(8) == 0,
+                    mode: match rng.next(6) {
+                        0 => Mode::Shadow,
+                        1 => Mode::Quota,
+                        _ => Mode::Enforce,
+                    },
+                }
+            })
+            .collect();
+        let expected = memory.check_batch(&ops, now);
+        let got = store.check_batch(&ops, 0, Some(now)).await.unwrap();
+        assert_eq!(got.blocked, expected.blocked, "step {step}: {ops:?}");
+        for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
+            assert_eq!(
+                (g.admitted, g.remaining, g.wait),
+                (e.admitted, e.remaining, e.wait),
+                "step {step}, op {i}: {:?}",
+                ops[i]
+            );
+        }
+    }
+    assert_eq!(
+        store.stats().round_trips(),
+        400,
+        "one round trip per request"
+    );
+}
+
+async fn redis_server(url: &str, on_error: OnBackendError) -> TestServer {
+    let url = url.to_string();
+    let s = TestServer::start_with(
+        &[("r.yaml", "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: hour, requests_per_unit: 100}\n")],
+        move |settings| {
+            settings.backend = BackendKind::Redis;
+            settings.redis.url = url;
+            settings.redis.timeout_ms = 50;
+            settings.redis.connect_timeout_ms = 100;
+            settings.redis.breaker_failures = 3;
+            settings.redis.breaker_cooldown_ms = 200;
+            settings.on_backend_error = on_error;
+        },
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            s.call(single("shared", "j", "warmup")).await.is_ok()
+        })
+        .await,
+        "server never reached redis"
+    );
+    s
+}
+
+#[tokio::test]
+async fn two_servers_share_one_budget() {
+    let redis = RedisProcess::start();
+    let a = redis_server(&redis.url(), OnBackendError::Error).await;
+    let b = redis_server(&redis.url(), OnBackendError::Error).await;
+    let mut admitted = 0;
+    for i in 0..30 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        let r = s.ok(single("shared", "k", "client-1")).await;
+        if r.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 10,
+        "a burst split across two servers admits B in total"
+    );
+}
+
+#[tokio::test]
+async fn one_round_trip_per_request() {
+    let redis = RedisProcess::start();
+    let mut config = config(&redis.url());
+    config.key_prefix = "rt:".into();
+    let store = RedisStore::connect(config).unwrap();
+    connected(&store).await;
+    let q = Quota::new(3_600 * SEC, 100, 100).unwrap();
+    let ops: Vec<Op> = (1..=10u128)
+        .map(|key| Op {
+            key,
+            quota: q,
+            cost: 1,
+            refund: false,
+            mode: Mode::Enforce,
+        })
+        .collect();
+    for i in 1..=5 {
+        let b = store.check_batch(&ops, 0, None).await.unwrap();
+        assert!(!b.blocked);
+        assert_eq!(
+            store.stats().round_trips(),
+            i,
+            "ten descriptors, one round trip"
+        );
+    }
+    // And through the server: one ShouldRateLimit with three descriptors, one round trip.
+    let s = redis_server(&redis.url(), OnBackendError::Error).await;
+    let trips = || async {
+        metric(s.admin, "sluice_redis_round_trips_total")
+            .await
+            .unwrap_or(-1.0)
+    };
+    let before = trips().await;
+    let r = s
+        .ok(request(
+            "shared",
+            vec![
+                descriptor(&[("k", "x")]),
+                descriptor(&[("j", "y")]),
+                descriptor(&[("k", "z")]),
+            ],
+        ))
+        .await;
+    assert_eq!(r.statuses.len(), 3);
+    assert_eq!(trips().await, before + 1.0);
+}
+
+#[tokio::test]
+async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
+    let mut redis = RedisProcess::start();
+    let port = redis.port;
+    let allow = redis_server(&redis.url(), OnBackendError::Allow).await;
+    let error = redis_server(&redis.url(), OnBackendError::Error).await;
+    let deny = redis_server(&redis.url(), OnBackendError::Deny).await;
+    assert_eq!(
+        allow.ok(single("shared", "j", "a")).await.overall_code,
+        Code::Ok as i32
+    );
+    redis.kill();
+    for _ in 0..50 {
+        let started = Instant::now();
+        let r = allow.ok(single("shared", "j", "a")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "fail open");
+        let e = error.call(single("shared", "j", "a")).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        let d = deny.ok(single("shared", "j", "a")).await;
+        assert_eq!(d.overall_code, Code::OverLimit as i32, "fail closed");
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "three answers took {:?}",
+            started.elapsed()
+        );
+    }
+    // Redis back on the same port: decisions resume without restarting sluice.
+    let _redis = RedisProcess::start_on(port);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            error
+                .call(single("shared", "j", "b"))
+                .await
+                .is_ok_and(|r| r.statuses[0].current_limit.is_some())
+        })
+        .await,
+        "decisions did not resume"
+    );
+}
