@@ -36,6 +36,10 @@ impl RedisProcess {
     }
 
     pub fn start_on(port: u16) -> Self {
+        Self::spawn(port, &[])
+    }
+
+    fn spawn(port: u16, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args([
@@ -48,6 +52,7 @@ impl RedisProcess {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -82,6 +87,63 @@ impl RedisProcess {
 impl Drop for RedisProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Three cluster-mode `redis-server`s joined by `redis-cli --cluster create`, no replicas.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisProcess>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisProcess> = (0..3)
+            .map(|_| {
+                let port = TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                RedisProcess::spawn(
+                    port,
+                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli must be installed (Debian package redis-tools)");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for n in &nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "cluster", "info"])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never became ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Self { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisProcess::url).collect()
     }
 }
 
@@ -131,6 +193,30 @@ async fn same_schedule_same_decisions_as_memory() {
     let redis = RedisProcess::start();
     let store = RedisStore::connect(config(&redis.url())).unwrap();
     connected(&store).await;
+    same_decisions(&store, 400).await;
+    assert_eq!(
+        store.stats().round_trips(),
+        400,
+        "one round trip per request"
+    );
+}
+
+/// The same against a 3-master Redis Cluster: requests whose counters sit in different hash
+/// slots (on different masters) are decided per slot and compensated, and still end exactly as
+/// the memory store's all-or-nothing decisions.
+#[tokio::test]
+async fn cluster_same_schedule_same_decisions_as_memory() {
+    let cluster = RedisCluster::start();
+    let mut config = config("");
+    config.urls = cluster.urls();
+    config.cluster = true;
+    config.timeout = Duration::from_secs(2);
+    let store = RedisStore::connect(config).unwrap();
+    connected(&store).await;
+    same_decisions(&store, 300).await;
+}
+
+async fn same_decisions(store: &RedisStore, steps: usize) {
     let memory = MemoryStore::new();
     let quotas = [
         Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
@@ -142,7 +228,7 @@ async fn same_schedule_same_decisions_as_memory() {
     let mut rng = Lcg(0x5eed);
     // Start far from zero, as Redis TIME would be (about 1.8e18 ns).
     let mut now = 1_800_000_000 * SEC + 123_456_789;
-    for step in 0..400 {
+    for step in 0..steps {
         now += match rng.next(4) {
             0 => 0,
             1 => rng.next(1_000),
@@ -183,21 +269,21 @@ async fn same_schedule_same_decisions_as_memory() {
             );
         }
     }
-    assert_eq!(
-        store.stats().round_trips(),
-        400,
-        "one round trip per request"
-    );
 }
 
 async fn redis_server(url: &str, on_error: OnBackendError) -> TestServer {
+    redis_server_with(url, false, on_error).await
+}
+
+async fn redis_server_with(url: &str, cluster: bool, on_error: OnBackendError) -> TestServer {
     let url = url.to_string();
     let s = TestServer::start_with(
         &[("r.yaml", "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: hour, requests_per_unit: 100}\n")],
         move |settings| {
             settings.backend = BackendKind::Redis;
             settings.redis.url = url;
-            settings.redis.timeout_ms = 50;
+            settings.redis.cluster = cluster;
+            settings.redis.timeout_ms = if cluster { 2_000 } else { 50 };
             settings.redis.connect_timeout_ms = 100;
             settings.redis.breaker_failures = 3;
             settings.redis.breaker_cooldown_ms = 200;
@@ -320,4 +406,74 @@ async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
         .await,
         "decisions did not resume"
     );
+}
+
+#[tokio::test]
+async fn two_servers_share_one_cluster_budget_across_slots() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls().join(",");
+    let a = redis_server_with(&urls, true, OnBackendError::Error).await;
+    let b = redis_server_with(&urls, true, OnBackendError::Error).await;
+    // Two descriptors whose counters hash to different slots; `k` allows 10, `j` 100.
+    let both = || {
+        request(
+            "shared",
+            vec![descriptor(&[("k", "cross")]), descriptor(&[("j", "cross")])],
+        )
+    };
+    let mut admitted = 0;
+    for i in 0..30 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        if s.ok(both()).await.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10, "B of the narrower limit, across both servers");
+    // All or nothing across slots: the 20 refused requests charged nothing on `j`.
+    let r = a.ok(single("shared", "j", "cross")).await;
+    assert_eq!(r.statuses[0].limit_remaining, 100 - 10 - 1);
+}
+
+/// The local over-limit cache answers a counter Redis found out of tokens without a round trip,
+/// with the answer Redis itself would give, and lets requests through to Redis once the counter
+/// can fit again.
+#[tokio::test]
+async fn local_cache_answers_repeat_offenders_exactly() {
+    let redis = RedisProcess::start();
+    let mut cached = config(&redis.url());
+    cached.deny_cache_keys = 100;
+    let store = RedisStore::connect(cached).unwrap();
+    let plain = RedisStore::connect(config(&redis.url())).unwrap();
+    connected(&store).await;
+    connected(&plain).await;
+    let q = Quota::new(3_600 * SEC, 1, 1).unwrap();
+    let ops = [Op {
+        key: 77,
+        quota: q,
+        cost: 1,
+        refund: false,
+        mode: Mode::Enforce,
+    }];
+    let t0 = 1_800_000_000 * SEC;
+    assert!(!store.check_batch(&ops, t0, Some(t0)).await.unwrap().blocked);
+    assert!(store.check_batch(&ops, t0, Some(t0)).await.unwrap().blocked);
+    assert_eq!(store.stats().round_trips(), 2);
+    for later in [SEC, 1_800 * SEC, 3_600 * SEC - 1] {
+        let now = t0 + later;
+        let from_cache = store.check_batch(&ops, now, Some(now)).await.unwrap();
+        let from_redis = plain.check_batch(&ops, now, Some(now)).await.unwrap();
+        assert_eq!(from_cache, from_redis, "at t0 + {later} ns");
+    }
+    assert_eq!(store.stats().round_trips(), 2, "answered locally");
+    assert_eq!(store.stats().cache_hits(), 3);
+    // Once a token is back, the request goes to Redis and is admitted.
+    let now = t0 + 3_600 * SEC;
+    assert!(
+        !store
+            .check_batch(&ops, now, Some(now))
+            .await
+            .unwrap()
+            .blocked
+    );
+    assert_eq!(store.stats().round_trips(), 3);
 }
