@@ -379,7 +379,35 @@ async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
         allow.ok(single("shared", "j", "a")).await.overall_code,
         Code::Ok as i32
     );
+    // Kill Redis under load: 8 clients keep calling the fail-open server meanwhile.
+    let load: Vec<_> = (0..8)
+        .map(|c| {
+            let mut client = allow.client.clone();
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                for i in 0..100 {
+                    let started = Instant::now();
+                    let r = client
+                        .should_rate_limit(single("shared", "j", &format!("load-{c}-{i}")))
+                        .await
+                        .expect("answered")
+                        .into_inner();
+                    assert_eq!(r.overall_code, Code::Ok as i32);
+                    slowest = slowest.max(started.elapsed());
+                }
+                slowest
+            })
+        })
+        .collect();
     redis.kill();
+    for task in load {
+        let slowest = task.await.unwrap();
+        // The deadline is 50 ms; allow scheduling slack on a shared 2-core machine.
+        assert!(
+            slowest < Duration::from_millis(500),
+            "a call took {slowest:?}"
+        );
+    }
     for _ in 0..50 {
         let started = Instant::now();
         let r = allow.ok(single("shared", "j", "a")).await;
@@ -394,6 +422,18 @@ async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
             started.elapsed()
         );
     }
+    // The failures were counted by kind, and the breaker opened.
+    let mut failures = 0.0;
+    for kind in ["timeout", "connection", "breaker_open"] {
+        let series = format!("sluice_redis_errors_total{{kind=\"{kind}\"}}");
+        failures += metric(error.admin, &series).await.unwrap_or(0.0);
+    }
+    assert!(failures >= 50.0, "{failures} failures counted");
+    let breaker_open = "sluice_redis_errors_total{kind=\"breaker_open\"}";
+    assert!(
+        metric(error.admin, breaker_open).await.unwrap_or(0.0) > 0.0,
+        "the breaker opened"
+    );
     // Redis back on the same port: decisions resume without restarting sluice.
     let _redis = RedisProcess::start_on(port);
     assert!(
