@@ -63,25 +63,8 @@ pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
-/// Buckets of the decision-latency histogram: 1 µs to 100 ms.
-pub const DURATION_BUCKETS: &[f64] = &[
-    0.000_001,
-    0.000_002_5,
-    0.000_005,
-    0.000_01,
-    0.000_025,
-    0.000_05,
-    0.000_1,
-    0.000_25,
-    0.000_5,
-    0.001,
-    0.002_5,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-];
+/// Buckets of the decision-latency histogram: 1 µs to 100 ms (the Redis round-trip histogram's).
+pub const DURATION_BUCKETS: &[f64] = &LATENCY_BUCKETS;
 
 /// The label value that stands for every request value past the series cap.
 pub const OTHER: &str = "_other";

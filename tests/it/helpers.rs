@@ -75,6 +75,16 @@ impl TestServer {
         }
     }
 
+    /// A gRPC health client connected to the server.
+    pub async fn health(&self) -> tonic_health::pb::health_client::HealthClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("valid uri")
+            .connect()
+            .await
+            .expect("connect");
+        tonic_health::pb::health_client::HealthClient::new(channel)
+    }
+
     /// Calls `ShouldRateLimit`.
     pub async fn call(&self, req: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         self.client

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use sluice::pb::rate_limit_response::Code;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::helpers::{TestServer, eventually, http, http_get, metric, single};
 
@@ -371,12 +371,7 @@ async fn shutdown_turns_health_off_first_and_lets_in_flight_calls_finish() {
     .unwrap();
     let (response, mut body) = h2.send_request(req, false).unwrap();
 
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = s.health().await;
     let check = HealthCheckRequest {
         service: "ratelimit".into(),
     };

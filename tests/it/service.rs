@@ -486,15 +486,10 @@ async fn bad_input_is_invalid_argument_and_charges_nothing() {
 
 #[tokio::test]
 async fn health_is_serving_over_grpc_and_http() {
+    use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let s = server().await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = s.health().await;
     for service in [
         "",
         "ratelimit",

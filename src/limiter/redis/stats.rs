@@ -78,7 +78,7 @@ impl RedisStats {
         self.cache_hits.load(Ordering::Relaxed)
     }
 
-    /// Failed calls of each kind, in [`ERROR_KINDS`] order.
+    /// Failed calls of each kind: timeout, connection, breaker_open, redis.
     #[must_use]
     pub fn errors(&self) -> [(&'static str, u64); 4] {
         std::array::from_fn(|i| (ERROR_KINDS[i], self.errors[i].load(Ordering::Relaxed)))
