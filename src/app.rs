@@ -107,7 +107,7 @@ impl App {
         if settings.backend == BackendKind::Redis {
             let redis = RedisStore::connect(settings.redis.config())
                 .map_err(|e| AppError::Backend(e.to_string()))?;
-            tracing::info!(redis = %settings.redis.url, cluster = settings.redis.cluster, "counting in redis");
+            tracing::info!(redis = %settings.redis.redacted_url(), cluster = settings.redis.cluster, "counting in redis");
             limiter = limiter.with_redis(redis);
         }
         Ok(Self {
@@ -178,6 +178,7 @@ impl App {
             decider,
             Arc::clone(&self.metrics),
             self.settings.on_backend_error,
+            self.settings.header_options(),
         );
         let admin_state = AdminState {
             health: health.clone(),

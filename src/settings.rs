@@ -13,6 +13,7 @@ use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::decision::Caps;
+pub use crate::server::headers::HeaderMode;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -69,6 +70,9 @@ pub struct ServeArgs {
     /// The answer when the backend cannot decide.
     #[arg(long, value_enum)]
     pub on_backend_error: Option<OnBackendError>,
+    /// Rate-limit header fields to add to responses.
+    #[arg(long, value_enum)]
+    pub response_headers: Option<HeaderMode>,
 }
 
 /// Where counters live.
@@ -138,6 +142,12 @@ pub struct Settings {
     pub log_level: String,
     /// Global shadow mode: count and report as usual, never answer OVER_LIMIT overall.
     pub shadow_mode: bool,
+    /// Rate-limit header fields to add to responses: `none`, `draft` or `legacy`.
+    pub response_headers: HeaderMode,
+    /// Most seconds added at random to `Retry-After` on denials (with `response_headers`).
+    pub retry_after_jitter_seconds: u64,
+    /// Add an RFC 9457 problem+json body (`raw_body`) to denials.
+    pub problem_body: bool,
     /// Caps on request size.
     pub requests: RequestSettings,
     /// The in-memory store.
@@ -185,8 +195,8 @@ pub struct StoreSettings {
     pub sweep_interval_ms: u64,
 }
 
-/// Redis, for `backend: redis`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Redis, for `backend: redis`. Its `Debug` hides URL credentials.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     /// `redis://host:port`; for a cluster, the seed nodes, comma-separated.
@@ -223,7 +233,32 @@ impl Default for RedisSettings {
     }
 }
 
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &self.redacted_url())
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
+            .field("deny_cache_keys", &self.deny_cache_keys)
+            .finish()
+    }
+}
+
 impl RedisSettings {
+    /// The URL(s) with any `user:password@` replaced by `***@`, for logs.
+    #[must_use]
+    pub fn redacted_url(&self) -> String {
+        self.url
+            .split(',')
+            .map(crate::limiter::redis::redact)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The limiter's view of these settings.
     #[must_use]
     pub fn config(&self) -> crate::limiter::RedisConfig {
@@ -272,6 +307,9 @@ impl Default for Settings {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,
+            response_headers: HeaderMode::None,
+            retry_after_jitter_seconds: 2,
+            problem_body: false,
             requests: RequestSettings::default(),
             store: StoreSettings::default(),
             backend: BackendKind::Memory,
@@ -303,6 +341,18 @@ impl Default for StoreSettings {
         Self {
             max_keys: 1_000_000,
             sweep_interval_ms: 10_000,
+        }
+    }
+}
+
+impl Settings {
+    /// What responses carry besides the decision.
+    #[must_use]
+    pub fn header_options(&self) -> crate::server::headers::HeaderOptions {
+        crate::server::headers::HeaderOptions {
+            mode: self.response_headers,
+            retry_after_jitter_seconds: self.retry_after_jitter_seconds,
+            problem_body: self.problem_body,
         }
     }
 }
@@ -377,6 +427,9 @@ impl Settings {
         }
         if let Some(o) = flags.on_backend_error {
             settings.on_backend_error = o;
+        }
+        if let Some(h) = flags.response_headers {
+            settings.response_headers = h;
         }
         settings.validate()?;
         Ok(settings)
@@ -477,6 +530,19 @@ mod tests {
                 collect_names(v, out);
             }
         }
+    }
+
+    #[test]
+    fn redis_credentials_stay_out_of_logs() {
+        let r = RedisSettings {
+            url: "redis://user:secret@10.0.0.5:6379,redis://10.0.0.6:6379".into(),
+            ..RedisSettings::default()
+        };
+        assert_eq!(
+            r.redacted_url(),
+            "redis://***@10.0.0.5:6379,redis://10.0.0.6:6379"
+        );
+        assert!(!format!("{r:?}").contains("secret"));
     }
 
     #[test]

@@ -86,7 +86,20 @@ async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
             Code::Ok => StatusCode::OK,
             Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
         };
-        (status, axum::Json(json::render(resp))).into_response()
+        let mut response = (status, axum::Json(json::render(resp))).into_response();
+        // The same rate-limit headers a gRPC caller gets (the problem body stays gRPC-only).
+        for (name, value) in s.handler.extras(resp).headers {
+            if name.eq_ignore_ascii_case("content-type") {
+                continue;
+            }
+            if let (Ok(name), Ok(value)) = (
+                axum::http::HeaderName::from_bytes(name.as_bytes()),
+                axum::http::HeaderValue::from_str(&value),
+            ) {
+                response.headers_mut().append(name, value);
+            }
+        }
+        response
     });
     match decided.await {
         Ok(r) => r,

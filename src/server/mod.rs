@@ -2,6 +2,7 @@
 //! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state.
 
 pub mod admin;
+pub mod headers;
 pub mod json;
 pub mod rls;
 

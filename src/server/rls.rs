@@ -10,12 +10,15 @@ use tonic::{Request, Response, Status};
 use crate::decision::{self, Code, Decider, RequestError};
 use crate::limiter::{BackendError, Batch, Limiter};
 use crate::metrics::Metrics;
+use crate::pb::envoy::config::core::v3::HeaderValue;
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_response::{self as pbr, rate_limit::Unit as PbUnit};
 use crate::pb::rate_limit_service_server::RateLimitService;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::policy::{PolicyHandle, Unit};
 use crate::settings::OnBackendError;
+
+use super::headers::{Extras, HeaderMode, HeaderOptions, extras};
 
 /// Answers `ShouldRateLimit` from the live policies and the limiter, and counts what it did.
 #[derive(Debug, Clone)]
@@ -25,6 +28,7 @@ pub struct RateLimitHandler {
     decider: Decider,
     metrics: Arc<Metrics>,
     on_backend_error: OnBackendError,
+    headers: HeaderOptions,
 }
 
 /// Why a request got no decision.
@@ -47,6 +51,7 @@ impl RateLimitHandler {
         decider: Decider,
         metrics: Arc<Metrics>,
         on_backend_error: OnBackendError,
+        headers: HeaderOptions,
     ) -> Self {
         Self {
             policies,
@@ -54,7 +59,23 @@ impl RateLimitHandler {
             decider,
             metrics,
             on_backend_error,
+            headers,
         }
+    }
+
+    /// The headers and body to add to `resp`.
+    #[must_use]
+    pub fn extras(&self, resp: &decision::Response<'_>) -> Extras {
+        if self.headers.mode == HeaderMode::None && !self.headers.problem_body {
+            return Extras::default();
+        }
+        let jitter =
+            if resp.overall == Code::OverLimit && self.headers.retry_after_jitter_seconds > 0 {
+                random_unit()
+            } else {
+                0.0
+            };
+        extras(resp, &self.headers, jitter)
     }
 
     /// Decides `req` on one policy snapshot and hands the response to `respond` (which encodes
@@ -112,7 +133,7 @@ impl RateLimitService for RateLimitHandler {
         let req = from_pb(request.into_inner())
             .inspect_err(|_| self.metrics.invalid())
             .map_err(|e| status(e.into()))?;
-        self.decide(&req, to_pb)
+        self.decide(&req, |resp| to_pb(resp, self.extras(resp)))
             .await
             .map(Response::new)
             .map_err(status)
@@ -200,8 +221,18 @@ fn code(code: Code) -> pbr::Code {
     }
 }
 
-fn to_pb(resp: &decision::Response<'_>) -> RateLimitResponse {
+fn to_pb(resp: &decision::Response<'_>, extras: Extras) -> RateLimitResponse {
     RateLimitResponse {
+        response_headers_to_add: extras
+            .headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        raw_body: extras.body,
         overall_code: code(resp.overall).into(),
         statuses: resp
             .statuses
@@ -223,4 +254,16 @@ fn to_pb(resp: &decision::Response<'_>) -> RateLimitResponse {
             .collect(),
         ..RateLimitResponse::default()
     }
+}
+
+/// A number in `[0, 1)`, different for each call (for jitter, not for secrets).
+fn random_unit() -> f64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: only needs to differ between calls.
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let bits = std::collections::hash_map::RandomState::new().hash_one(n);
+    // The top 53 bits as a fraction; the precision loss is the point.
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -154,6 +154,21 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 /// A plain HTTP/1.1 request on the admin port: (status, body).
 pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let raw = http_raw(addr, method, path, body).await;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A plain HTTP/1.1 request on the admin port: the whole response, headers included.
+pub async fn http_raw(addr: SocketAddr, method: &str, path: &str, body: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let req = format!(
@@ -163,16 +178,7 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
     s.write_all(req.as_bytes()).await.expect("write");
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.expect("read");
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    buf
 }
 
 /// The value of one sample (`name{labels}`, labels in the exposition's order) in `/metrics`.

@@ -1,6 +1,7 @@
 //! sluice integration tests: one binary, a module per area.
 mod check;
 mod gcra;
+mod headers;
 mod helpers;
 mod memory;
 mod ops;

@@ -6,7 +6,8 @@
 -- compare, multiply by a count, divide into a count) are done exactly on pairs.
 --
 -- KEYS[i]  the counter of op i (a decimal TAT in nanoseconds, with a TTL of TAT - now)
--- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share)
+-- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share); an
+--          injected time is for tests, and then keys get no TTL
 -- ARGV[2]  1 when the whole request is decided here; 0 when this call is one hash-slot group of
 --          a Redis Cluster request: a denied enforced op still blocks the group, but whether all
 --          quota-mode ops are over is for the caller to judge (and to compensate by refunds)
@@ -121,10 +122,16 @@ local function read(key)
   return ZERO
 end
 
+-- With Redis TIME, a key lives exactly as long as it carries debt. With an injected time (tests),
+-- a TTL in real milliseconds would mean nothing, so none is set.
+local injected = ARGV[1] ~= ''
+
 local function write(key, tat)
   local ttl = sub(tat, now)
   if cmp(ttl, ZERO) == 0 then
     redis.call('DEL', key)
+  elseif injected then
+    redis.call('SET', key, text(tat))
   else
     -- milliseconds, rounded up
     local ms = ttl[1] * 1000 + math.ceil(ttl[2] / 1000000)

@@ -131,7 +131,13 @@ impl RedisStore {
         });
         let connector = Connector::new(&store.config)?;
         let slot = Arc::clone(&store.conn);
-        let urls = store.config.urls.join(",");
+        let urls = store
+            .config
+            .urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",");
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(100);
             loop {
@@ -335,6 +341,17 @@ impl RedisStore {
 
     fn key(&self, key: Key) -> String {
         format!("{}{key:032x}", self.config.key_prefix)
+    }
+}
+
+/// A Redis URL with any `user:password@` replaced by `***@`, for logs.
+#[must_use]
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
     }
 }
 

@@ -1,0 +1,156 @@
+//! Response headers and bodies sluice adds for Envoy to pass on (`response_headers_to_add`,
+//! `raw_body`): the IETF `RateLimit-Policy`/`RateLimit` fields (draft-ietf-httpapi-ratelimit-
+//! headers), or the reference service's `RateLimit-Limit/-Remaining/-Reset`, for the most
+//! constrained limit; `Retry-After` on denials, never earlier than the exact wait and spread
+//! upward by a jitter so refused clients do not return in lockstep; and an RFC 9457
+//! problem+json body for denials.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Code, Response, Status};
+
+/// Which rate-limit header fields to add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderMode {
+    /// None (Envoy can still build `x-ratelimit-*` itself from the statuses).
+    #[default]
+    None,
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
+    Draft,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
+    Legacy,
+}
+
+/// What to add to responses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeaderOptions {
+    /// Which rate-limit fields.
+    pub mode: HeaderMode,
+    /// Most seconds added to `Retry-After` (uniformly spread, 0 for none).
+    pub retry_after_jitter_seconds: u64,
+    /// Add an RFC 9457 problem+json body to denials.
+    pub problem_body: bool,
+}
+
+/// Headers and body for one response.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// (name, value) pairs, in order.
+    pub headers: Vec<(String, String)>,
+    /// A body for a denial (`raw_body`), empty for none.
+    pub body: Vec<u8>,
+}
+
+/// The headers and body for `resp`; `jitter` is a number in `[0, 1)` drawn for this response.
+#[must_use]
+pub fn extras(resp: &Response<'_>, options: &HeaderOptions, jitter: f64) -> Extras {
+    let mut out = Extras::default();
+    let limited: Vec<&Status<'_>> = resp.statuses.iter().filter(|s| s.limit.is_some()).collect();
+    // The most constrained limit: the fewest remaining, the first on a tie (as Envoy picks).
+    let tightest = limited
+        .iter()
+        .copied()
+        .reduce(|a, b| if b.remaining < a.remaining { b } else { a });
+    if let Some(s) = tightest {
+        let Some(limit) = s.limit else { return out };
+        let window = limit.rate.unit.seconds() * u64::from(limit.rate.unit_multiplier);
+        let reset = s.reset_seconds.unwrap_or(0);
+        match options.mode {
+            HeaderMode::None => {}
+            HeaderMode::Draft => {
+                let name = sf_string(&policy_name(s));
+                out.headers.push((
+                    "RateLimit-Policy".into(),
+                    format!("{name};q={};w={window}", limit.rate.requests_per_unit),
+                ));
+                out.headers.push((
+                    "RateLimit".into(),
+                    format!("{name};r={};t={reset}", s.remaining),
+                ));
+            }
+            HeaderMode::Legacy => {
+                out.headers.push((
+                    "RateLimit-Limit".into(),
+                    limit.rate.requests_per_unit.to_string(),
+                ));
+                out.headers
+                    .push(("RateLimit-Remaining".into(), s.remaining.to_string()));
+                out.headers
+                    .push(("RateLimit-Reset".into(), reset.to_string()));
+            }
+        }
+    }
+    if resp.overall == Code::OverLimit {
+        let over: Vec<&Status<'_>> = limited
+            .iter()
+            .copied()
+            .filter(|s| s.code == Code::OverLimit)
+            .collect();
+        // The longest exact wait, in whole seconds rounded up, at least 1.
+        let wait = over
+            .iter()
+            .filter_map(|s| s.reset_seconds)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        // Truncation intended: a whole number of extra seconds in [0, jitter].
+        let extra =
+            (jitter.clamp(0.0, 1.0) * (options.retry_after_jitter_seconds + 1) as f64) as u64;
+        let extra = extra.min(options.retry_after_jitter_seconds);
+        out.headers
+            .push(("Retry-After".into(), (wait + extra).to_string()));
+        if options.problem_body {
+            let violated: Vec<String> = over.iter().map(|s| policy_name(s)).collect();
+            let body = serde_json::json!({
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": "Request cannot be satisfied as assigned quota has been exceeded",
+                "status": 429,
+                "violated-policies": violated,
+            });
+            out.body = body.to_string().into_bytes();
+            out.headers
+                .push(("content-type".into(), "application/problem+json".into()));
+        }
+    }
+    out
+}
+
+/// A limit's name for headers: its configured name, else its path in the policy, else
+/// `override` for a request's own limit.
+fn policy_name(s: &Status<'_>) -> String {
+    match s.limit.and_then(|l| l.rule) {
+        Some(rule) => rule.name.clone().unwrap_or_else(|| rule.stats_key.clone()),
+        None => "override".into(),
+    }
+}
+
+/// An RFC 9651 String: printable ASCII in quotes, `"` and `\` escaped, anything else replaced.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sf_strings_are_escaped_and_ascii() {
+        assert_eq!(sf_string("per-ip"), "\"per-ip\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(sf_string("naïve"), "\"na_ve\"");
+    }
+}
