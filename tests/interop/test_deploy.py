@@ -1,0 +1,136 @@
+"""Checks of deploy/ that need no Docker, Kubernetes or Envoy binary.
+
+- deploy/envoy/envoy.yaml parses strictly into Envoy's Bootstrap proto (xds-protos), and the
+  descriptors its routes produce are ones config/policies/edge.yaml limits.
+- The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
+  policies pass `sluice check`.
+- Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
+
+Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_deploy.py -v
+"""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+import yaml
+from google.protobuf import json_format
+
+# Importing the typed_config messages registers them for Any resolution.
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401
+from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2  # noqa: F401
+from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def path(*parts):
+    return os.path.join(ROOT, *parts)
+
+
+def load_yaml_docs(*parts):
+    with open(path(*parts)) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def sluice_check(policy_dir):
+    sluice = os.environ.get("SLUICE", path("target", "debug", "sluice"))
+    return subprocess.run([sluice, "check", policy_dir], capture_output=True, text=True)
+
+
+class Envoy(unittest.TestCase):
+    def setUp(self):
+        (self.config,) = load_yaml_docs("deploy", "envoy", "envoy.yaml")
+
+    def test_parses_strictly_into_the_bootstrap_proto(self):
+        bootstrap = json_format.ParseDict(self.config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
+        clusters = {c.name: c for c in bootstrap.static_resources.clusters}
+        self.assertIn("ratelimit", clusters)
+        self.assertEqual(len(bootstrap.static_resources.listeners), 1)
+
+    def test_rate_limit_filter_points_at_sluice_over_v3(self):
+        hcm = self.config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        rl = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ratelimit")["typed_config"]
+        self.assertEqual(rl["rate_limit_service"]["transport_api_version"], "V3")
+        self.assertEqual(rl["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"], "ratelimit")
+        self.assertFalse(rl["failure_mode_deny"])
+        self.assertEqual(rl["enable_x_ratelimit_headers"], "DRAFT_VERSION_03")
+        cluster = next(c for c in self.config["static_resources"]["clusters"] if c["name"] == "ratelimit")
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        self.assertIn("http2_protocol_options", options["explicit_http_config"])
+
+    def test_descriptors_match_the_shipped_policies(self):
+        with open(path("config", "policies", "edge.yaml")) as f:
+            policy = yaml.safe_load(f)
+        hcm = self.config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        rl = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ratelimit")["typed_config"]
+        self.assertEqual(rl["domain"], policy["domain"])
+        top = {(d["key"], d.get("value")) for d in policy["descriptors"]}
+        for rate_limit in hcm["route_config"]["virtual_hosts"][0]["rate_limits"]:
+            first = rate_limit["actions"][0]
+            if "remote_address" in first:
+                entry = ("remote_address", None)
+            elif "generic_key" in first:
+                entry = ("generic_key", first["generic_key"]["descriptor_value"])
+            else:
+                entry = (first["request_headers"]["descriptor_key"], None)
+            keys = {k for k, _ in top}
+            self.assertTrue(entry in top or entry[0] in keys, f"{entry} is limited by no policy")
+
+
+class Manifests(unittest.TestCase):
+    def test_kubernetes_manifests(self):
+        for name in ("sluice.yaml", "sluice-redis.yaml"):
+            docs = load_yaml_docs("deploy", "kubernetes", name)
+            kinds = [d["kind"] for d in docs]
+            self.assertIn("Deployment", kinds, name)
+            for d in docs:
+                self.assertIn("apiVersion", d)
+                self.assertIn("name", d["metadata"])
+                if d["kind"] == "Deployment" and d["metadata"]["name"] == "sluice":
+                    container = d["spec"]["template"]["spec"]["containers"][0]
+                    self.assertEqual(container["readinessProbe"]["grpc"]["port"], 8081)
+                    self.assertIn("resources", container)
+                    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+                    self.assertIn("/etc/sluice/policies", mounts)
+
+    def test_configmap_policies_pass_sluice_check(self):
+        (configmap,) = [d for d in load_yaml_docs("deploy", "kubernetes", "sluice.yaml") if d["kind"] == "ConfigMap"]
+        with tempfile.TemporaryDirectory() as tmp:
+            for file, text in configmap["data"].items():
+                with open(os.path.join(tmp, file), "w") as f:
+                    f.write(text)
+            result = sluice_check(tmp)
+            self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_prometheus_and_compose_parse(self):
+        (prom,) = load_yaml_docs("deploy", "prometheus", "prometheus.yml")
+        self.assertIn("sluice", [j["job_name"] for j in prom["scrape_configs"]])
+        (compose,) = load_yaml_docs("deploy", "docker-compose.yaml")
+        self.assertEqual(set(compose["services"]), {"envoy", "backend", "sluice", "redis", "prometheus"})
+
+
+class Dashboard(unittest.TestCase):
+    def test_every_queried_metric_exists(self):
+        with open(path("src", "metrics.rs")) as f:
+            known = set(re.findall(r'pub const [A-Z_]+: &str = "([a-z_]+)";', f.read()))
+        self.assertIn("sluice_decisions_total", known)
+        with open(path("deploy", "grafana", "sluice.json")) as f:
+            dashboard = json.load(f)
+        used = set()
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                used |= set(re.findall(r"\b((?:sluice|ratelimit)_[a-z_]+)", target["expr"]))
+        self.assertTrue(used)
+        for name in used:
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            self.assertTrue(name in known or base in known, f"{name} is not a sluice metric")
+
+
+if __name__ == "__main__":
+    unittest.main()
