@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
 use crate::server::admin::AdminState;
+use crate::server::headers::HeaderOptions;
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::{BackendKind, Settings};
 
@@ -178,7 +179,11 @@ impl App {
             decider,
             Arc::clone(&self.metrics),
             self.settings.on_backend_error,
-            self.settings.header_options(),
+            HeaderOptions {
+                mode: self.settings.response_headers,
+                retry_after_jitter_seconds: self.settings.retry_after_jitter_seconds,
+                problem_body: self.settings.problem_body,
+            },
         );
         let admin_state = AdminState {
             health: health.clone(),

@@ -13,7 +13,6 @@ use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::decision::Caps;
-pub use crate::server::headers::HeaderMode;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -73,6 +72,19 @@ pub struct ServeArgs {
     /// Rate-limit header fields to add to responses.
     #[arg(long, value_enum)]
     pub response_headers: Option<HeaderMode>,
+}
+
+/// Which rate-limit header fields to add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderMode {
+    /// None (Envoy can still build `x-ratelimit-*` itself from the statuses).
+    #[default]
+    None,
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
+    Draft,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
+    Legacy,
 }
 
 /// Where counters live.
@@ -341,18 +353,6 @@ impl Default for StoreSettings {
         Self {
             max_keys: 1_000_000,
             sweep_interval_ms: 10_000,
-        }
-    }
-}
-
-impl Settings {
-    /// What responses carry besides the decision.
-    #[must_use]
-    pub fn header_options(&self) -> crate::server::headers::HeaderOptions {
-        crate::server::headers::HeaderOptions {
-            mode: self.response_headers,
-            retry_after_jitter_seconds: self.retry_after_jitter_seconds,
-            problem_body: self.problem_body,
         }
     }
 }

@@ -5,22 +5,8 @@
 //! upward by a jitter so refused clients do not return in lockstep; and an RFC 9457
 //! problem+json body for denials.
 
-use serde::{Deserialize, Serialize};
-
 use crate::decision::{Code, Response, Status};
-
-/// Which rate-limit header fields to add.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderMode {
-    /// None (Envoy can still build `x-ratelimit-*` itself from the statuses).
-    #[default]
-    None,
-    /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
-    Draft,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
-    Legacy,
-}
+pub use crate::settings::HeaderMode;
 
 /// What to add to responses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
