@@ -398,7 +398,8 @@ impl Settings {
             Environment::with_prefix("SLUICE")
                 .prefix_separator("_")
                 .separator("__")
-                .try_parsing(true),
+                .try_parsing(true)
+                .source(Some(settings_from_env(std::env::vars()))),
         );
         let mut settings: Settings = builder.build()?.try_deserialize()?;
         if let Some(p) = &flags.policies {
@@ -478,9 +479,58 @@ impl Settings {
     }
 }
 
+/// The `SLUICE_*` variables that name a setting. Others are left alone: Kubernetes, for one,
+/// gives every pod `SLUICE_PORT`, `SLUICE_SERVICE_HOST` and so on for a Service named `sluice`,
+/// and those must not stop the server. (The settings file, by contrast, is strict.)
+fn settings_from_env(vars: impl Iterator<Item = (String, String)>) -> config::Map<String, String> {
+    let mut known = Vec::new();
+    if let Ok(defaults) = serde_json::to_value(Settings::default()) {
+        setting_names(&defaults, "", &mut known);
+    }
+    vars.filter(|(name, _)| {
+        name.strip_prefix("SLUICE_")
+            .is_some_and(|rest| known.contains(&rest.to_ascii_lowercase().replace("__", ".")))
+    })
+    .collect()
+}
+
+/// Every setting's dotted name (`redis.url`, `grpc_addr`, ...).
+fn setting_names(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    if let serde_json::Value::Object(map) = v {
+        for (k, v) in map {
+            let name = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if v.is_object() {
+                setting_names(v, &name, out);
+            } else {
+                out.push(name);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_variables_that_name_a_setting_are_read() {
+        let vars = [
+            ("SLUICE_GRPC_ADDR", "127.0.0.1:1"),
+            ("SLUICE_REDIS__URL", "redis://r:6379"),
+            ("SLUICE_PORT", "tcp://10.0.0.1:8081"),
+            ("SLUICE_SERVICE_HOST", "10.0.0.1"),
+            ("SLUICE_REDIS", "x"),
+            ("PATH", "/bin"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let mut kept: Vec<String> = settings_from_env(vars.into_iter()).into_keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["SLUICE_GRPC_ADDR", "SLUICE_REDIS__URL"]);
+    }
 
     #[test]
     fn file_then_flags() {

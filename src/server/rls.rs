@@ -133,6 +133,10 @@ impl RateLimitService for RateLimitHandler {
         let req = from_pb(request.into_inner())
             .inspect_err(|_| self.metrics.invalid())
             .map_err(|e| status(e.into()))?;
+        if cfg!(feature = "bench-floor") {
+            // The transport floor of the load benchmark: decode, answer OK, decide nothing.
+            return Ok(Response::new(floor(&req)));
+        }
         self.decide(&req, |resp| to_pb(resp, self.extras(resp)))
             .await
             .map(Response::new)
@@ -266,4 +270,19 @@ fn random_unit() -> f64 {
     let bits = std::collections::hash_map::RandomState::new().hash_one(n);
     // The top 53 bits as a fraction; the precision loss is the point.
     (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A constant OK answer of the right shape (answered by the `bench-floor` build only).
+fn floor(req: &decision::Request) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: pbr::Code::Ok.into(),
+        statuses: vec![
+            pbr::DescriptorStatus {
+                code: pbr::Code::Ok.into(),
+                ..pbr::DescriptorStatus::default()
+            };
+            req.descriptors.len()
+        ],
+        ..RateLimitResponse::default()
+    }
 }
