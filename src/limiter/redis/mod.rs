@@ -263,7 +263,10 @@ impl RedisStore {
                 .arg(op.quota.period());
         }
         self.stats.round_trip();
-        let reply: Vec<Value> = call.invoke_async(conn).await.map_err(classify)?;
+        let reply: Vec<Value> = call
+            .invoke_async(conn)
+            .await
+            .map_err(|e| classify(e, self.config.timeout))?;
         parse(&reply, idx.len())
     }
 
@@ -397,9 +400,9 @@ impl Connector {
     }
 }
 
-fn classify(e: RedisError) -> BackendError {
+fn classify(e: RedisError, timeout: Duration) -> BackendError {
     if e.is_timeout() {
-        BackendError::Timeout(Duration::ZERO)
+        BackendError::Timeout(timeout)
     } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
         BackendError::Connection(e.to_string())
     } else {
