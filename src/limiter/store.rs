@@ -243,8 +243,8 @@ impl MemoryStore {
     /// nobody has built on them) when a concurrent request took the room a charge needed; the
     /// caller then plans again.
     fn commit(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
-        // (key, TAT before, TAT written) of each charge this attempt made.
-        let mut written: Vec<(Key, u64, u64)> = Vec::new();
+        // (key, TAT before, TAT written, charge in ns) of each charge this attempt made.
+        let mut written: Vec<(Key, u64, u64, u64)> = Vec::new();
         for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
             if op.refund || !out.admitted || op.cost == 0 {
                 continue;
@@ -254,15 +254,16 @@ impl MemoryStore {
             });
             if o.admitted {
                 *out = o;
-                written.push((op.key, before, o.tat));
+                written.push((
+                    op.key,
+                    before,
+                    o.tat,
+                    op.cost.saturating_mul(op.quota.interval()),
+                ));
                 continue;
             }
             // Undo in reverse order (see `undo`).
-            for (key, before, ours) in written.into_iter().rev() {
-                let charge = ops
-                    .iter()
-                    .find(|o| o.key == key)
-                    .map_or(0, |o| o.cost.saturating_mul(o.quota.interval()));
+            for (key, before, ours, charge) in written.into_iter().rev() {
                 self.undo(key, before, ours, charge, clock);
             }
             return false;

@@ -309,17 +309,19 @@ impl RedisStore {
         let blocked =
             group_blocked.iter().any(|b| *b) || super::store::all_quota_denied(ops, &outcomes);
         if blocked && !whole {
-            // Compensate: refund what the groups that did not refuse have charged.
-            let mut refunds = Vec::new();
+            // Compensate: refund what the groups that did not refuse have charged, one call
+            // per such group (its keys share its slot), concurrently.
+            let mut refunds: Vec<Vec<Op>> = Vec::new();
             for ((_, idx), group_was_blocked) in groups.iter().zip(&group_blocked) {
                 if *group_was_blocked {
                     continue;
                 }
+                let mut group = Vec::new();
                 for &i in idx {
                     let op = &ops[i];
                     let o = &mut outcomes[i];
                     if !op.refund && o.admitted && op.cost > 0 {
-                        refunds.push(Op {
+                        group.push(Op {
                             refund: true,
                             ..*op
                         });
@@ -329,13 +331,14 @@ impl RedisStore {
                             .saturating_sub(op.cost.saturating_mul(op.quota.interval()));
                     }
                 }
+                if !group.is_empty() {
+                    refunds.push(group);
+                }
             }
-            // One call per refunded key (each in its own slot, possibly), concurrently.
-            let refunds = &refunds;
-            let index: Vec<[usize; 1]> = (0..refunds.len()).map(|i| [i]).collect();
-            let calls = index.iter().map(|i| {
+            let calls = refunds.iter().map(|group| {
                 let mut c = conn.clone();
-                async move { self.invoke(&mut c, refunds, i, true, now).await }
+                let all: Vec<usize> = (0..group.len()).collect();
+                async move { self.invoke(&mut c, group, &all, true, now).await }
             });
             futures_util::future::try_join_all(calls).await?;
         }
