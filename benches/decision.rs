@@ -6,27 +6,14 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice::decision::{Decider, Descriptor, Entry, Request};
+use sluice::decision::{Decider, Request};
 use sluice::limiter::MemoryStore;
 use sluice::policy;
 
 fn request(descriptors: &[&[(&str, &str)]]) -> Request {
     Request {
-        domain: "edge".into(),
-        descriptors: descriptors
-            .iter()
-            .map(|entries| Descriptor {
-                entries: entries
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Descriptor::default()
-            })
-            .collect(),
         hits_addend: 1,
+        ..Request::from_entries("edge", descriptors)
     }
 }
 

@@ -32,6 +32,31 @@ pub struct Request {
     pub hits_addend: u32,
 }
 
+impl Request {
+    /// A request of plain descriptors, each from (key, value) entries, at the default cost
+    /// (`hits_addend` 0, which counts as 1).
+    #[must_use]
+    pub fn from_entries(domain: &str, descriptors: &[&[(&str, &str)]]) -> Self {
+        Self {
+            domain: domain.into(),
+            descriptors: descriptors
+                .iter()
+                .map(|entries| Descriptor {
+                    entries: entries
+                        .iter()
+                        .map(|(k, v)| Entry {
+                            key: (*k).into(),
+                            value: (*v).into(),
+                        })
+                        .collect(),
+                    ..Descriptor::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+}
+
 /// One descriptor of a request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor {
@@ -487,23 +512,7 @@ mod tests {
     use crate::policy::load_str;
 
     fn req(domain: &str, descs: &[&[(&str, &str)]]) -> Request {
-        Request {
-            domain: domain.into(),
-            descriptors: descs
-                .iter()
-                .map(|entries| Descriptor {
-                    entries: entries
-                        .iter()
-                        .map(|(k, v)| Entry {
-                            key: (*k).into(),
-                            value: (*v).into(),
-                        })
-                        .collect(),
-                    ..Descriptor::default()
-                })
-                .collect(),
-            hits_addend: 0,
-        }
+        Request::from_entries(domain, descs)
     }
 
     #[test]
