@@ -19,6 +19,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::decision::{Code, Request, Response};
 use crate::limiter::redis::{BreakerState, LATENCY_BUCKETS};
+use crate::limiter::store::KeyHash;
 use crate::limiter::{MemoryStore, RedisStore};
 use crate::policy::Rule;
 
@@ -110,8 +111,9 @@ pub struct Metrics {
     invalid: Counter,
     backend_errors: Counter,
     duration: Histogram,
-    /// Rule identity → counters of rules whose labels come from configuration alone.
-    rules: DashMap<u128, RuleCounters>,
+    /// Rule identity (already a hash, so not hashed again) → counters of rules whose labels
+    /// come from configuration alone.
+    rules: DashMap<u128, RuleCounters, KeyHash>,
     /// Label key → counters of request-valued series (`detailed_metric`, `value_to_metric`,
     /// unknown domains), at most `max_series` of them.
     detailed: DashMap<(u128, String, String), RuleCounters>,
@@ -154,7 +156,7 @@ impl Metrics {
             invalid: metrics::counter!(DECISIONS, "result" => "invalid"),
             backend_errors: metrics::counter!(DECISIONS, "result" => "backend_error"),
             duration: metrics::histogram!(DECISION_DURATION),
-            rules: DashMap::new(),
+            rules: DashMap::default(),
             detailed: DashMap::new(),
             unknown_domains: DashMap::new(),
             series: AtomicUsize::new(0),

@@ -28,7 +28,10 @@ const MAX_ATTEMPTS: usize = 16;
 /// Entries examined to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 
-type Map = HashMap<Key, AtomicU64, BuildHasherDefault<KeyHasher>>;
+type Map = HashMap<Key, AtomicU64, KeyHash>;
+
+/// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
+pub type KeyHash = BuildHasherDefault<KeyHasher>;
 
 /// One shard, on its own cache lines so shards do not contend through false sharing.
 #[derive(Debug, Default)]

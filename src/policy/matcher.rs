@@ -10,19 +10,24 @@
 use std::collections::HashMap;
 
 use super::{Domain, Rule};
+
+/// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
+/// domain and each entry's key and value here, and SipHash (std's default) cost more than the
+/// rest of the match; the tables hold only operator-written names, so a request cannot grow them.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use crate::limiter::{Key, KeyBuilder};
 
 /// One level of the tree: sibling descriptors grouped by key.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Level {
-    pub(crate) groups: HashMap<Box<str>, Group>,
+    pub(crate) groups: FastMap<Box<str>, Group>,
 }
 
 /// The descriptors of one level that share a key.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Group {
     /// Exact values → node.
-    pub(crate) exact: HashMap<Box<str>, usize>,
+    pub(crate) exact: FastMap<Box<str>, usize>,
     /// Wildcard patterns in file order.
     pub(crate) wildcards: Vec<(Pattern, usize)>,
     /// The key-only descriptor (any value).

@@ -12,7 +12,6 @@ mod matcher;
 mod model;
 mod yaml;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -194,7 +193,7 @@ impl Domain {
 /// All loaded domains. Immutable; reloading builds a new one and swaps it in.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySet {
-    domains: HashMap<String, Domain>,
+    domains: matcher::FastMap<String, Domain>,
     files: usize,
 }
 

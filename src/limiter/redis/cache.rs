@@ -8,19 +8,20 @@
 use dashmap::DashMap;
 
 use super::super::gcra::Outcome;
+use super::super::store::KeyHash;
 use super::super::{Batch, Key, Mode, Op};
 
 #[derive(Debug)]
 pub(super) struct DenyCache {
     /// Counter → local monotonic nanoseconds until which no single request fits.
-    until: DashMap<Key, u64>,
+    until: DashMap<Key, u64, KeyHash>,
     max: usize,
 }
 
 impl DenyCache {
     pub(super) fn new(max: usize) -> Self {
         Self {
-            until: DashMap::new(),
+            until: DashMap::default(),
             max,
         }
     }

@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""The load benchmark's driver (benches/load.sh builds the binaries and runs this).
+
+Starts the server pinned to core 0 and drives it from core 1, with h2load for the fixed-body
+scenarios and the `loadgen` example for the many-keys one. Every line it prints is checked
+against the server's own counters: no gRPC errors, and the answers a scenario must give (OK
+and OVER_LIMIT in the proportion the policy implies). The transport floor (the same server
+built with --features bench-floor, answering OK without deciding) runs in the same rounds,
+alternating with the real server, and the summary compares medians of the rounds.
+"""
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+HOT_RATE, HOT_BURST = 10_000, 1_000  # benches/load/bench.yaml, rule "hot"
+
+
+def varint(v):
+    out = b""
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def field(n, data):
+    return bytes([n << 3 | 2]) + varint(len(data)) + data
+
+
+def framed_request(descriptors):
+    """A pre-framed gRPC RateLimitRequest: flag byte, 4-byte length, message."""
+    body = field(1, b"bench")
+    for entries in descriptors:
+        body += field(2, b"".join(field(1, field(1, k.encode()) + field(2, v.encode())) for k, v in entries))
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(admin):
+    """The server's counters that the checks need, by exposition line name."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(sluice_decisions_total\{result="(\w+)"\}|sluice_redis_round_trips_total|sluice_store_keys)\s+(\S+)$', line)
+        if m:
+            out[m.group(2) or m.group(1)] = float(m.group(3))
+    return out
+
+
+class Server:
+    def __init__(self, binary, policies, extra=(), env=None):
+        self.grpc, self.admin = free_port(), free_port()
+        cmd = ["taskset", "-c", "0", binary, "serve", "--policies", policies,
+               "--grpc-addr", f"127.0.0.1:{self.grpc}", "--admin-addr", f"127.0.0.1:{self.admin}",
+               "--log-level", "error", *extra]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/healthcheck", timeout=1)
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    sys.exit(f"load: the server exited with {self.proc.returncode}")
+                time.sleep(0.1)
+        sys.exit("load: the server did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@contextmanager
+def serving(*args, **kwargs):
+    server = Server(*args, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def percentiles(micros):
+    micros = sorted(micros)
+    if not micros:
+        return {"p50": float("nan"), "p99": float("nan"), "p999": float("nan")}
+    pick = lambda p: micros[min(len(micros) - 1, int(p * len(micros)))] / 1000
+    return {"p50": pick(0.5), "p99": pick(0.99), "p999": pick(0.999)}
+
+
+def h2load(server, body, c, m, duration, work, rps=None):
+    log = Path(work, "h2load.log")
+    log.unlink(missing_ok=True)
+    cmd = ["taskset", "-c", "1", "h2load", "-c", str(c), "-m", str(m), "-D", str(duration),
+           "--warm-up-time", "1", "-d", str(body), "--log-file", str(log),
+           "-H", "content-type: application/grpc", "-H", "te: trailers"]
+    if rps:
+        cmd += ["--rps", str(rps)]
+    out = subprocess.run(cmd + [f"http://127.0.0.1:{server.grpc}{RLS_PATH}"],
+                         capture_output=True, text=True, check=True).stdout
+    rate = float(re.search(r"finished in .*?, ([\d.]+) req/s", out).group(1))
+    codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    errors = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
+    bad = sum(int(x) for x in codes.groups()[1:]) + sum(int(x) for x in errors.groups())
+    # h2load's log: start time, status, duration in microseconds, per request.
+    micros = [int(line.split("\t")[2]) for line in log.read_text().splitlines() if line.strip()]
+    return {"rate": rate, "http_errors": bad, **percentiles(micros)}
+
+
+def loadgen(binary, server, c, m, duration, rate=None):
+    cmd = ["taskset", "-c", "1", binary, "--addr", f"127.0.0.1:{server.grpc}", "-c", str(c),
+           "-m", str(m), "-D", str(duration), "--keys", "100000"]
+    if rate:
+        cmd += ["--rate", str(rate)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    kv = dict(pair.split("=") for pair in out.split())
+    return {"rate": float(kv["rate"]), "p50": float(kv["p50_ms"]), "p99": float(kv["p99_ms"]),
+            "p999": float(kv["p999_ms"]),
+            "http_errors": int(kv["grpc_errors"]) + int(kv["transport_errors"]) + int(kv["other_code"])}
+
+
+class Bench:
+    def __init__(self, args, work):
+        self.args, self.work = args, work
+        self.results = {}  # name -> list of result dicts
+
+    def run(self, name, server, drive, expect=None):
+        """One measured run; checks the answers from the server's counters."""
+        before = metrics(server.admin)
+        t0 = time.monotonic()
+        result = drive()
+        elapsed = time.monotonic() - t0
+        after = metrics(server.admin)
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        result.update(ok=int(delta.get("ok", 0)), over=int(delta.get("over_limit", 0)),
+                      errors=int(delta.get("invalid", 0) + delta.get("backend_error", 0)),
+                      round_trips=int(delta.get("sluice_redis_round_trips_total", 0)),
+                      keys=int(after.get("sluice_store_keys", 0)))
+        problems = []
+        if result["http_errors"] or result["errors"]:
+            problems.append(f"{result['http_errors']} failed calls, {result['errors']} gRPC errors")
+        if expect:
+            problems += expect(result, elapsed)
+        self.results.setdefault(name, []).append(result)
+        answers = f"ok {result['ok']} over_limit {result['over']}" if result["ok"] + result["over"] else "(not counted: floor)"
+        print(f"{name:<44} {result['rate']:>9,.0f}/s  p50 {result['p50']:.3f} ms  p99 {result['p99']:.3f} ms"
+              f"  p99.9 {result['p999']:.3f} ms  {answers}", flush=True)
+        for p in problems:
+            print(f"{'':<44} !! {p}", flush=True)
+            self.failed = True
+        return result
+
+    def median(self, name, key="rate"):
+        return statistics.median(r[key] for r in self.results[name])
+
+
+def expect_all_ok(result, _elapsed):
+    if result["over"]:
+        return [f"{result['over']} OVER_LIMIT where every call should be admitted"]
+    return []
+
+
+def expect_hot(result, elapsed):
+    """The hot rule admits its rate plus its burst over the server's whole exposure."""
+    # The run's wall time includes h2load's start-up and warm-up second.
+    high = HOT_RATE * elapsed + HOT_BURST
+    if result["ok"] > high:
+        return [f"{result['ok']} OK; the rule admits at most {high:,.0f} in {elapsed:.1f} s"]
+    if result["rate"] > 1.2 * HOT_RATE:
+        # Offered well above the rule: it must both refuse and admit about its rate.
+        low = HOT_RATE * (elapsed - 1.5)
+        if result["ok"] < low or result["over"] == 0:
+            return [f"{result['ok']} OK, {result['over']} OVER_LIMIT; over the rule's rate it admits"
+                    f" {low:,.0f}..{high:,.0f} and refuses the rest"]
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--floor", required=True)
+    ap.add_argument("--loadgen", required=True)
+    ap.add_argument("--duration", type=int, default=int(os.environ.get("DURATION", 5)))
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 3)))
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="sluice-load-")
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, work):
+    policies = Path(work, "policies")
+    policies.mkdir()
+    shutil.copy(Path(__file__).with_name("bench.yaml"), policies)
+    bodies = {
+        "hot": framed_request([[("hot", "x")]]),
+        "one": framed_request([[("d", "0")]]),
+        "ten": framed_request([[("d", str(i))] for i in range(10)]),
+    }
+    for name, data in bodies.items():
+        Path(work, f"{name}.bin").write_bytes(data)
+    b = Bench(args, work)
+    b.failed = False
+    D, cm = args.duration, (10, 10)
+    body = lambda n: Path(work, f"{n}.bin")
+
+    print(f"== {args.rounds} rounds, {D} s each after a 1 s warm-up; server on core 0, load on core 1;"
+          f" c={cm[0]} connections x m={cm[1]} streams")
+    for r in range(args.rounds):
+        with serving(args.floor, str(policies)) as s:
+            b.run("floor, one descriptor (h2load)", s, lambda: h2load(s, body("hot"), *cm, D, work))
+        with serving(args.bin, str(policies)) as s:
+            b.run("memory, one descriptor, hot key (h2load)", s,
+                  lambda: h2load(s, body("hot"), *cm, D, work), expect_hot)
+        with serving(args.bin, str(policies)) as s:
+            b.run("memory, ten descriptors (h2load)", s,
+                  lambda: h2load(s, body("ten"), *cm, D, work), expect_all_ok)
+        with serving(args.floor, str(policies)) as s:
+            b.run("floor, two descriptors (loadgen)", s, lambda: loadgen(args.loadgen, s, *cm, D))
+        with serving(args.bin, str(policies)) as s:
+            res = b.run("memory, two descriptors, 100k keys (loadgen)", s,
+                        lambda: loadgen(args.loadgen, s, *cm, D), expect_all_ok)
+        print(f"{'':<44} counters in the store after the run: {res['keys']:,}")
+
+    hot_peak = b.median("memory, one descriptor, hot key (h2load)")
+    many_peak = b.median("memory, two descriptors, 100k keys (loadgen)")
+    print("== latency at half the peak rate, paced (h2load --rps), the floor beside it")
+    # Ten connections of one stream each: the peak of that shape first, closed loop.
+    with serving(args.bin, str(policies)) as s:
+        peak_m1 = b.run("memory, hot key, c=10 m=1, peak", s,
+                        lambda: h2load(s, body("hot"), 10, 1, D, work), expect_hot)["rate"]
+    for label, binary, expect in [("floor", args.floor, None), ("memory", args.bin, expect_hot)]:
+        with serving(binary, str(policies)) as s:
+            b.run(f"{label}, hot key, c=10 m=1, half peak", s,
+                  lambda: h2load(s, body("hot"), 10, 1, D, work, rps=max(1, round(peak_m1 / 2 / 10))), expect)
+    # The throughput shape, 10 x 10, at half its peak.
+    for label, binary, expect in [("floor", args.floor, None), ("memory", args.bin, expect_hot)]:
+        with serving(binary, str(policies)) as s:
+            b.run(f"{label}, hot key, c=10 m=10, half peak", s,
+                  lambda: h2load(s, body("hot"), *cm, D, work, rps=max(1, round(hot_peak / 2 / cm[0]))), expect)
+    with serving(args.bin, str(policies)) as s:
+        b.run("memory, 100k keys, c=10 m=10, half peak", s,
+              lambda: loadgen(args.loadgen, s, *cm, D, rate=round(many_peak / 2)), expect_all_ok)
+
+    print("== concurrency (one run each)")
+    for c, m in [(1, 1), (50, 20)]:
+        with serving(args.floor, str(policies)) as s:
+            b.run(f"floor, one descriptor, c={c} m={m}", s, lambda: h2load(s, body("hot"), c, m, D, work))
+        with serving(args.bin, str(policies)) as s:
+            b.run(f"memory, hot key, c={c} m={m}", s, lambda: h2load(s, body("hot"), c, m, D, work), expect_hot)
+
+    redis_line = None
+    if shutil.which("redis-server"):
+        print("== redis backend: redis-server on core 1 beside the load generator; one admitted descriptor")
+        port = free_port()
+        redis = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                  "--save", "", "--appendonly", "no", "--dir", work],
+                                 stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            # A saturated 2-core machine is slower than production: give Redis 100 ms, not 10.
+            with serving(args.bin, str(policies), ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"],
+                         env={"SLUICE_REDIS__TIMEOUT_MS": "100"}) as s:
+                time.sleep(1)
+                c, m = cm
+
+                def one_trip(result, _elapsed):
+                    # Calls in flight when the counters were read may have made their round
+                    # trip and not yet been counted as decided, or the other way round.
+                    decided = result["ok"] + result["over"]
+                    if abs(result["round_trips"] - decided) > c * m:
+                        return [f"{result['round_trips']} round trips for {decided} decisions"]
+                    return []
+                redis_line = b.run(f"redis, one descriptor, c={c} m={m}", s,
+                                   lambda: h2load(s, body("one"), c, m, D, work), one_trip)
+                print(f"{'':<44} {redis_line['round_trips']:,} round trips for "
+                      f"{redis_line['ok'] + redis_line['over']:,} decisions")
+        finally:
+            redis.terminate()
+            redis.wait()
+    else:
+        print("== redis backend skipped: no redis-server")
+
+    floor_hot = b.median("floor, one descriptor (h2load)")
+    floor_many = b.median("floor, two descriptors (loadgen)")
+    ten = b.median("memory, ten descriptors (h2load)")
+    print("\n== summary (medians of the rounds)")
+    print(f"one descriptor, hot key:   {hot_peak:>9,.0f}/s = {hot_peak / floor_hot:.0%} of the floor's {floor_hot:,.0f}/s"
+          f"  (target 85 %)")
+    print(f"two descriptors, 100k keys: {many_peak:>8,.0f}/s = {many_peak / floor_many:.0%} of the floor's {floor_many:,.0f}/s")
+    print(f"ten descriptors:           {ten:>9,.0f}/s = {ten / hot_peak:.0%} of one descriptor  (target 50 %)")
+    for shape in ["c=10 m=1", "c=10 m=10"]:
+        real = b.results[f"memory, hot key, {shape}, half peak"][0]
+        floor = b.results[f"floor, hot key, {shape}, half peak"][0]
+        print(f"p99 at half the peak, {shape:<9}: {real['p99']:.3f} ms at {real['rate']:,.0f}/s"
+              f" (floor {floor['p99']:.3f} ms)  (target < 1 ms)")
+    many = b.results["memory, 100k keys, c=10 m=10, half peak"][0]
+    print(f"p99 at half the peak, 100k keys: {many['p99']:.3f} ms at {many['rate']:,.0f}/s")
+    if redis_line:
+        print(f"redis:                     {redis_line['rate']:>9,.0f}/s, {redis_line['round_trips']:,} round trips"
+              f" for {redis_line['ok'] + redis_line['over']:,} decisions  (target 15,000/s)")
+    if b.failed:
+        sys.exit("load: some answers were not the decisions expected (see !! above)")
+
+
+if __name__ == "__main__":
+    main()
