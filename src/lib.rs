@@ -12,7 +12,8 @@
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys and the in-memory store.
 //! - [`reload`]: watches the policy directory and SIGHUP; load → validate → swap.
-//! - [`metrics`]: metric names, the Prometheus recorder, the request path's counters.
+//! - [`metrics`]: metric names, the Prometheus recorder, the request path's counters;
+//!   [`histogram`]: the fixed-bucket latency histogram they and the Redis stats record into.
 //! - [`settings`], [`telemetry`], [`shutdown`]: process settings and CLI, logging, signals.
 //! - [`pb`]: generated protobuf code.
 //!
@@ -27,6 +28,7 @@
 
 pub mod app;
 pub mod decision;
+pub mod histogram;
 pub mod limiter;
 pub mod metrics;
 pub mod pb;

@@ -12,13 +12,15 @@
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
-use metrics::{Counter, Histogram, Unit as MetricUnit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics::Counter;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::decision::{Code, Request, Response};
-use crate::limiter::redis::{BreakerState, LATENCY_BUCKETS};
+use crate::histogram::{self, LatencyHistogram};
+use crate::limiter::redis::BreakerState;
 use crate::limiter::store::KeyHash;
 use crate::limiter::{MemoryStore, RedisStore};
 use crate::policy::Rule;
@@ -64,9 +66,6 @@ pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
-/// Buckets of the decision-latency histogram: 1 µs to 100 ms (the Redis round-trip histogram's).
-pub const DURATION_BUCKETS: &[f64] = &LATENCY_BUCKETS;
-
 /// The label value that stands for every request value past the series cap.
 pub const OTHER: &str = "_other";
 
@@ -110,7 +109,9 @@ pub struct Metrics {
     over_limit: Counter,
     invalid: Counter,
     backend_errors: Counter,
-    duration: Histogram,
+    /// Our own atomics, not the recorder's histogram, which keeps every sample until a scrape
+    /// drains it: memory that grows with traffic when nobody scrapes.
+    duration: LatencyHistogram,
     /// Rule identity (already a hash, so not hashed again) → counters of rules whose labels
     /// come from configuration alone.
     rules: DashMap<u128, RuleCounters, KeyHash>,
@@ -135,13 +136,9 @@ impl Metrics {
     pub fn install(max_series: usize) -> Self {
         let handle = RECORDER
             .get_or_init(|| {
-                let builder = PrometheusBuilder::new()
-                    .set_buckets_for_metric(
-                        Matcher::Full(DECISION_DURATION.into()),
-                        DURATION_BUCKETS,
-                    )
-                    .expect("duration buckets are not empty");
-                let handle = builder
+                // Only counters and gauges go through the recorder; they hold no samples, so
+                // the recorder needs no periodic upkeep.
+                let handle = PrometheusBuilder::new()
                     .install_recorder()
                     .expect("no other metrics recorder is installed");
                 describe();
@@ -155,7 +152,7 @@ impl Metrics {
             over_limit: metrics::counter!(DECISIONS, "result" => "over_limit"),
             invalid: metrics::counter!(DECISIONS, "result" => "invalid"),
             backend_errors: metrics::counter!(DECISIONS, "result" => "backend_error"),
-            duration: metrics::histogram!(DECISION_DURATION),
+            duration: LatencyHistogram::default(),
             rules: DashMap::default(),
             detailed: DashMap::new(),
             unknown_domains: DashMap::new(),
@@ -177,6 +174,12 @@ impl Metrics {
             }
         };
         let plain = |v: String| vec![(String::new(), v)];
+        line(
+            DECISION_DURATION,
+            "histogram",
+            "Time to decide one request, transport excluded.",
+            &histogram_samples(&self.duration),
+        );
         line(
             STORE_KEYS,
             "gauge",
@@ -240,23 +243,11 @@ impl Metrics {
             "The Redis circuit breaker's state (1 for the current one).",
             &states,
         );
-        let (counts, sum) = stats.latency_histogram();
-        let mut cumulative = 0;
-        let mut samples = Vec::with_capacity(counts.len() + 2);
-        for (i, count) in counts.iter().enumerate() {
-            cumulative += count;
-            let le = LATENCY_BUCKETS
-                .get(i)
-                .map_or_else(|| "+Inf".to_string(), ToString::to_string);
-            samples.push((format!("_bucket{{le=\"{le}\"}}"), cumulative.to_string()));
-        }
-        samples.push(("_sum".into(), sum.to_string()));
-        samples.push(("_count".into(), cumulative.to_string()));
         line(
             REDIS_LATENCY,
             "histogram",
             "Redis round-trip time.",
-            &samples,
+            &histogram_samples(stats.latency()),
         );
         out
     }
@@ -285,8 +276,8 @@ impl Metrics {
     }
 
     /// Counts a decided request: overall outcome, latency, and each limited descriptor.
-    pub fn decided(&self, req: &Request, resp: &Response<'_>, seconds: f64) {
-        self.duration.record(seconds);
+    pub fn decided(&self, req: &Request, resp: &Response<'_>, took: Duration) {
+        self.duration.record(took);
         match resp.overall {
             Code::Ok => self.ok.increment(1),
             Code::OverLimit => self.over_limit.increment(1),
@@ -415,8 +406,25 @@ fn detailed_labels(rule: &Rule, desc: &crate::decision::Descriptor) -> (String, 
     (key1, key2)
 }
 
+/// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.
+fn histogram_samples(h: &LatencyHistogram) -> Vec<(String, String)> {
+    let (counts, sum) = h.snapshot();
+    let mut cumulative = 0;
+    let mut samples = Vec::with_capacity(counts.len() + 2);
+    for (i, count) in counts.iter().enumerate() {
+        cumulative += count;
+        let le = histogram::BUCKETS
+            .get(i)
+            .map_or_else(|| "+Inf".to_string(), ToString::to_string);
+        samples.push((format!("_bucket{{le=\"{le}\"}}"), cumulative.to_string()));
+    }
+    samples.push(("_sum".into(), sum.to_string()));
+    samples.push(("_count".into(), cumulative.to_string()));
+    samples
+}
+
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    use metrics::{describe_counter, describe_gauge};
     describe_counter!(TOTAL_HITS, "Hits on a limited rule, weighted by cost.");
     describe_counter!(
         OVER_LIMIT,
@@ -434,11 +442,6 @@ fn describe() {
     describe_counter!(
         DECISIONS,
         "Requests by result: ok, over_limit, invalid, backend_error."
-    );
-    describe_histogram!(
-        DECISION_DURATION,
-        MetricUnit::Seconds,
-        "Time to decide one request, transport excluded."
     );
     describe_gauge!(STORE_KEYS, "Keys held by the in-memory store.");
     describe_counter!(

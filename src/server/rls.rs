@@ -117,8 +117,7 @@ impl RateLimitHandler {
         };
         let resp = self.decider.finish(&plan, &batch);
         let out = respond(&resp);
-        self.metrics
-            .decided(req, &resp, start.elapsed().as_secs_f64());
+        self.metrics.decided(req, &resp, start.elapsed());
         tracing::debug!(domain = %req.domain, overall = ?resp.overall, "decided");
         Ok(out)
     }

@@ -260,6 +260,21 @@ async fn counters_after_known_traffic() {
     ] {
         assert!(body.contains(name), "{name} missing from /metrics");
     }
+    // Every decision is one latency observation, in this server's own histogram (the
+    // recorder's counters are process-wide and shared with the other tests' servers).
+    let decided = Some(26.0);
+    assert_eq!(
+        metric(s.admin, "sluice_decision_duration_seconds_count").await,
+        decided
+    );
+    assert_eq!(
+        metric(
+            s.admin,
+            "sluice_decision_duration_seconds_bucket{le=\"+Inf\"}"
+        )
+        .await,
+        decided
+    );
 }
 
 #[tokio::test]

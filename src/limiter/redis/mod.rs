@@ -36,7 +36,7 @@ use super::{Batch, Key, Mode, Op};
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
-pub use stats::{LATENCY_BUCKETS, RedisStats};
+pub use stats::RedisStats;
 
 /// How to reach Redis and how hard to try.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,7 +202,7 @@ impl RedisStore {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(self.config.timeout)),
             };
-        self.stats.latency(started.elapsed());
+        self.stats.record_latency(started.elapsed());
         match result {
             Ok(batch) => {
                 self.breaker.success();
