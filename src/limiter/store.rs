@@ -139,6 +139,7 @@ impl MemoryStore {
     }
 
     /// Decides one request of `cost` on one key at `now`, charging it when admitted.
+    #[inline]
     pub fn check(&self, key: Key, quota: &Quota, now: u64, cost: u64) -> Outcome {
         self.update(key, &|| now, |tat, now| gcra::decide(quota, tat, now, cost))
             .0
@@ -155,6 +156,19 @@ impl MemoryStore {
     /// judged with an older time than its writer's, so concurrent requests cannot reach the
     /// store out of time order.
     pub fn check_batch_with(&self, ops: &[Op], clock: &dyn Fn() -> u64) -> Batch {
+        if let [op] = ops
+            && !op.refund
+        {
+            // One charge (Envoy's usual request): deciding it is the whole plan, and a denial
+            // writes nothing, so one CAS gives exactly what plan-then-commit would.
+            let (outcome, _) = self.update(op.key, clock, |tat, now| {
+                gcra::decide(&op.quota, tat, now, op.cost)
+            });
+            return Batch {
+                blocked: is_blocked(ops, &[outcome]),
+                outcomes: vec![outcome],
+            };
+        }
         // Refunds first, exactly once, whatever the request's outcome.
         let mut outcomes: Vec<Outcome> = ops
             .iter()
@@ -305,10 +319,11 @@ impl MemoryStore {
     /// Runs `f(TAT, now)` on `key` and stores the result when it admits, by compare-and-swap,
     /// reading `now` after each load of the TAT. Returns the outcome and the TAT it replaced. A
     /// key is inserted only when an admitted outcome must be written.
+    #[inline]
     fn update(
         &self,
         key: Key,
-        clock: &dyn Fn() -> u64,
+        clock: &(impl Fn() -> u64 + ?Sized),
         f: impl Fn(u64, u64) -> Outcome,
     ) -> (Outcome, u64) {
         let shard = self.shard(key);
@@ -413,9 +428,10 @@ pub(super) fn all_quota_denied(ops: &[Op], outcomes: &[Outcome]) -> bool {
 }
 
 /// The compare-and-swap loop on one TAT; returns the outcome and the TAT it replaced.
+#[inline]
 fn cas(
     cell: &AtomicU64,
-    clock: &dyn Fn() -> u64,
+    clock: &(impl Fn() -> u64 + ?Sized),
     f: impl Fn(u64, u64) -> Outcome,
 ) -> (Outcome, u64) {
     // Acquire on loads and Release on writes: a TAT's writer read its clock before writing, so
