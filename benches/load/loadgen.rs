@@ -89,22 +89,38 @@ fn field(out: &mut Vec<u8>, number: u8, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
-/// One pre-framed `RateLimitRequest`: the 5-byte gRPC prefix, then the message.
-fn request_body(domain: &str, descriptors: &[(&str, String)]) -> Bytes {
-    let mut msg = Vec::new();
-    field(&mut msg, 1, domain.as_bytes());
-    for (key, value) in descriptors {
-        let mut entry = Vec::new();
-        field(&mut entry, 1, key.as_bytes());
-        field(&mut entry, 2, value.as_bytes());
-        let mut desc = Vec::new();
-        field(&mut desc, 1, &entry);
-        field(&mut msg, 2, &desc);
+/// One `descriptors` field of a `RateLimitRequest`: a descriptor of one entry.
+fn descriptor_field(key: &str, value: &str) -> Vec<u8> {
+    let mut entry = Vec::new();
+    field(&mut entry, 1, key.as_bytes());
+    field(&mut entry, 2, value.as_bytes());
+    let mut desc = Vec::new();
+    field(&mut desc, 1, &entry);
+    let mut out = Vec::new();
+    field(&mut out, 2, &desc);
+    out
+}
+
+/// The encoded fields every request is assembled from: the domain, and one `user` and one
+/// `client` descriptor per key.
+struct Fields {
+    domain: Vec<u8>,
+    users: Vec<Vec<u8>>,
+    clients: Vec<Vec<u8>>,
+}
+
+/// A pre-framed `RateLimitRequest` (the 5-byte gRPC prefix, then the message) from its encoded
+/// `domain` field and descriptor fields.
+fn framed(domain: &[u8], descriptors: &[&[u8]]) -> Bytes {
+    let len = domain.len() + descriptors.iter().map(|d| d.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(5 + len);
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(len).expect("small").to_be_bytes());
+    out.extend_from_slice(domain);
+    for d in descriptors {
+        out.extend_from_slice(d);
     }
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&u32::try_from(msg.len()).expect("small").to_be_bytes());
-    framed.extend_from_slice(&msg);
-    Bytes::from(framed)
+    Bytes::from(out)
 }
 
 /// xorshift64*: a cheap per-task generator for key choice (not for anything secret).
@@ -189,16 +205,17 @@ async fn call(
 }
 
 async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
-    let bodies: Arc<Vec<(Bytes, Bytes)>> = Arc::new(
-        (0..args.keys)
-            .map(|k| {
-                (
-                    request_body(&args.domain, &[("user", format!("u{k}"))]),
-                    request_body(&args.domain, &[("client", format!("c{k}"))]),
-                )
-            })
+    let mut domain = Vec::new();
+    field(&mut domain, 1, args.domain.as_bytes());
+    let fields = Arc::new(Fields {
+        domain,
+        users: (0..args.keys)
+            .map(|k| descriptor_field("user", &format!("u{k}")))
             .collect(),
-    );
+        clients: (0..args.keys)
+            .map(|k| descriptor_field("client", &format!("c{k}")))
+            .collect(),
+    });
     let uri: http::Uri = format!(
         "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
         args.addr
@@ -221,8 +238,8 @@ async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
         });
         for s in 0..args.streams {
             let mut sender = sender.clone();
-            let (bodies, uri, measuring, stop) =
-                (bodies.clone(), uri.clone(), measuring.clone(), stop.clone());
+            let (fields, uri, measuring, stop) =
+                (fields.clone(), uri.clone(), measuring.clone(), stop.clone());
             let task = c * args.streams + s;
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((task as u64 + 1) * 0x1000_0001));
             handles.push(tokio::spawn(async move {
@@ -236,9 +253,9 @@ async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
                         next = Some(at + i);
                     }
                     let start = Instant::now();
-                    let (user, client) = (rng.below(bodies.len()), rng.below(bodies.len()));
-                    // Two descriptors: one body's message plus the other's descriptor field.
-                    let body = two_descriptors(&bodies[user].0, &bodies[client].1);
+                    let user = &fields.users[rng.below(fields.users.len())];
+                    let client = &fields.clients[rng.below(fields.clients.len())];
+                    let body = framed(&fields.domain, &[user, client]);
                     let answer = call(&mut sender, &uri, body).await;
                     if !measuring.load(Ordering::Relaxed) {
                         continue;
@@ -274,23 +291,6 @@ async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
         total.merge(handle.await?);
     }
     Ok((total, elapsed))
-}
-
-/// A request of two descriptors from two one-descriptor bodies: the first body's message with
-/// the second's descriptor field appended, re-framed.
-fn two_descriptors(first: &Bytes, second: &Bytes) -> Bytes {
-    // The second body's message is `domain field` then `descriptor field`: skip the domain.
-    let msg2 = &second[5..];
-    let domain_len = 2 + usize::from(msg2[1]);
-    let extra = &msg2[domain_len..];
-    let msg1 = &first[5..];
-    let len = u32::try_from(msg1.len() + extra.len()).expect("small");
-    let mut out = Vec::with_capacity(5 + msg1.len() + extra.len());
-    out.push(0);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(msg1);
-    out.extend_from_slice(extra);
-    Bytes::from(out)
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
