@@ -136,9 +136,9 @@ def loadgen(binary, server, c, m, duration, rate=None):
 
 
 class Bench:
-    def __init__(self, args, work):
-        self.args, self.work = args, work
+    def __init__(self):
         self.results = {}  # name -> list of result dicts
+        self.failed = False  # some run's answers were not the expected decisions
 
     def run(self, name, server, drive, expect=None):
         """One measured run; checks the answers from the server's counters."""
@@ -217,8 +217,7 @@ def run(args, work):
     }
     for name, data in bodies.items():
         Path(work, f"{name}.bin").write_bytes(data)
-    b = Bench(args, work)
-    b.failed = False
+    b = Bench()
     D, cm = args.duration, (10, 10)
     body = lambda n: Path(work, f"{n}.bin")
 
