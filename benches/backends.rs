@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::{KeyBuilder, Limiter, Mode, Op, Quota, RedisConfig, RedisStore};
+use sluice::limiter::{
+    Backend, KeyBuilder, MemoryStore, Mode, MonotonicClock, Op, Quota, RedisConfig, RedisStore,
+    RedisTime,
+};
 
 const TASKS: u64 = 64;
 const KEYS: u64 = 100_000;
@@ -80,7 +83,7 @@ fn main() {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let memory = Limiter::in_memory();
+        let memory = Backend::memory(MemoryStore::new(), Arc::new(MonotonicClock::new()));
         let (rate, latency) = drive(move |i| {
             let memory = memory.clone();
             async move { memory.check(&[op(i)]).await.is_ok() }
@@ -102,7 +105,7 @@ fn main() {
             println!("backends: redis: redis-server not found; nothing measured");
             return;
         };
-        let store = RedisStore::connect(RedisConfig {
+        let store = RedisStore::new(RedisConfig {
             urls: vec![format!("redis://127.0.0.1:{port}")],
             cluster: false,
             key_prefix: "bench:".into(),
@@ -111,21 +114,26 @@ fn main() {
             breaker_failures: 0,
             breaker_cooldown: Duration::from_secs(1),
             deny_cache_keys: 0,
-        })
+        }, Arc::new(MonotonicClock::new()), RedisTime::Server)
         .expect("valid url");
+        let connecting = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.connect().await }
+        });
         let deadline = Instant::now() + Duration::from_secs(5);
         while !store.is_connected() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let redis = store.clone();
+        connecting.abort();
+        let redis = store.backend();
         let (rate, latency) = drive(move |i| {
             let redis = redis.clone();
-            async move { redis.check_batch(&[op(i)], 0, None).await.is_ok() }
+            async move { redis.check(&[op(i)]).await.is_ok() }
         })
         .await;
         println!(
             "backends: redis: {rate:.0} decisions/s, mean latency {latency:?} with {TASKS} in flight, {} round trips",
-            store.stats().round_trips()
+            store.figures().round_trips
         );
         let _ = child.kill();
         let _ = child.wait();

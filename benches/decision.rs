@@ -1,14 +1,18 @@
-//! Criterion benchmarks of a whole decision without transport: validate, match a request
-//! against a realistic policy set, count in the store, and build the statuses.
+//! Criterion benchmarks of a whole decision without transport, through the same
+//! `Decider::decide` the servers call: validate, match a request against a realistic policy set,
+//! count in the memory backend, build the statuses, record the metrics.
 //! Run with `cargo bench --bench decision`; numbers go in BENCHMARKS.md.
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice::decision::{Decider, Request};
-use sluice::limiter::MemoryStore;
-use sluice::policy;
+use futures_util::FutureExt;
+use sluice::decision::{Decider, Options, Request};
+use sluice::limiter::{Backend, ManualClock, MemoryStore};
+use sluice::metrics::Metrics;
+use sluice::policy::{self, PolicyHandle};
 
 fn request(descriptors: &[&[(&str, &str)]]) -> Request {
     Request {
@@ -20,20 +24,30 @@ fn request(descriptors: &[&[(&str, &str)]]) -> Request {
 fn decisions(c: &mut Criterion) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/policies");
     let set = policy::load_dir(std::path::Path::new(dir)).expect("example policies load");
-    let decider = Decider::default();
-    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new(1));
+    let decider = Decider::new(
+        PolicyHandle::new(set),
+        Backend::memory(MemoryStore::new(), clock.clone()),
+        Arc::new(Metrics::install(1_000)),
+        Options::default(),
+    );
+    // The memory backend never waits, so a decision completes on its first poll.
+    let decide = |req: &Request| {
+        decider
+            .decide(black_box(req))
+            .now_or_never()
+            .expect("the memory path never waits")
+            .expect("valid request")
+    };
 
     let mut group = c.benchmark_group("decision");
     // The api_key rule allows 600 per minute (T = 0.1 s): advance time by T per call so each
     // decision is an admission that writes.
     let two_entries = request(&[&[("generic_key", "api"), ("api_key", "k-123")]]);
     group.bench_function("two-entry descriptor, admitted", |b| {
-        let mut now = 1u64;
         b.iter(|| {
-            now += 100_000_000;
-            let plan = decider.plan(black_box(&two_entries), &set).unwrap();
-            let batch = store.check_batch(plan.ops(), now);
-            black_box(decider.finish(&plan, &batch))
+            clock.advance(100_000_000);
+            black_box(decide(&two_entries))
         });
     });
     let edge = request(&[
@@ -42,23 +56,11 @@ fn decisions(c: &mut Criterion) {
         &[("path", "/api/v1/export")],
     ]);
     group.bench_function("three descriptors, denied", |b| {
-        b.iter(|| {
-            let plan = decider.plan(black_box(&edge), &set).unwrap();
-            let batch = store.check_batch(plan.ops(), 5);
-            black_box(decider.finish(&plan, &batch))
-        });
+        b.iter(|| black_box(decide(&edge)));
     });
     let unmatched = request(&[&[("nothing", "here")]]);
     group.bench_function("unmatched descriptor", |b| {
-        b.iter(|| {
-            black_box(
-                decider
-                    .plan(black_box(&unmatched), &set)
-                    .unwrap()
-                    .ops()
-                    .len(),
-            )
-        });
+        b.iter(|| black_box(decide(&unmatched)));
     });
     group.finish();
 }

@@ -1,6 +1,7 @@
-//! The composition root: loads policies, binds both listeners, wires the limiter, the gRPC and
-//! admin servers and the background sweeper, and sequences shutdown. `main` and the integration
-//! tests share all of it; tests bind port 0 and stop the app with a channel.
+//! The composition root: loads policies, binds both listeners, builds the backend and the
+//! decider, runs the servers and the background tasks (the store sweep, the Redis connection,
+//! the policy reloader), and sequences shutdown. `main` and the integration tests share all of
+//! it; tests bind port 0 and stop the app with a channel.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,18 +9,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 use crate::decision::Decider;
-use crate::limiter::{Clock, Limiter, MemoryStore, MonotonicClock, RedisStore};
-use crate::metrics::Metrics;
+use crate::limiter::{
+    Backend, BackendError, Clock, MemoryStore, MonotonicClock, RedisStore, RedisTime,
+};
+use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
-use crate::server::admin::AdminState;
-use crate::server::headers::HeaderOptions;
+use crate::server::admin::{self, AdminState};
 use crate::server::{self, Health, rls::RateLimitHandler};
-use crate::settings::{BackendKind, Settings};
+use crate::settings::{BackendSettings, Settings};
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -37,17 +40,34 @@ pub enum AppError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The backend cannot be set up (e.g. a malformed Redis URL).
+    /// The backend cannot be set up.
     #[error("cannot set up the backend: {0}")]
-    Backend(String),
+    Backend(#[from] BackendError),
     /// A server failed while running.
-    #[error("{what} server failed: {message}")]
+    #[error("{what} server failed: {source}")]
     Serve {
         /// `gRPC` or `admin`.
         what: &'static str,
         /// The cause.
-        message: String,
+        source: ServeError,
     },
+}
+
+/// How a server stopped without being asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The gRPC transport failed.
+    #[error(transparent)]
+    Grpc(#[from] tonic::transport::Error),
+    /// The admin server's I/O failed.
+    #[error(transparent)]
+    Admin(#[from] std::io::Error),
+    /// Its task panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    /// It returned although nothing asked it to stop.
+    #[error("stopped unexpectedly")]
+    Stopped,
 }
 
 /// Validates the policies named by `settings` without serving.
@@ -66,7 +86,7 @@ pub struct App {
     grpc: TcpListener,
     admin: TcpListener,
     policies: PolicyHandle,
-    limiter: Limiter,
+    backend: Backend,
     metrics: Arc<Metrics>,
 }
 
@@ -80,7 +100,8 @@ impl App {
         Self::bind_with_clock(settings, Arc::new(MonotonicClock::new())).await
     }
 
-    /// As [`App::bind`], deciding with `clock` (tests drive time by hand).
+    /// As [`App::bind`], with `clock` as the backend's clock (tests drive time by hand; Redis
+    /// still decides at its own `TIME`).
     ///
     /// # Errors
     ///
@@ -89,10 +110,11 @@ impl App {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
-        let metrics = Arc::new(Metrics::install(settings.metrics.max_detailed_series));
-        let set = policy::load_dir(&settings.policies)
-            .inspect_err(|_| metrics.policy_load(false, false))?;
-        metrics.policy_load(true, false);
+        let metrics = Arc::new(Metrics::install(settings.max_detailed_series));
+        let set = policy::load_dir(&settings.policies).inspect_err(|_| {
+            metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
+        })?;
+        metrics.policy_loaded(LoadResult::Success, LoadTrigger::Startup);
         tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
@@ -101,19 +123,18 @@ impl App {
         };
         let grpc = bind("gRPC", settings.grpc_addr).await?;
         let admin = bind("admin", settings.admin_addr).await?;
-        let mut limiter = Limiter::new(
-            Arc::new(MemoryStore::with_max_keys(settings.store.max_keys)),
-            clock,
-        );
-        if settings.backend == BackendKind::Redis {
-            let redis = RedisStore::connect(settings.redis.config())
-                .map_err(|e| AppError::Backend(e.to_string()))?;
-            tracing::info!(redis = %settings.redis.redacted_url(), cluster = settings.redis.cluster, "counting in redis");
-            limiter = limiter.with_redis(redis);
-        }
+        let backend = match &settings.backend {
+            BackendSettings::Memory { max_keys, .. } => {
+                Backend::memory(MemoryStore::with_max_keys(*max_keys), clock)
+            }
+            BackendSettings::Redis(config) => {
+                tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, "counting in redis");
+                RedisStore::new(config.clone(), clock, RedisTime::Server)?.backend()
+            }
+        };
         Ok(Self {
             policies: PolicyHandle::new(set),
-            limiter,
+            backend,
             metrics,
             settings,
             grpc,
@@ -145,10 +166,10 @@ impl App {
             .expect("bound listener has an address")
     }
 
-    /// The in-memory store.
+    /// The backend the app counts in.
     #[must_use]
-    pub fn store(&self) -> Arc<MemoryStore> {
-        Arc::clone(self.limiter.store())
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// The live policies.
@@ -158,7 +179,8 @@ impl App {
     }
 
     /// Serves until `shutdown` resolves, then stops: health goes NOT_SERVING first, the
-    /// listeners close, in-flight calls finish within the grace period.
+    /// listeners close, in-flight calls finish within the grace period, and the background
+    /// tasks stop.
     ///
     /// # Errors
     ///
@@ -166,81 +188,85 @@ impl App {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
         let grpc_addr = self.grpc_addr();
         let admin_addr = self.admin_addr();
+        let Self {
+            settings,
+            grpc: grpc_listener,
+            admin: admin_listener,
+            policies,
+            backend,
+            metrics,
+        } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter);
         let stop = CancellationToken::new();
-        let decider = Decider {
-            caps: self.settings.requests.caps(),
-            shadow_mode: self.settings.shadow_mode,
-        };
-        let handler = RateLimitHandler::new(
-            self.policies.clone(),
-            self.limiter.clone(),
-            decider,
-            Arc::clone(&self.metrics),
-            self.settings.on_backend_error,
-            HeaderOptions {
-                mode: self.settings.response_headers,
-                retry_after_jitter_seconds: self.settings.retry_after_jitter_seconds,
-                problem_body: self.settings.problem_body,
-            },
+        let decider = Decider::new(
+            policies.clone(),
+            backend.clone(),
+            Arc::clone(&metrics),
+            settings.decision,
         );
         let admin_state = AdminState {
             health: health.clone(),
-            handler: handler.clone(),
-            metrics: Arc::clone(&self.metrics),
-            store: self.store(),
-            redis: self.limiter.redis().cloned(),
-            policies: self.policies.clone(),
+            decider: decider.clone(),
+            metrics: Arc::clone(&metrics),
+            backend: backend.clone(),
+            policies: policies.clone(),
         };
-        let max_request_bytes = self.settings.requests.max_request_bytes;
-        let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
+        let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
         let mut grpc = tokio::spawn(
-            server::grpc_router(handler, health_service, max_request_bytes)
-                .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
+            server::grpc_router(
+                RateLimitHandler::new(decider),
+                health_service,
+                settings.max_request_bytes,
+            )
+            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         );
         let mut admin = tokio::spawn(
             axum::serve(
-                self.admin,
-                server::admin::router(admin_state, max_request_bytes),
+                admin_listener,
+                admin::router(admin_state, settings.max_request_bytes),
             )
             .with_graceful_shutdown(stop.clone().cancelled_owned())
             .into_future(),
         );
-        let sweeper = tokio::spawn(sweep(
-            self.limiter.clone(),
-            Duration::from_millis(self.settings.store.sweep_interval_ms),
-            stop.clone(),
-        ));
-        let reloader = Reloader::new(
-            &self.settings.policies,
-            self.policies.clone(),
-            Arc::clone(&self.metrics),
-        );
-        let reload = tokio::spawn(reloader.run(self.settings.watch_policies, stop.clone()));
+        let mut tasks = JoinSet::new();
+        if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
+            tasks.spawn(sweep(backend.clone(), sweep_interval, stop.clone()));
+        }
+        if let Backend::Redis(redis) = &backend {
+            let (redis, stop) = (Arc::clone(redis), stop.clone());
+            tasks.spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = redis.connect() => {}
+                }
+            });
+        }
+        let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics));
+        tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
 
         let failure = tokio::select! {
             () = shutdown => None,
-            r = &mut grpc => Some(AppError::Serve { what: "gRPC", message: outcome(r.map(|r| r.map_err(|e| e.to_string()))) }),
-            r = &mut admin => Some(AppError::Serve { what: "admin", message: outcome(r.map(|r| r.map_err(|e| e.to_string()))) }),
+            r = &mut grpc => Some(AppError::Serve { what: "gRPC", source: stopped(r) }),
+            r = &mut admin => Some(AppError::Serve { what: "admin", source: stopped(r) }),
         };
-        tracing::info!(drain_ms = self.settings.drain_delay_ms, "shutting down");
+        let drain = settings.drain_delay;
+        tracing::info!(drain_ms = drain.as_millis(), "shutting down");
         health.set(false).await;
-        if failure.is_none() && self.settings.drain_delay_ms > 0 {
+        if failure.is_none() && !drain.is_zero() {
             // Keep answering while load balancers see NOT_SERVING and stop sending traffic.
-            tokio::time::sleep(Duration::from_millis(self.settings.drain_delay_ms)).await;
+            tokio::time::sleep(drain).await;
         }
         stop.cancel();
-        let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
-        let drained = tokio::time::timeout(grace, async {
-            let _ = tokio::join!(grpc, admin, sweeper, reload);
+        let drained = tokio::time::timeout(settings.shutdown_grace, async {
+            let _ = tokio::join!(grpc, admin, tasks.join_all());
         })
         .await;
         if drained.is_err() {
             tracing::warn!(
-                grace_ms = self.settings.shutdown_grace_ms,
+                grace_ms = settings.shutdown_grace.as_millis(),
                 "grace period over; abandoning in-flight calls"
             );
         }
@@ -249,24 +275,25 @@ impl App {
     }
 }
 
-fn outcome(r: Result<Result<(), String>, tokio::task::JoinError>) -> String {
+/// Why a server task ended on its own.
+fn stopped<E: Into<ServeError>>(r: Result<Result<(), E>, tokio::task::JoinError>) -> ServeError {
     match r {
-        Ok(Ok(())) => "stopped unexpectedly".into(),
-        Ok(Err(e)) => e,
-        Err(e) => e.to_string(),
+        Ok(Ok(())) => ServeError::Stopped,
+        Ok(Err(e)) => e.into(),
+        Err(e) => e.into(),
     }
 }
 
-/// Removes full-bucket keys every `interval` until `stop`.
-async fn sweep(limiter: Limiter, interval: Duration, stop: CancellationToken) {
+/// Removes full-bucket counters every `interval` until `stop`.
+async fn sweep(backend: Backend, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {
-                let removed = limiter.store().sweep(limiter.now());
-                tracing::debug!(removed, keys = limiter.store().len(), "swept store");
+                let removed = backend.sweep();
+                tracing::debug!(removed, "swept store");
             }
         }
     }

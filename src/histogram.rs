@@ -55,14 +55,24 @@ impl LatencyHistogram {
         self.sum_ns.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// Per-bucket counts (not cumulative, `+Inf` last) and the sum in seconds.
+    /// The counts and sum now.
     #[must_use]
-    pub fn snapshot(&self) -> ([u64; BUCKETS.len() + 1], f64) {
-        let counts = std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
-        // Precision loss is irrelevant for a latency sum.
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        (counts, sum)
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            counts: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            // Precision loss is irrelevant for a latency sum.
+            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
     }
+}
+
+/// A histogram's figures at one instant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencySnapshot {
+    /// Per-bucket counts, not cumulative, one per bound of the histogram's buckets (1 µs to 100 ms) and `+Inf` last.
+    pub counts: [u64; BUCKETS.len() + 1],
+    /// The sum of every observation, in seconds.
+    pub sum_seconds: f64,
 }
 
 #[cfg(test)]
@@ -101,7 +111,10 @@ mod tests {
         h.record(Duration::from_nanos(1_001));
         h.record(Duration::from_micros(900));
         h.record(Duration::from_secs(1)); // past the last bound: +Inf
-        let (counts, sum) = h.snapshot();
+        let LatencySnapshot {
+            counts,
+            sum_seconds: sum,
+        } = h.snapshot();
         assert_eq!(counts[0], 1);
         assert_eq!(counts[1], 1);
         assert_eq!(counts[9], 1);

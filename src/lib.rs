@@ -4,37 +4,43 @@
 //!
 //! # Layout
 //!
-//! - [`app`]: the composition root: loads policies, binds listeners, runs the servers and the
-//!   store sweeper, sequences shutdown.
-//! - [`server`]: the transport adapters: gRPC (`rls`, health) and the HTTP admin port. The only
-//!   code that speaks protobuf.
-//! - [`decision`]: the transport-free use case: validate, match, count, aggregate.
+//! - [`app`]: the composition root: loads policies, binds listeners, builds the backend and the
+//!   decider, runs the servers and the background tasks, sequences shutdown.
+//! - `server` (internal): the transport adapters: gRPC (`rls`, health) and the HTTP admin port
+//!   (`admin`, with the proto3-JSON `json`). The only code that speaks protobuf or HTTP.
+//! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
+//!   count through the backend, answer backend failures as configured, aggregate, add response
+//!   headers, record metrics.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
-//! - [`limiter`]: GCRA math, the clock, counter keys and the in-memory store.
-//! - [`reload`]: watches the policy directory and SIGHUP; load → validate → swap.
-//! - [`metrics`]: metric names, the Prometheus recorder, the request path's counters;
-//!   [`histogram`]: the fixed-bucket latency histogram they and the Redis stats record into.
-//! - [`settings`], [`telemetry`], [`shutdown`]: process settings and CLI, logging, signals.
+//! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
+//!   in-memory store and Redis.
+//! - `reload` (internal): watches the policy directory and SIGHUP; load → validate → swap.
+//! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
+//!   latency histogram.
+//! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
+//! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
 //! - [`pb`]: generated protobuf code.
 //!
 //! # Request flow
 //!
 //! ```text
-//! pb request → server::rls → decision::plan → policy::Domain::resolve → limiter (store CAS)
-//!            ← server::rls ← decision::finish ←─────────────────────── Batch
+//! gRPC: pb request → server::rls ─┐                      ┌→ policy::Domain::resolve
+//! HTTP: JSON body → server::json ─┴→ decision::Decider ──┼→ limiter::Backend (memory CAS | Redis script)
+//!                   wire answer  ←─ decision::Decision ←─┴→ metrics
 //! ```
 //!
-//! Dependencies point one way: `limiter` and `policy` know nothing of tonic, tokio or protobuf.
+//! Dependencies point one way: `limiter` and `policy` know nothing of tonic, tokio (Redis aside)
+//! or protobuf; `decision` knows no transport; the adapters reach no store.
 
 pub mod app;
 pub mod decision;
-pub mod histogram;
+pub(crate) mod histogram;
 pub mod limiter;
 pub mod metrics;
 pub mod pb;
 pub mod policy;
-pub mod reload;
-pub mod server;
+pub(crate) mod reload;
+pub(crate) mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;

@@ -18,11 +18,10 @@ use dashmap::DashMap;
 use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::decision::{Code, Request, Response};
-use crate::histogram::{self, LatencyHistogram};
-use crate::limiter::redis::BreakerState;
+use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
+use crate::limiter::redis::{BreakerState, RedisFigures};
 use crate::limiter::store::KeyHash;
-use crate::limiter::{MemoryStore, RedisStore};
+use crate::limiter::{Stats, StoreStats};
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).
@@ -65,6 +64,159 @@ pub const REDIS_BREAKER: &str = "sluice_redis_breaker_state";
 pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
+
+/// Whether a metric is a counter, a gauge or a histogram (its `# TYPE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric's kind and description, written once: the recorder is told them at install,
+/// and the families rendered from stores at scrape time read them from here.
+const FAMILIES: [(&str, Kind, &str); 20] = [
+    (
+        TOTAL_HITS,
+        Kind::Counter,
+        "Hits on a limited rule, weighted by cost.",
+    ),
+    (
+        OVER_LIMIT,
+        Kind::Counter,
+        "Hits over a limit (refused, or would be in shadow mode).",
+    ),
+    (
+        NEAR_LIMIT,
+        Kind::Counter,
+        "Admitted hits above 80% of the bucket.",
+    ),
+    (WITHIN_LIMIT, Kind::Counter, "Admitted hits."),
+    (
+        SHADOW_MODE,
+        Kind::Counter,
+        "Hits a shadow-mode rule would have refused.",
+    ),
+    (
+        DOMAIN_NOT_FOUND,
+        Kind::Counter,
+        "Descriptors of requests for an unknown domain.",
+    ),
+    (
+        CONFIG_LOAD_SUCCESS,
+        Kind::Counter,
+        "Successful policy loads.",
+    ),
+    (CONFIG_LOAD_ERROR, Kind::Counter, "Failed policy loads."),
+    (
+        DECISIONS,
+        Kind::Counter,
+        "Requests by result: ok, over_limit, invalid, backend_error.",
+    ),
+    (
+        DECISION_DURATION,
+        Kind::Histogram,
+        "Time to decide one request, transport excluded.",
+    ),
+    (STORE_KEYS, Kind::Gauge, "Keys held by the in-memory store."),
+    (
+        STORE_EVICTIONS,
+        Kind::Counter,
+        "Live keys evicted because the store was full.",
+    ),
+    (POLICY_RELOADS, Kind::Counter, "Policy reloads by result."),
+    (
+        REDIS_ROUND_TRIPS,
+        Kind::Counter,
+        "Script calls sent to Redis.",
+    ),
+    (REDIS_ERRORS, Kind::Counter, "Failed Redis calls by kind."),
+    (
+        REDIS_CACHE_HITS,
+        Kind::Counter,
+        "Requests refused from the local over-limit cache.",
+    ),
+    (
+        REDIS_CONNECTED,
+        Kind::Gauge,
+        "1 once a Redis connection is established.",
+    ),
+    (
+        REDIS_BREAKER,
+        Kind::Gauge,
+        "The Redis circuit breaker's state (1 for the current one).",
+    ),
+    (REDIS_LATENCY, Kind::Histogram, "Redis round-trip time."),
+    (BUILD_INFO, Kind::Gauge, "Build information."),
+];
+
+/// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
+/// figures at scrape time.
+const RECORDED: [&str; 11] = [
+    TOTAL_HITS,
+    OVER_LIMIT,
+    NEAR_LIMIT,
+    WITHIN_LIMIT,
+    SHADOW_MODE,
+    DOMAIN_NOT_FOUND,
+    CONFIG_LOAD_SUCCESS,
+    CONFIG_LOAD_ERROR,
+    DECISIONS,
+    POLICY_RELOADS,
+    BUILD_INFO,
+];
+
+/// A request's result, as `sluice_decisions_total{result}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// Decided: may go through.
+    Ok,
+    /// Decided: over the limit.
+    OverLimit,
+    /// Refused as malformed.
+    Invalid,
+    /// The backend could not decide (counted besides the fallback answer, if any).
+    BackendError,
+}
+
+/// Whether a policy load succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadResult {
+    /// Loaded and swapped in.
+    Success,
+    /// Rejected; the running policies stay.
+    Failure,
+}
+
+/// What started a policy load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadTrigger {
+    /// The process starting.
+    Startup,
+    /// A change in the directory, a re-scan or SIGHUP.
+    Reload,
+}
+
+/// One counted descriptor of a decided request, for the per-rule counters.
+#[derive(Clone, Copy, Debug)]
+pub struct RuleHit<'a> {
+    /// The request's domain.
+    pub domain: &'a str,
+    /// The rule that counted it.
+    pub rule: &'a Rule,
+    /// The descriptor's first two entries (key, value), for request-valued labels.
+    pub values: [Option<(&'a str, &'a str)>; 2],
+    /// How many entries the descriptor has.
+    pub depth: usize,
+    /// Its cost.
+    pub hits: u64,
+    /// Whether the backend found it over its limit (whatever shadow mode answered).
+    pub denied: bool,
+    /// Requests left after it.
+    pub remaining: u64,
+    /// The rule's burst.
+    pub burst: u64,
+}
 
 /// The label value that stands for every request value past the series cap.
 pub const OTHER: &str = "_other";
@@ -161,163 +313,92 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric, with this server's store and Redis
-    /// figures (read at scrape time from its own stores, not from the process-wide recorder).
+    /// The Prometheus text exposition of every metric, with this server's backend figures
+    /// (read at scrape time from its own stores, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self, store: &MemoryStore, redis: Option<&RedisStore>) -> String {
-        use std::fmt::Write;
+    pub fn render(&self, stats: &Stats) -> String {
         let mut out = self.handle.render();
-        let mut line = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
-        let plain = |v: String| vec![(String::new(), v)];
-        line(
+        family(
+            &mut out,
             DECISION_DURATION,
-            "histogram",
-            "Time to decide one request, transport excluded.",
-            &histogram_samples(&self.duration),
+            &histogram_samples(&self.duration.snapshot()),
         );
-        line(
-            STORE_KEYS,
-            "gauge",
-            "Keys held by the in-memory store.",
-            &plain(store.len().to_string()),
-        );
-        line(
-            STORE_EVICTIONS,
-            "counter",
-            "Live keys evicted because the store was full.",
-            &plain(store.evictions().to_string()),
-        );
-        let Some(redis) = redis else { return out };
-        let stats = redis.stats();
-        line(
-            REDIS_ROUND_TRIPS,
-            "counter",
-            "Script calls sent to Redis.",
-            &plain(stats.round_trips().to_string()),
-        );
-        let errors: Vec<(String, String)> = stats
-            .errors()
-            .iter()
-            .map(|(kind, n)| (format!("{{kind=\"{kind}\"}}"), n.to_string()))
-            .collect();
-        line(
-            REDIS_ERRORS,
-            "counter",
-            "Failed Redis calls by kind.",
-            &errors,
-        );
-        line(
-            REDIS_CACHE_HITS,
-            "counter",
-            "Requests refused from the local over-limit cache.",
-            &plain(stats.cache_hits().to_string()),
-        );
-        line(
-            REDIS_CONNECTED,
-            "gauge",
-            "1 once a Redis connection is established.",
-            &plain(u8::from(redis.is_connected()).to_string()),
-        );
-        let state = redis.breaker_state();
-        let states: Vec<(String, String)> = [
-            ("closed", BreakerState::Closed),
-            ("open", BreakerState::Open),
-            ("half_open", BreakerState::HalfOpen),
-        ]
-        .iter()
-        .map(|(name, s)| {
-            (
-                format!("{{state=\"{name}\"}}"),
-                u8::from(*s == state).to_string(),
-            )
-        })
-        .collect();
-        line(
-            REDIS_BREAKER,
-            "gauge",
-            "The Redis circuit breaker's state (1 for the current one).",
-            &states,
-        );
-        line(
-            REDIS_LATENCY,
-            "histogram",
-            "Redis round-trip time.",
-            &histogram_samples(stats.latency()),
-        );
+        match stats {
+            Stats::Memory(store) => render_store(&mut out, store),
+            Stats::Redis(redis) => render_redis(&mut out, redis),
+        }
         out
     }
 
     /// Counts a policy load.
-    pub fn policy_load(&self, ok: bool, reload: bool) {
-        if ok {
-            metrics::counter!(CONFIG_LOAD_SUCCESS).increment(1);
-        } else {
-            metrics::counter!(CONFIG_LOAD_ERROR).increment(1);
+    pub fn policy_loaded(&self, result: LoadResult, trigger: LoadTrigger) {
+        match result {
+            LoadResult::Success => metrics::counter!(CONFIG_LOAD_SUCCESS).increment(1),
+            LoadResult::Failure => metrics::counter!(CONFIG_LOAD_ERROR).increment(1),
         }
-        if reload {
-            let result = if ok { "success" } else { "failure" };
+        if trigger == LoadTrigger::Reload {
+            let result = match result {
+                LoadResult::Success => "success",
+                LoadResult::Failure => "failure",
+            };
             metrics::counter!(POLICY_RELOADS, "result" => result).increment(1);
         }
     }
 
-    /// Counts a request refused as malformed.
-    pub fn invalid(&self) {
-        self.invalid.increment(1);
+    /// Counts a request by its result.
+    pub fn request(&self, outcome: RequestOutcome) {
+        match outcome {
+            RequestOutcome::Ok => &self.ok,
+            RequestOutcome::OverLimit => &self.over_limit,
+            RequestOutcome::Invalid => &self.invalid,
+            RequestOutcome::BackendError => &self.backend_errors,
+        }
+        .increment(1);
     }
 
-    /// Counts a request the backend could not decide.
-    pub fn backend_error(&self) {
-        self.backend_errors.increment(1);
-    }
-
-    /// Counts a decided request: overall outcome, latency, and each limited descriptor.
-    pub fn decided(&self, req: &Request, resp: &Response<'_>, took: Duration) {
+    /// Records the time one decided request took.
+    pub fn decided(&self, took: Duration) {
         self.duration.record(took);
-        match resp.overall {
-            Code::Ok => self.ok.increment(1),
-            Code::OverLimit => self.over_limit.increment(1),
-        }
-        if !resp.domain_known {
-            self.domain_not_found(&req.domain, req.descriptors.len() as u64);
-            return;
-        }
-        for (desc, status) in req.descriptors.iter().zip(&resp.statuses) {
-            let Some(limit) = status.limit else { continue };
-            let Some(rule) = limit.rule else { continue };
-            if status.refund {
-                continue;
-            }
-            let hits = status.hits;
-            let burst = u64::from(limit.rate.burst);
-            let record = |c: &RuleCounters| {
-                c.total.increment(hits);
-                if status.denied {
-                    c.over.increment(hits);
-                    if rule.shadow_mode {
-                        c.shadow.increment(hits);
-                    }
-                    return;
+    }
+
+    /// Counts one descriptor a rule counted.
+    pub fn rule_hit(&self, hit: &RuleHit<'_>) {
+        let record = |c: &RuleCounters| {
+            c.total.increment(hit.hits);
+            if hit.denied {
+                c.over.increment(hit.hits);
+                if hit.rule.shadow_mode {
+                    c.shadow.increment(hit.hits);
                 }
-                c.within.increment(hits);
-                // Truncation intended: floor of 80 % of the bucket.
-                let threshold = (burst as f64 * NEAR_LIMIT_RATIO) as u64;
-                let used = burst.saturating_sub(u64::from(status.remaining));
-                if used > threshold {
-                    c.near.increment(hits.min(used - threshold));
-                }
-            };
-            if rule.detailed_metric || rule.value_to_metric {
-                let (key1, key2) = detailed_labels(rule, desc);
-                self.with_detailed(rule.id, &req.domain, &key1, &key2, record);
-            } else {
-                self.with_rule(rule, &req.domain, record);
+                return;
             }
+            c.within.increment(hit.hits);
+            // Truncation intended: floor of 80 % of the bucket.
+            let threshold = (hit.burst as f64 * NEAR_LIMIT_RATIO) as u64;
+            let used = hit.burst.saturating_sub(hit.remaining);
+            if used > threshold {
+                c.near.increment(hit.hits.min(used - threshold));
+            }
+        };
+        if hit.rule.detailed_metric || hit.rule.value_to_metric {
+            let (key1, key2) = detailed_labels(hit);
+            self.with_detailed(hit.rule.id, hit.domain, &key1, &key2, record);
+        } else {
+            self.with_rule(hit.rule, hit.domain, record);
         }
+    }
+
+    /// Counts the descriptors of a request for a domain no policy defines.
+    pub fn domain_not_found(&self, domain: &str, descriptors: u64) {
+        if let Some(c) = self.unknown_domains.get(domain) {
+            return c.increment(descriptors);
+        }
+        let label = if self.reserve_series() { domain } else { OTHER };
+        let c = self
+            .unknown_domains
+            .entry(label.to_string())
+            .or_insert_with(|| metrics::counter!(DOMAIN_NOT_FOUND, "domain" => label.to_string()));
+        c.increment(descriptors);
     }
 
     fn with_rule(&self, rule: &Rule, domain: &str, f: impl FnOnce(&RuleCounters)) {
@@ -355,18 +436,6 @@ impl Metrics {
         self.detailed.insert(key, c);
     }
 
-    fn domain_not_found(&self, domain: &str, n: u64) {
-        if let Some(c) = self.unknown_domains.get(domain) {
-            return c.increment(n);
-        }
-        let label = if self.reserve_series() { domain } else { OTHER };
-        let c = self
-            .unknown_domains
-            .entry(label.to_string())
-            .or_insert_with(|| metrics::counter!(DOMAIN_NOT_FOUND, "domain" => label.to_string()));
-        c.increment(n);
-    }
-
     /// Takes one of the `max_series` request-valued series; false when they are all taken.
     fn reserve_series(&self) -> bool {
         // Relaxed: the count only bounds memory; no other data is ordered by it.
@@ -387,18 +456,17 @@ fn rule_labels(rule: &Rule) -> (String, String) {
 
 /// `key1`/`key2` showing request values: every level's with `detailed_metric`, the rule's own
 /// (last) level's with `value_to_metric`.
-fn detailed_labels(rule: &Rule, desc: &crate::decision::Descriptor) -> (String, String) {
+fn detailed_labels(hit: &RuleHit<'_>) -> (String, String) {
     let value = |i: usize| {
-        desc.entries
-            .get(i)
-            .map(|e| format!("{}_{}", e.key, e.value))
+        hit.values[i]
+            .map(|(k, v)| format!("{k}_{v}"))
             .unwrap_or_default()
     };
-    if rule.detailed_metric {
+    if hit.rule.detailed_metric {
         return (value(0), value(1));
     }
-    let (mut key1, mut key2) = rule_labels(rule);
-    match desc.entries.len() {
+    let (mut key1, mut key2) = rule_labels(hit.rule);
+    match hit.depth {
         1 => key1 = value(0),
         2 => key2 = value(1),
         _ => {}
@@ -406,9 +474,66 @@ fn detailed_labels(rule: &Rule, desc: &crate::decision::Descriptor) -> (String, 
     (key1, key2)
 }
 
+/// Writes one family rendered from figures: its `# HELP` and `# TYPE` from [`FAMILIES`], then
+/// `name{labels} value` per sample.
+fn family(out: &mut String, name: &str, samples: &[(String, String)]) {
+    use std::fmt::Write;
+    let (_, kind, help) = FAMILIES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .copied()
+        .unwrap_or((name, Kind::Gauge, ""));
+    let kind = match kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+        Kind::Histogram => "histogram",
+    };
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "{name}{labels} {value}");
+    }
+}
+
+/// One unlabelled sample.
+fn plain(value: impl ToString) -> [(String, String); 1] {
+    [(String::new(), value.to_string())]
+}
+
+fn render_store(out: &mut String, store: &StoreStats) {
+    family(out, STORE_KEYS, &plain(store.keys));
+    family(out, STORE_EVICTIONS, &plain(store.evictions));
+}
+
+fn render_redis(out: &mut String, redis: &RedisFigures) {
+    family(out, REDIS_ROUND_TRIPS, &plain(redis.round_trips));
+    let errors: Vec<(String, String)> = redis
+        .errors
+        .iter()
+        .map(|(kind, n)| (format!("{{kind=\"{}\"}}", kind.as_str()), n.to_string()))
+        .collect();
+    family(out, REDIS_ERRORS, &errors);
+    family(out, REDIS_CACHE_HITS, &plain(redis.cache_hits));
+    family(out, REDIS_CONNECTED, &plain(u8::from(redis.connected)));
+    let states: Vec<(String, String)> = [
+        ("closed", BreakerState::Closed),
+        ("open", BreakerState::Open),
+        ("half_open", BreakerState::HalfOpen),
+    ]
+    .iter()
+    .map(|(name, s)| {
+        (
+            format!("{{state=\"{name}\"}}"),
+            u8::from(*s == redis.breaker).to_string(),
+        )
+    })
+    .collect();
+    family(out, REDIS_BREAKER, &states);
+    family(out, REDIS_LATENCY, &histogram_samples(&redis.latency));
+}
+
 /// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.
-fn histogram_samples(h: &LatencyHistogram) -> Vec<(String, String)> {
-    let (counts, sum) = h.snapshot();
+fn histogram_samples(h: &LatencySnapshot) -> Vec<(String, String)> {
+    let (counts, sum) = (h.counts, h.sum_seconds);
     let mut cumulative = 0;
     let mut samples = Vec::with_capacity(counts.len() + 2);
     for (i, count) in counts.iter().enumerate() {
@@ -423,31 +548,16 @@ fn histogram_samples(h: &LatencyHistogram) -> Vec<(String, String)> {
     samples
 }
 
+/// Tells the recorder the description of every family it records.
 fn describe() {
-    use metrics::{describe_counter, describe_gauge};
-    describe_counter!(TOTAL_HITS, "Hits on a limited rule, weighted by cost.");
-    describe_counter!(
-        OVER_LIMIT,
-        "Hits over a limit (refused, or would be in shadow mode)."
-    );
-    describe_counter!(NEAR_LIMIT, "Admitted hits above 80% of the bucket.");
-    describe_counter!(WITHIN_LIMIT, "Admitted hits.");
-    describe_counter!(SHADOW_MODE, "Hits a shadow-mode rule would have refused.");
-    describe_counter!(
-        DOMAIN_NOT_FOUND,
-        "Descriptors of requests for an unknown domain."
-    );
-    describe_counter!(CONFIG_LOAD_SUCCESS, "Successful policy loads.");
-    describe_counter!(CONFIG_LOAD_ERROR, "Failed policy loads.");
-    describe_counter!(
-        DECISIONS,
-        "Requests by result: ok, over_limit, invalid, backend_error."
-    );
-    describe_gauge!(STORE_KEYS, "Keys held by the in-memory store.");
-    describe_counter!(
-        STORE_EVICTIONS,
-        "Live keys evicted because the store was full."
-    );
-    describe_counter!(POLICY_RELOADS, "Policy reloads by result.");
-    describe_gauge!(BUILD_INFO, "Build information.");
+    for (name, kind, help) in FAMILIES {
+        if !RECORDED.contains(&name) {
+            continue;
+        }
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
 }

@@ -15,7 +15,7 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 
 /// Quiet time after the last change before reloading: editors and the kubelet write in bursts.
@@ -53,12 +53,14 @@ impl Reloader {
             Ok(set) => {
                 let summary = set.summary();
                 self.policies.store(set);
-                self.metrics.policy_load(true, true);
+                self.metrics
+                    .policy_loaded(LoadResult::Success, LoadTrigger::Reload);
                 tracing::info!(policies = %self.dir.display(), %summary, "policies reloaded");
                 Ok(summary)
             }
             Err(e) => {
-                self.metrics.policy_load(false, true);
+                self.metrics
+                    .policy_loaded(LoadResult::Failure, LoadTrigger::Reload);
                 tracing::warn!(policies = %self.dir.display(), error = %e, "policy reload rejected; keeping the running policies");
                 Err(e)
             }

@@ -1,9 +1,19 @@
 //! Logging setup: one `tracing` subscriber for the process, text or JSON, filtered by
 //! `RUST_LOG` when set and by the `log_level` setting otherwise. Library code only emits events.
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::EnvFilter;
 
-use crate::settings::LogFormat;
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
 
 /// Installs the global subscriber. Later calls (tests start many servers) are ignored.
 pub fn init(format: LogFormat, level: &str) {

@@ -4,7 +4,7 @@
 //! Everything is integer nanoseconds on a monotonic clock that the caller reads; nothing here
 //! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`Outcome`]), never an
 //! error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are admitted
-//! in any span of `W` nanoseconds, whatever the schedule (see `DESIGN.md` §4).
+//! in any span of `W` nanoseconds, whatever the schedule (`docs/gcra-properties.md`, P2).
 
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -141,6 +141,16 @@ pub struct Outcome {
     /// be admitted (denied). For a cost above the burst, which can never be admitted, the time
     /// until the bucket is full; for a ban, the period.
     pub wait: u64,
+}
+
+impl Outcome {
+    /// Not admitted, nothing known: the placeholder of an op not decided (yet).
+    pub const NONE: Self = Self {
+        admitted: false,
+        tat: 0,
+        remaining: 0,
+        wait: 0,
+    };
 }
 
 /// Decides a request of `cost` at `now` for a key whose TAT is `tat` (0 for a new key).

@@ -18,7 +18,7 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::gcra::{self, Outcome, Quota};
-use super::{Batch, Key, Mode, Op};
+use super::{Batch, Key, Op};
 
 /// How often a batch is re-planned when concurrent requests keep changing its keys between the
 /// plan and the commit. Past this the request is answered as over the limit, which can only
@@ -165,7 +165,7 @@ impl MemoryStore {
                 gcra::decide(&op.quota, tat, now, op.cost)
             });
             return Batch {
-                blocked: is_blocked(ops, &[outcome]),
+                blocked: Batch::blocked_by(ops, &[outcome]),
                 outcomes: vec![outcome],
             };
         }
@@ -179,12 +179,7 @@ impl MemoryStore {
                     })
                     .0
                 } else {
-                    Outcome {
-                        admitted: false,
-                        tat: 0,
-                        remaining: 0,
-                        wait: 0,
-                    }
+                    Outcome::NONE
                 }
             })
             .collect();
@@ -244,7 +239,7 @@ impl MemoryStore {
                 overlay.push((op.key, out.tat));
             }
         }
-        let blocked = is_blocked(ops, outcomes);
+        let blocked = Batch::blocked_by(ops, outcomes);
         if blocked {
             // Nothing is charged: an op that fitted reports the state it found, uncharged.
             for ((op, out), tat) in ops.iter().zip(outcomes.iter_mut()).zip(before) {
@@ -408,25 +403,6 @@ fn write(lock: &RwLock<Map>) -> std::sync::RwLockWriteGuard<'_, Map> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Whether a request is refused: an enforced op is denied, or every quota-mode op is.
-fn is_blocked(ops: &[Op], outcomes: &[Outcome]) -> bool {
-    let enforce_denied = ops
-        .iter()
-        .zip(outcomes)
-        .any(|(op, o)| !op.refund && op.mode == Mode::Enforce && !o.admitted);
-    enforce_denied || all_quota_denied(ops, outcomes)
-}
-
-/// Whether the request has quota-mode ops and every one of them is denied.
-pub(super) fn all_quota_denied(ops: &[Op], outcomes: &[Outcome]) -> bool {
-    let mut quota = ops
-        .iter()
-        .zip(outcomes)
-        .filter(|(op, _)| !op.refund && op.mode == Mode::Quota)
-        .peekable();
-    quota.peek().is_some() && quota.all(|(_, o)| !o.admitted)
-}
-
 /// The compare-and-swap loop on one TAT; returns the outcome and the TAT it replaced.
 #[inline]
 fn cas(
@@ -477,6 +453,7 @@ impl Hasher for KeyHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Mode;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
 
     fn op(key: Key, quota: Quota, cost: u64) -> Op {

@@ -1,10 +1,11 @@
 //! Validation and compilation: raw model → [`Domain`] with the lookup tables matching needs.
 //!
-//! Every semantic check of `DESIGN.md` §3 lives here and every problem is collected, so an
+//! Every semantic check of a policy file (README, "Policies") lives here and every problem is collected, so an
 //! operator fixes a file in one pass. The output is immutable; matching never parses, allocates
 //! or compiles anything.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::matcher::{Group, Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
@@ -160,7 +161,7 @@ impl Compiler<'_> {
         let index = self.nodes.len();
         self.nodes.push(TreeNode {
             children: Level::default(),
-            rule,
+            rule: rule.map(Arc::new),
             share_threshold,
         });
         let children = self.level(domain, &raw.descriptors, steps);

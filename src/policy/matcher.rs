@@ -8,6 +8,7 @@
 //! `share_threshold` levels, so every matching value shares one counter).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{Domain, Rule};
 
@@ -53,7 +54,7 @@ impl Group {
 #[derive(Clone, Debug)]
 pub(crate) struct TreeNode {
     pub(crate) children: Level,
-    pub(crate) rule: Option<Rule>,
+    pub(crate) rule: Option<Arc<Rule>>,
     pub(crate) share_threshold: bool,
 }
 
@@ -96,7 +97,7 @@ impl Pattern {
 #[derive(Clone, Copy, Debug)]
 pub struct Resolved<'p> {
     /// The rule.
-    pub rule: &'p Rule,
+    pub rule: &'p Arc<Rule>,
     /// The counter this request value maps to.
     pub key: Key,
 }

@@ -186,7 +186,7 @@ impl Domain {
 
     /// Every rule of the domain, in file order.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
-        self.nodes.iter().filter_map(|n| n.rule.as_ref())
+        self.nodes.iter().filter_map(|n| n.rule.as_deref())
     }
 }
 

@@ -16,31 +16,28 @@ use axum::routing::{get, post};
 
 use super::Health;
 use super::json;
-use super::rls::{self, RateLimitHandler};
-use crate::decision::Code;
-use crate::limiter::{MemoryStore, RedisStore};
+use crate::decision::{Code, DecideError, Decider};
+use crate::limiter::Backend;
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle};
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// Serving or not.
-    pub health: Health,
+    pub(crate) health: Health,
     /// Decides `/json` requests.
-    pub handler: RateLimitHandler,
+    pub(crate) decider: Decider,
     /// Renders `/metrics`.
-    pub metrics: Arc<Metrics>,
-    /// For the store gauges.
-    pub store: Arc<MemoryStore>,
-    /// For the Redis figures, when counting in Redis.
-    pub redis: Option<Arc<RedisStore>>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Its figures, for `/metrics`.
+    pub(crate) backend: Backend,
     /// For `/rlconfig`.
-    pub policies: PolicyHandle,
+    pub(crate) policies: PolicyHandle,
 }
 
 /// The admin routes; `/json` bodies are limited to `max_body_bytes`.
-pub fn router(state: AdminState, max_body_bytes: usize) -> Router {
+pub(crate) fn router(state: AdminState, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
@@ -64,50 +61,45 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(&s.store, s.redis.as_deref()),
+        s.metrics.render(&s.backend.stats()),
     )
         .into_response()
 }
 
 async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
     let bad = |reason: String| (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
-    let req = match json::parse(&body)
-        .map_err(|e| e.to_string())
-        .and_then(|r| rls::from_pb(r).map_err(|e| e.to_string()))
-    {
+    let req = match json::parse(&body) {
         Ok(r) => r,
-        Err(reason) => {
-            s.metrics.invalid();
-            return bad(reason);
+        Err(e) => {
+            s.decider.count_malformed();
+            return bad(e.to_string());
         }
     };
-    let decided = s.handler.decide(&req, |resp| {
-        let status = match resp.overall {
-            Code::Ok => StatusCode::OK,
-            Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
-        };
-        let mut response = (status, axum::Json(json::render(resp))).into_response();
-        // The same rate-limit headers a gRPC caller gets (the problem body stays gRPC-only).
-        for (name, value) in s.handler.extras(resp).headers {
-            if name.eq_ignore_ascii_case("content-type") {
-                continue;
-            }
-            if let (Ok(name), Ok(value)) = (
-                axum::http::HeaderName::from_bytes(name.as_bytes()),
-                axum::http::HeaderValue::from_str(&value),
-            ) {
-                response.headers_mut().append(name, value);
-            }
+    let decision = match s.decider.decide(&req).await {
+        Ok(d) => d,
+        Err(DecideError::Backend(e)) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
         }
-        response
-    });
-    match decided.await {
-        Ok(r) => r,
-        Err(rls::DecideError::Backend(e)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        Err(e @ DecideError::Request(_)) => return bad(e.to_string()),
+    };
+    let status = match decision.overall {
+        Code::Ok => StatusCode::OK,
+        Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+    };
+    let mut response = (status, axum::Json(json::render(&decision))).into_response();
+    // The same rate-limit headers a gRPC caller gets (the problem body stays gRPC-only).
+    for (name, value) in decision.headers {
+        if name.eq_ignore_ascii_case("content-type") {
+            continue;
         }
-        Err(e) => bad(e.to_string()),
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::from_bytes(name.as_bytes()),
+            axum::http::HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
     }
+    response
 }
 
 async fn rlconfig(State(s): State<AdminState>) -> String {

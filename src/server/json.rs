@@ -1,7 +1,8 @@
 //! The proto3-JSON form of `RateLimitRequest` and `RateLimitResponse` used by `POST /json`, as
 //! envoyproxy/ratelimit's `/json` endpoint speaks it: lowerCamelCase names (the proto names are
 //! accepted too), enums by name (or number), 64-bit integers as numbers or strings, durations as
-//! `"58s"`, zero values left out. Unknown fields are refused.
+//! `"58s"`, zero values left out. Unknown fields are refused. A body is read straight into the
+//! decision layer's [`decision::Request`].
 
 use std::fmt;
 
@@ -9,10 +10,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use serde_json::{Map, Value, json};
 
-use crate::decision::{self, Code};
+use crate::decision::{self, Code, Decision};
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
-use crate::pb::rate_limit_descriptor::{self, RateLimitOverride};
-use crate::pb::{RateLimitDescriptor, RateLimitRequest};
 
 /// `RateLimitRequest` in proto3 JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -94,42 +93,48 @@ pub enum JsonError {
     /// The body is not a valid `RateLimitRequest`.
     #[error("invalid request body: {0}")]
     Body(#[from] serde_json::Error),
-    /// A value is out of range or unknown.
-    #[error("invalid request: {0}")]
-    Value(String),
+    /// A number does not fit its field.
+    #[error("invalid request: {field} does not fit 32 bits")]
+    TooLarge {
+        /// The field's path.
+        field: String,
+    },
+    /// An override's unit is not a `RateLimitUnit` (SECOND..YEAR).
+    #[error("invalid request: descriptors[{descriptor}].limit.unit is not a RateLimitUnit")]
+    UnknownUnit {
+        /// The descriptor's index.
+        descriptor: usize,
+    },
 }
 
-/// Parses a `/json` body into the protobuf request, so it takes the same path as a gRPC call.
+/// Parses a `/json` body into a decision request.
 ///
 /// # Errors
 ///
 /// [`JsonError`] for malformed JSON, unknown fields or out-of-range values.
-pub fn parse(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
+pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
     let raw: JsonRequest = serde_json::from_slice(body)?;
-    let fits = |n: Number, what: &str| {
-        u32::try_from(n.0).map_err(|_| JsonError::Value(format!("{what} does not fit 32 bits")))
+    let fits = |n: Number, field: &dyn Fn() -> String| {
+        u32::try_from(n.0).map_err(|_| JsonError::TooLarge { field: field() })
     };
     let mut descriptors = Vec::with_capacity(raw.descriptors.len());
     for (i, d) in raw.descriptors.into_iter().enumerate() {
         let limit = match d.limit {
             None => None,
-            Some(ov) => Some(RateLimitOverride {
-                requests_per_unit: fits(
-                    ov.requests_per_unit,
-                    &format!("descriptors[{i}].limit.requestsPerUnit"),
-                )?,
-                unit: override_unit(ov.unit.as_ref()).ok_or_else(|| {
-                    JsonError::Value(format!(
-                        "descriptors[{i}].limit.unit is not a RateLimitUnit"
-                    ))
+            Some(ov) => Some(decision::Override {
+                requests_per_unit: fits(ov.requests_per_unit, &|| {
+                    format!("descriptors[{i}].limit.requestsPerUnit")
                 })?,
+                unit: override_unit(ov.unit.as_ref())
+                    .and_then(super::override_unit)
+                    .ok_or(JsonError::UnknownUnit { descriptor: i })?,
             }),
         };
-        descriptors.push(RateLimitDescriptor {
+        descriptors.push(decision::Descriptor {
             entries: d
                 .entries
                 .into_iter()
-                .map(|e| rate_limit_descriptor::Entry {
+                .map(|e| decision::Entry {
                     key: e.key,
                     value: e.value,
                 })
@@ -139,14 +144,14 @@ pub fn parse(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
             is_negative_hits: d.is_negative_hits,
         });
     }
-    Ok(RateLimitRequest {
+    Ok(decision::Request {
         domain: raw.domain,
         descriptors,
-        hits_addend: fits(raw.hits_addend, "hitsAddend")?,
+        hits_addend: fits(raw.hits_addend, &|| "hitsAddend".into())?,
     })
 }
 
-/// `envoy.type.v3.RateLimitUnit` by name or number; its validity is checked with the request.
+/// `envoy.type.v3.RateLimitUnit` by name or number.
 fn override_unit(v: Option<&Value>) -> Option<i32> {
     match v {
         None => Some(0),
@@ -165,14 +170,14 @@ fn code(c: Code) -> &'static str {
 
 /// The proto3-JSON form of a response.
 #[must_use]
-pub fn render(resp: &decision::Response<'_>) -> Value {
+pub fn render(resp: &Decision) -> Value {
     let statuses: Vec<Value> = resp
         .statuses
         .iter()
         .map(|s| {
             let mut o = Map::new();
             o.insert("code".into(), json!(code(s.code)));
-            if let Some(l) = s.limit {
+            if let Some(l) = &s.limit {
                 let mut limit = Map::new();
                 if !l.name().is_empty() {
                     limit.insert("name".into(), json!(l.name()));
@@ -215,9 +220,9 @@ mod tests {
         assert!(d.is_negative_hits);
         assert_eq!(
             d.limit,
-            Some(RateLimitOverride {
+            Some(decision::Override {
                 requests_per_unit: 3,
-                unit: RateLimitUnit::Minute.into(),
+                unit: crate::policy::Unit::Minute,
             })
         );
     }

@@ -1,10 +1,12 @@
 //! The transport adapters: the gRPC server (rate-limit service and `grpc.health.v1`) and the
-//! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state.
+//! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state. Each
+//! adapter converts its wire form to a [`crate::decision::Request`], asks the
+//! [`crate::decision::Decider`], and converts the [`crate::decision::Decision`] back; none of
+//! them counts or reaches a store.
 
-pub mod admin;
-pub mod headers;
-pub mod json;
-pub mod rls;
+pub(crate) mod admin;
+mod json;
+pub(crate) mod rls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,15 +16,17 @@ use tonic::transport::server::Router;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_service_server::RateLimitServiceServer;
+use crate::policy::Unit;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
-pub const HEALTH_SERVICE: &str = "ratelimit";
+pub(crate) const HEALTH_SERVICE: &str = "ratelimit";
 
 /// Whether the server takes traffic, as seen by gRPC health checks and `GET /healthcheck`.
 #[derive(Clone)]
-pub struct Health {
+pub(crate) struct Health {
     /// Relaxed: a lone flag; readers need no other memory ordered with it.
     serving: Arc<AtomicBool>,
     reporter: HealthReporter,
@@ -38,8 +42,7 @@ impl std::fmt::Debug for Health {
 
 impl Health {
     /// Health reported through `reporter`; not serving until [`Health::set`] says so.
-    #[must_use]
-    pub fn new(reporter: HealthReporter) -> Self {
+    pub(crate) fn new(reporter: HealthReporter) -> Self {
         Self {
             serving: Arc::new(AtomicBool::new(false)),
             reporter,
@@ -47,14 +50,13 @@ impl Health {
     }
 
     /// Whether the server takes traffic.
-    #[must_use]
-    pub fn is_serving(&self) -> bool {
+    pub(crate) fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Relaxed)
     }
 
     /// Sets the status of every name health is asked under: `""`, `ratelimit` and the
     /// rate-limit service's full name.
-    pub async fn set(&self, serving: bool) {
+    pub(crate) async fn set(&self, serving: bool) {
         self.serving.store(serving, Ordering::Relaxed);
         let status = if serving {
             ServingStatus::Serving
@@ -73,7 +75,7 @@ impl Health {
 
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
 /// and `grpc.health.v1`.
-pub fn grpc_router(
+pub(crate) fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
@@ -83,4 +85,17 @@ pub fn grpc_router(
     Server::builder().add_service(health).add_service(
         RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
     )
+}
+
+/// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.
+pub(crate) fn override_unit(value: i32) -> Option<Unit> {
+    Some(match RateLimitUnit::try_from(value).ok()? {
+        RateLimitUnit::Unknown => return None,
+        RateLimitUnit::Second => Unit::Second,
+        RateLimitUnit::Minute => Unit::Minute,
+        RateLimitUnit::Hour => Unit::Hour,
+        RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Month => Unit::Month,
+        RateLimitUnit::Year => Unit::Year,
+    })
 }

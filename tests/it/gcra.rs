@@ -1,4 +1,4 @@
-//! The GCRA correctness properties of `reference/gcra-anchors.md` §8 that apply to one node
+//! The GCRA correctness properties of `docs/gcra-properties.md` that apply to one node
 //! (P1–P14, P16 and refunds), checked against the in-memory store with explicit integer-nanosecond
 //! time: every `now` is an argument (or a [`ManualClock`]), nothing sleeps.
 //!
@@ -9,9 +9,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
+use futures_util::FutureExt;
 use proptest::prelude::*;
 use sluice::limiter::gcra::{NANOS_PER_SEC, Outcome, decide, refund};
-use sluice::limiter::{Batch, Clock, Limiter, ManualClock, MemoryStore, Mode, Op, Quota};
+use sluice::limiter::{Backend, Batch, Clock, ManualClock, MemoryStore, Mode, Op, Quota};
 
 const SEC: u64 = NANOS_PER_SEC;
 const DAY: u64 = 86_400 * SEC;
@@ -296,7 +297,7 @@ proptest! {
     /// P6 (no under-delivery, B ≥ 2): a backlogged client — after a response with remaining 0 it
     /// asks again within (B−1)·T, otherwise within T — is never short-changed while it waits:
     /// for every window [s, e] from an arrival to a denied arrival, at least floor(W/T) were
-    /// admitted (which implies the §8 bound floor(W/T) − 1), and P2 still caps it from above.
+    /// admitted (which implies the bound floor(W/T) − 1 of P6), and P2 still caps it from above.
     ///
     /// Windows end at a denial because only then is the client known to be waiting; a client that
     /// idles up to (B−1)·T without asking banks its tokens instead of losing them.
@@ -488,7 +489,7 @@ proptest! {
 
     /// P12: remaining never exceeds B; after an admitted request of cost ≥ 1 it is at most B − 1
     /// and equals floor((B·T − (TAT − now))/T); a denied unit request reports 0 and a denied
-    /// cost n ≤ B reports fewer than n (the tokens available now, DESIGN §4). A cost-0 check is
+    /// cost n ≤ B reports fewer than n (the tokens available now). A cost-0 check is
     /// admitted, reports the same formula and consumes nothing.
     #[test]
     fn p12_remaining(q in quota(30), t0 in start(), raw in raw_steps(200)) {
@@ -527,7 +528,7 @@ proptest! {
     /// (refunds first and always; blocked iff an Enforce op is denied or every Quota op is; a
     /// blocked request charges nothing; an admitted one charges exactly its admitted ops). In
     /// particular a denied Enforce op leaves every other key's TAT as it was, and denied Shadow
-    /// ops never block. Driven through a [`Limiter`] on a [`ManualClock`].
+    /// ops never block. Driven through the memory [`Backend`] on a [`ManualClock`].
     #[test]
     fn p14_multi_descriptor_atomicity(
         qs in prop::collection::vec(quota(6), 3),
@@ -537,11 +538,11 @@ proptest! {
         dt in any::<u64>(),
     ) {
         let clock = Arc::new(ManualClock::new(t0));
-        let limiter = Limiter::new(Arc::new(MemoryStore::new()), clock.clone());
-        let store = limiter.store();
+        let store = Arc::new(MemoryStore::new());
+        let backend = Backend::Memory { store: store.clone(), clock: clock.clone() };
         for (k, kind, g, c) in prefix {
             clock.advance(gap(&qs[k], kind, g));
-            let _ = store.check(k as u128, &qs[k], limiter.now(), c);
+            let _ = store.check(k as u128, &qs[k], clock.now(), c);
         }
         clock.advance(dt % (qs[0].tolerance() + 1));
         let now = clock.now();
@@ -585,7 +586,11 @@ proptest! {
             }
         }
 
-        let Batch { blocked: got_blocked, outcomes } = limiter.check_in_memory(&ops);
+        let Batch { blocked: got_blocked, outcomes } = backend
+            .check(&ops)
+            .now_or_never()
+            .expect("the memory backend never waits")
+            .expect("the memory backend always decides");
         prop_assert_eq!(got_blocked, blocked, "ops {:?}", ops);
         for (i, (got, want)) in outcomes.iter().zip(&expected).enumerate() {
             prop_assert_eq!(
@@ -701,7 +706,7 @@ fn greedy(store: &MemoryStore, q: &Quota, t0: u64, end: u64) -> Vec<u64> {
     times
 }
 
-/// P4 with the numbers of §8: R = 3 per second has T = 333 333 334 ns (rounded up, not the
+/// P4 with the numbers of `docs/gcra-properties.md`: R = 3 per second has T = 333 333 334 ns (rounded up, not the
 /// truncated 333 333 333), and a greedy client gets exactly R + B − 1 in [0, 1 s) — a truncated T
 /// would give R + B.
 #[test]
@@ -737,7 +742,7 @@ fn p6_burst_one_caveat() {
     );
 }
 
-/// P9 with the flood size of §8: 10⁴ denied requests just after exhaustion do not delay the next
+/// P9 with the flood size of `docs/gcra-properties.md`: 10⁴ denied requests just after exhaustion do not delay the next
 /// admission at exactly s + T.
 #[test]
 fn p9_ten_thousand_denials() {

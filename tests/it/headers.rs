@@ -4,9 +4,9 @@
 
 use std::collections::HashSet;
 
+use sluice::decision::HeaderMode;
 use sluice::pb::RateLimitResponse;
 use sluice::pb::rate_limit_response::Code;
-use sluice::settings::HeaderMode;
 
 use crate::helpers::{TestServer, descriptor, http_raw, request, single};
 

@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice::app::{App, AppError};
-use sluice::limiter::{ManualClock, MemoryStore};
+use sluice::limiter::{Backend, ManualClock, MemoryStore};
 use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
-use sluice::settings::Settings;
+use sluice::settings::RawSettings;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -18,6 +18,7 @@ pub struct TestServer {
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
     pub clock: Arc<ManualClock>,
+    /// The memory backend's store (an empty one when counting in Redis).
     pub store: Arc<MemoryStore>,
     pub client: RateLimitServiceClient<Channel>,
     pub dir: tempfile::TempDir,
@@ -32,7 +33,10 @@ impl TestServer {
     }
 
     /// Starts a server with the given policy files, after `tune` adjusts the settings.
-    pub async fn start_with(policies: &[(&str, &str)], tune: impl FnOnce(&mut Settings)) -> Self {
+    pub async fn start_with(
+        policies: &[(&str, &str)],
+        tune: impl FnOnce(&mut RawSettings),
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         for (name, text) in policies {
             std::fs::write(dir.path().join(name), text).expect("write policy");
@@ -41,21 +45,26 @@ impl TestServer {
     }
 
     /// Starts a server on the policies already in `dir`.
-    pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut Settings)) -> Self {
-        let mut settings = Settings {
+    pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut RawSettings)) -> Self {
+        let mut settings = RawSettings {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             policies: dir.path().to_path_buf(),
             shutdown_grace_ms: 2_000,
-            ..Settings::default()
+            ..RawSettings::default()
         };
         tune(&mut settings);
+        let settings = settings.validate().expect("valid settings");
         // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.
         let clock = Arc::new(ManualClock::new(1_000_000_000_000));
         let app = App::bind_with_clock(settings, clock.clone())
             .await
             .expect("bind");
-        let (grpc, admin, store) = (app.grpc_addr(), app.admin_addr(), app.store());
+        let store = match app.backend() {
+            Backend::Memory { store, .. } => Arc::clone(store),
+            Backend::Redis(_) => Arc::new(MemoryStore::new()),
+        };
+        let (grpc, admin) = (app.grpc_addr(), app.admin_addr());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async {
             let _ = stopped.await;

@@ -145,37 +145,73 @@ async fn a_configmap_symlink_swap_reloads() {
     );
 }
 
+/// SIGHUP reloads: sent to a real `sluice serve` process (so the signal reaches only it), with
+/// watching off so that nothing else could have reloaded.
 #[cfg(unix)]
 #[tokio::test]
 async fn sighup_reloads() {
-    let s = TestServer::start_with(
-        &[("h.yaml", &policy("reload-sighup", &[("a", 1)]))],
-        |settings| {
-            settings.watch_policies = false;
-        },
-    )
-    .await;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
     write(
-        &s.dir.path().join("h.yaml"),
+        &policies.join("h.yaml"),
+        &policy("reload-sighup", &[("a", 1)]),
+    );
+    let config = dir.path().join("sluice.yaml");
+    write(
+        &config,
+        &format!(
+            "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\nwatch_policies: false\npolicies: {}\n",
+            policies.display()
+        ),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--log-format", "json"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The admin address from the "serving" line of the log.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let admin: std::net::SocketAddr = loop {
+        let line = lines.next().expect("sluice exited before serving").unwrap();
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if event["message"] == "serving" {
+            break event["admin"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    let rlconfig = || async move { crate::helpers::http_get(admin, "/rlconfig").await.1 };
+    assert!(
+        rlconfig().await.contains("requests_per_unit=1 "),
+        "{}",
+        rlconfig().await
+    );
+    write(
+        &policies.join("h.yaml"),
         &policy("reload-sighup", &[("a", 6)]),
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        rpu(&s, "reload-sighup", "a").await,
-        Some(1),
+    assert!(
+        rlconfig().await.contains("requests_per_unit=1 "),
         "not watching: no reload yet"
     );
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &std::process::id().to_string()])
+    let status = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    assert!(
-        eventually(RELOAD_WITHIN, || async {
-            rpu(&s, "reload-sighup", "a").await == Some(6)
-        })
-        .await
-    );
+    let reloaded = eventually(RELOAD_WITHIN, || async {
+        rlconfig().await.contains("requests_per_unit=6 ")
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(reloaded, "SIGHUP reloaded the policies");
 }
 
 #[tokio::test]

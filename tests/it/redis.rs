@@ -1,5 +1,5 @@
 //! The Redis backend against real `redis-server` processes started on free loopback ports in
-//! temporary directories: decisions identical to the in-memory store's (P17), one budget shared
+//! temporary directories: decisions identical to the in-memory store's (P17 of `docs/gcra-properties.md`), one budget shared
 //! by two servers, one round trip per request, and fast, configured answers while Redis is down.
 //!
 //! Needs `redis-server` on the PATH (`.ci/run` installs Debian's package).
@@ -9,10 +9,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::{MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore};
+use sluice::limiter::{
+    ManualClock, MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime,
+};
 use sluice::pb::rate_limit_response::Code;
-use sluice::settings::{BackendKind, OnBackendError};
+use sluice::settings::BackendKind;
 
 use crate::helpers::{TestServer, descriptor, eventually, metric, request, single};
 
@@ -160,6 +163,25 @@ fn config(url: &str) -> RedisConfig {
     }
 }
 
+/// A store deciding at Redis `TIME`, connecting in the background.
+fn open(config: RedisConfig) -> Arc<RedisStore> {
+    let store = RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server).unwrap();
+    spawn_connect(&store);
+    store
+}
+
+/// A store deciding at `clock`'s time (set by the test before each call).
+fn open_at(config: RedisConfig, clock: &Arc<ManualClock>) -> Arc<RedisStore> {
+    let store = RedisStore::new(config, clock.clone(), RedisTime::Clock).unwrap();
+    spawn_connect(&store);
+    store
+}
+
+fn spawn_connect(store: &Arc<RedisStore>) {
+    let store = Arc::clone(store);
+    tokio::spawn(async move { store.connect().await });
+}
+
 async fn connected(store: &Arc<RedisStore>) {
     let s = Arc::clone(store);
     assert!(
@@ -191,11 +213,12 @@ impl Lcg {
 #[tokio::test]
 async fn same_schedule_same_decisions_as_memory() {
     let redis = RedisProcess::start();
-    let store = RedisStore::connect(config(&redis.url())).unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let store = open_at(config(&redis.url()), &clock);
     connected(&store).await;
-    same_decisions(&store, 400).await;
+    same_decisions(&store, &clock, 400).await;
     assert_eq!(
-        store.stats().round_trips(),
+        store.figures().round_trips,
         400,
         "one round trip per request"
     );
@@ -211,12 +234,13 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
     config.urls = cluster.urls();
     config.cluster = true;
     config.timeout = Duration::from_secs(2);
-    let store = RedisStore::connect(config).unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let store = open_at(config, &clock);
     connected(&store).await;
-    same_decisions(&store, 300).await;
+    same_decisions(&store, &clock, 300).await;
 }
 
-async fn same_decisions(store: &RedisStore, steps: usize) {
+async fn same_decisions(store: &RedisStore, clock: &ManualClock, steps: usize) {
     let memory = MemoryStore::new();
     let quotas = [
         Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
@@ -258,7 +282,8 @@ async fn same_decisions(store: &RedisStore, steps: usize) {
             })
             .collect();
         let expected = memory.check_batch(&ops, now);
-        let got = store.check_batch(&ops, 0, Some(now)).await.unwrap();
+        clock.set(now);
+        let got = store.check_batch(&ops).await.unwrap();
         assert_eq!(got.blocked, expected.blocked, "step {step}: {ops:?}");
         for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
             assert_eq!(
@@ -325,7 +350,7 @@ async fn one_round_trip_per_request() {
     let redis = RedisProcess::start();
     let mut config = config(&redis.url());
     config.key_prefix = "rt:".into();
-    let store = RedisStore::connect(config).unwrap();
+    let store = open(config);
     connected(&store).await;
     let q = Quota::new(3_600 * SEC, 100, 100).unwrap();
     let ops: Vec<Op> = (1..=10u128)
@@ -338,10 +363,10 @@ async fn one_round_trip_per_request() {
         })
         .collect();
     for i in 1..=5 {
-        let b = store.check_batch(&ops, 0, None).await.unwrap();
+        let b = store.check_batch(&ops).await.unwrap();
         assert!(!b.blocked);
         assert_eq!(
-            store.stats().round_trips(),
+            store.figures().round_trips,
             i,
             "ten descriptors, one round trip"
         );
@@ -434,10 +459,12 @@ async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
         metric(error.admin, breaker_open).await.unwrap_or(0.0) > 0.0,
         "the breaker opened"
     );
-    // Redis back on the same port: decisions resume without restarting sluice.
+    // Redis back on the same port: decisions resume without restarting sluice, once the
+    // breaker's cool-down (200 ms of the server's clock, driven here by hand) has passed.
     let _redis = RedisProcess::start_on(port);
     assert!(
         eventually(Duration::from_secs(10), || async {
+            error.clock.advance(200_000_000);
             error
                 .call(single("shared", "j", "b"))
                 .await
@@ -482,8 +509,9 @@ async fn local_cache_answers_repeat_offenders_exactly() {
     let redis = RedisProcess::start();
     let mut cached = config(&redis.url());
     cached.deny_cache_keys = 100;
-    let store = RedisStore::connect(cached).unwrap();
-    let plain = RedisStore::connect(config(&redis.url())).unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let store = open_at(cached, &clock);
+    let plain = open_at(config(&redis.url()), &clock);
     connected(&store).await;
     connected(&plain).await;
     let q = Quota::new(3_600 * SEC, 1, 1).unwrap();
@@ -495,25 +523,75 @@ async fn local_cache_answers_repeat_offenders_exactly() {
         mode: Mode::Enforce,
     }];
     let t0 = 1_800_000_000 * SEC;
-    assert!(!store.check_batch(&ops, t0, Some(t0)).await.unwrap().blocked);
-    assert!(store.check_batch(&ops, t0, Some(t0)).await.unwrap().blocked);
-    assert_eq!(store.stats().round_trips(), 2);
+    clock.set(t0);
+    assert!(!store.check_batch(&ops).await.unwrap().blocked);
+    assert!(store.check_batch(&ops).await.unwrap().blocked);
+    assert_eq!(store.figures().round_trips, 2);
     for later in [SEC, 1_800 * SEC, 3_600 * SEC - 1] {
-        let now = t0 + later;
-        let from_cache = store.check_batch(&ops, now, Some(now)).await.unwrap();
-        let from_redis = plain.check_batch(&ops, now, Some(now)).await.unwrap();
+        clock.set(t0 + later);
+        let from_cache = store.check_batch(&ops).await.unwrap();
+        let from_redis = plain.check_batch(&ops).await.unwrap();
         assert_eq!(from_cache, from_redis, "at t0 + {later} ns");
     }
-    assert_eq!(store.stats().round_trips(), 2, "answered locally");
-    assert_eq!(store.stats().cache_hits(), 3);
+    assert_eq!(store.figures().round_trips, 2, "answered locally");
+    assert_eq!(store.figures().cache_hits, 3);
     // Once a token is back, the request goes to Redis and is admitted.
-    let now = t0 + 3_600 * SEC;
-    assert!(
-        !store
-            .check_batch(&ops, now, Some(now))
-            .await
-            .unwrap()
-            .blocked
-    );
-    assert_eq!(store.stats().round_trips(), 3);
+    clock.set(t0 + 3_600 * SEC);
+    assert!(!store.check_batch(&ops).await.unwrap().blocked);
+    assert_eq!(store.figures().round_trips, 3);
+}
+
+/// A refund made through a node drops that node's cached denial: the refunded tokens are
+/// admitted at once, exactly as with the cache off.
+#[tokio::test]
+async fn a_refund_is_not_hidden_by_the_local_cache() {
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_800_000_000 * SEC));
+    let admitted_after_refund = |deny_cache_keys: usize, key: u128| {
+        let mut config = config(&redis.url());
+        config.deny_cache_keys = deny_cache_keys;
+        let store = open_at(config, &clock);
+        async move {
+            connected(&store).await;
+            let q = Quota::new(3_600 * SEC, 10, 10).unwrap();
+            let charge = |refund: bool, cost: u64| Op {
+                key,
+                quota: q,
+                cost,
+                refund,
+                mode: Mode::Enforce,
+            };
+            for _ in 0..10 {
+                assert!(
+                    !store
+                        .check_batch(&[charge(false, 1)])
+                        .await
+                        .unwrap()
+                        .blocked
+                );
+            }
+            assert!(
+                store
+                    .check_batch(&[charge(false, 1)])
+                    .await
+                    .unwrap()
+                    .blocked
+            );
+            store.check_batch(&[charge(true, 10)]).await.unwrap();
+            let mut admitted = 0;
+            for _ in 0..12 {
+                if !store
+                    .check_batch(&[charge(false, 1)])
+                    .await
+                    .unwrap()
+                    .blocked
+                {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }
+    };
+    assert_eq!(admitted_after_refund(0, 901).await, 10, "without the cache");
+    assert_eq!(admitted_after_refund(100, 902).await, 10, "with the cache");
 }

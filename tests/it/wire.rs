@@ -1,5 +1,5 @@
-//! The wire contract: the golden request bytes from `reference/envoy-rls-contract.md` §1.7,
-//! produced by Envoy's own generated Python client (xds-protos), decode to what Envoy meant.
+//! The wire contract: golden request bytes (produced by Envoy's own generated Python client,
+//! xds-protos, for a request with two descriptors) decode to what Envoy meant.
 
 use prost::Message;
 use sluice::pb::rate_limit_response::{self as pbr, rate_limit::Unit};

@@ -1,9 +1,12 @@
 //! A circuit breaker: after `threshold` consecutive failures it opens, and for `cooldown` every
 //! call is refused at once instead of waiting on a dead Redis; then one probe call goes through
-//! (half-open), and its result closes or re-opens the breaker.
+//! (half-open), and its result closes or re-opens the breaker. Time comes from the backend's
+//! injected clock.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::limiter::Clock;
 
 /// What the breaker currently does with calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,7 +22,8 @@ pub enum BreakerState {
 #[derive(Debug)]
 struct Inner {
     failures: u32,
-    opened_at: Option<Instant>,
+    /// Clock nanoseconds when it opened.
+    opened_at: Option<u64>,
     probing: bool,
 }
 
@@ -27,16 +31,18 @@ struct Inner {
 #[derive(Debug)]
 pub(super) struct Breaker {
     threshold: u32,
-    cooldown: Duration,
+    cooldown: u64,
+    clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
 }
 
 impl Breaker {
     /// A closed breaker; `threshold` 0 disables it.
-    pub(super) fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(super) fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
         Self {
             threshold,
-            cooldown,
+            cooldown: u64::try_from(cooldown.as_nanos()).unwrap_or(u64::MAX),
+            clock,
             inner: Mutex::new(Inner {
                 failures: 0,
                 opened_at: None,
@@ -51,11 +57,15 @@ impl Breaker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn cooling(&self, opened_at: u64) -> bool {
+        self.clock.now().saturating_sub(opened_at) < self.cooldown
+    }
+
     pub(super) fn state(&self) -> BreakerState {
         let inner = self.lock();
         match inner.opened_at {
             None => BreakerState::Closed,
-            Some(at) if at.elapsed() < self.cooldown => BreakerState::Open,
+            Some(at) if self.cooling(at) => BreakerState::Open,
             Some(_) => BreakerState::HalfOpen,
         }
     }
@@ -65,7 +75,7 @@ impl Breaker {
         let mut inner = self.lock();
         match inner.opened_at {
             None => true,
-            Some(at) if at.elapsed() < self.cooldown => false,
+            Some(at) if self.cooling(at) => false,
             Some(_) if inner.probing => false,
             Some(_) => {
                 inner.probing = true;
@@ -91,14 +101,14 @@ impl Breaker {
             // A failed probe: open again for a full cool-down.
             let reopen = inner.probing;
             if reopen {
-                inner.opened_at = Some(Instant::now());
+                inner.opened_at = Some(self.clock.now());
                 inner.probing = false;
             }
             return reopen;
         }
         inner.failures += 1;
         if inner.failures >= self.threshold {
-            inner.opened_at = Some(Instant::now());
+            inner.opened_at = Some(self.clock.now());
             return true;
         }
         false
@@ -108,10 +118,13 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::ManualClock;
 
     #[test]
     fn opens_after_consecutive_failures_then_probes() {
-        let b = Breaker::new(3, Duration::from_millis(30));
+        let clock = Arc::new(ManualClock::new(1_000));
+        let b = Breaker::new(3, Duration::from_millis(30), clock.clone());
+        let ms = 1_000_000;
         assert!(b.allow());
         assert!(!b.failure());
         assert!(!b.failure());
@@ -121,16 +134,34 @@ mod tests {
         assert!(b.failure(), "third consecutive failure opens it");
         assert_eq!(b.state(), BreakerState::Open);
         assert!(!b.allow());
-        std::thread::sleep(Duration::from_millis(40));
+        clock.advance(30 * ms - 1);
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "still cooling 1 ns before the end"
+        );
+        assert!(!b.allow());
+        clock.advance(1);
         assert_eq!(b.state(), BreakerState::HalfOpen);
         assert!(b.allow(), "one probe");
         assert!(!b.allow(), "only one");
         assert!(b.failure(), "a failed probe re-opens");
         assert!(!b.allow());
-        std::thread::sleep(Duration::from_millis(40));
+        clock.advance(29 * ms);
+        assert!(!b.allow(), "a full cool-down from the failed probe");
+        clock.advance(ms);
         assert!(b.allow());
         b.success();
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(b.allow() && b.allow());
+    }
+
+    #[test]
+    fn a_zero_threshold_never_opens() {
+        let b = Breaker::new(0, Duration::from_secs(1), Arc::new(ManualClock::new(0)));
+        for _ in 0..100 {
+            assert!(!b.failure());
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }

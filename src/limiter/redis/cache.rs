@@ -2,8 +2,9 @@
 //! every counted op of a request is such a counter and the request would be refused, it is
 //! refused here without a round trip. The cache only ever refuses, and only until an instant at
 //! or before the one Redis gave (dated from when the request started, before Redis saw it), so
-//! it never admits anything and never refuses what Redis would admit (short of refunds made
-//! through other nodes meanwhile). Bounded; expired entries are dropped as they are met.
+//! it never admits anything and never refuses what Redis would admit, short of refunds made
+//! through other nodes meanwhile (a refund through this node drops the counter's entry).
+//! Bounded; expired entries are dropped as they are met.
 
 use dashmap::DashMap;
 
@@ -52,10 +53,8 @@ impl DenyCache {
                 .saturating_sub(1)
                 .saturating_mul(op.quota.interval());
             outcomes.push(Outcome {
-                admitted: false,
-                tat: 0,
-                remaining: 0,
                 wait: (until - now).saturating_add(extra),
+                ..Outcome::NONE
             });
         }
         // Shadow-only requests are admitted: let Redis count them.
@@ -71,7 +70,15 @@ impl DenyCache {
             return;
         }
         for (op, o) in ops.iter().zip(&batch.outcomes) {
-            if op.refund || op.cost == 0 {
+            if op.refund {
+                // Tokens given back: the counter may fit a request again before the instant
+                // cached for it.
+                if op.cost > 0 {
+                    self.until.remove(&op.key);
+                }
+                continue;
+            }
+            if op.cost == 0 {
                 continue;
             }
             if o.admitted {
@@ -99,5 +106,54 @@ impl DenyCache {
             }
             self.until.insert(op.key, now.saturating_add(unit_wait));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Quota;
+
+    fn op(cost: u64, refund: bool) -> Op {
+        Op {
+            key: 7,
+            quota: Quota::new(1_000, 10, 10).unwrap(),
+            cost,
+            refund,
+            mode: Mode::Enforce,
+        }
+    }
+
+    fn denied(wait: u64) -> Batch {
+        Batch {
+            blocked: true,
+            outcomes: vec![Outcome {
+                wait,
+                ..Outcome::NONE
+            }],
+        }
+    }
+
+    #[test]
+    fn a_refund_through_this_node_forgets_the_counter() {
+        let cache = DenyCache::new(16);
+        cache.learn(&[op(1, false)], &denied(500), 0);
+        assert!(
+            cache.answer(&[op(1, false)], 10).is_some(),
+            "cached as out of tokens"
+        );
+        let refunded = Batch {
+            blocked: false,
+            outcomes: vec![Outcome {
+                admitted: true,
+                remaining: 10,
+                ..Outcome::NONE
+            }],
+        };
+        cache.learn(&[op(10, true)], &refunded, 20);
+        assert!(
+            cache.answer(&[op(1, false)], 30).is_none(),
+            "after a refund Redis decides again"
+        );
     }
 }

@@ -32,14 +32,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 
 use super::gcra::Outcome;
-use super::{Batch, Key, Mode, Op};
+use super::{Backend, BackendError, Batch, Clock, ErrorKind, Key, Mode, Op};
+pub use crate::histogram::LatencySnapshot;
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
-pub use stats::RedisStats;
+pub use stats::RedisFigures;
+use stats::RedisStats;
 
-/// How to reach Redis and how hard to try.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How to reach Redis and how hard to try. Its `Debug` hides URL credentials.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://` URLs: one for a single node, the seed nodes for a cluster.
     pub urls: Vec<String>,
@@ -59,34 +61,41 @@ pub struct RedisConfig {
     pub deny_cache_keys: usize,
 }
 
-/// Why Redis could not decide.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BackendError {
-    /// No answer within the deadline.
-    #[error("redis did not answer within {0:?}")]
-    Timeout(Duration),
-    /// Not connected (yet, or any more).
-    #[error("redis is not connected: {0}")]
-    Connection(String),
-    /// The circuit breaker is open after repeated failures.
-    #[error("redis circuit breaker is open")]
-    BreakerOpen,
-    /// Redis answered with an error, or with something the script never returns.
-    #[error("redis error: {0}")]
-    Redis(String),
+impl RedisConfig {
+    /// The URLs with any `user:password@` replaced by `***@`, comma-separated, for logs.
+    #[must_use]
+    pub fn redacted_urls(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
 
-impl BackendError {
-    /// A short label for metrics.
-    #[must_use]
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Timeout(_) => "timeout",
-            Self::Connection(_) => "connection",
-            Self::BreakerOpen => "breaker_open",
-            Self::Redis(_) => "redis",
-        }
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("urls", &self.redacted_urls())
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown", &self.breaker_cooldown)
+            .field("deny_cache_keys", &self.deny_cache_keys)
+            .finish()
     }
+}
+
+/// Whose clock the script decides at.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RedisTime {
+    /// Redis `TIME`: one clock for every node sharing the budget.
+    #[default]
+    Server,
+    /// The store's injected clock (tests drive time by hand).
+    Clock,
 }
 
 #[derive(Clone)]
@@ -98,76 +107,82 @@ enum Conn {
 /// The Redis counter store.
 pub struct RedisStore {
     config: RedisConfig,
-    conn: Arc<ArcSwapOption<Conn>>,
+    conn: ArcSwapOption<Conn>,
+    connector: Connector,
     script: Script,
     breaker: Breaker,
     cache: DenyCache,
     stats: RedisStats,
+    /// Dates over-limit cache entries and breaker cool-downs; the decision time with
+    /// [`RedisTime::Clock`].
+    clock: Arc<dyn Clock>,
+    time: RedisTime,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("config", &self.config)
+            .field("time", &self.time)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStore {
-    /// A store for `config`. Connects in the background (retrying until it succeeds), so sluice
-    /// starts, and answers with its backend-error policy, while Redis is down.
+    /// A store for `config`, not yet connected: [`RedisStore::connect`] connects it, and until
+    /// then every call fails fast with [`BackendError::NotConnected`] (so sluice starts, and
+    /// answers with its backend-error policy, while Redis is down).
     ///
     /// # Errors
     ///
     /// [`BackendError::Connection`] when a URL is malformed.
-    pub fn connect(config: RedisConfig) -> Result<Arc<Self>, BackendError> {
-        let store = Arc::new(Self {
-            conn: Arc::new(ArcSwapOption::empty()),
+    pub fn new(
+        config: RedisConfig,
+        clock: Arc<dyn Clock>,
+        time: RedisTime,
+    ) -> Result<Arc<Self>, BackendError> {
+        Ok(Arc::new(Self {
+            conn: ArcSwapOption::empty(),
+            connector: Connector::new(&config)?,
             script: Script::new(include_str!("gcra.lua")),
-            breaker: Breaker::new(config.breaker_failures, config.breaker_cooldown),
+            breaker: Breaker::new(
+                config.breaker_failures,
+                config.breaker_cooldown,
+                Arc::clone(&clock),
+            ),
             cache: DenyCache::new(config.deny_cache_keys),
             stats: RedisStats::default(),
+            clock,
+            time,
             config,
-        });
-        let connector = Connector::new(&store.config)?;
-        let slot = Arc::clone(&store.conn);
-        let urls = store
-            .config
-            .urls
-            .iter()
-            .map(|u| redact(u))
-            .collect::<Vec<_>>()
-            .join(",");
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(100);
-            loop {
-                match connector.connect().await {
-                    Ok(conn) => {
-                        tracing::info!(redis = %urls, "connected to redis");
-                        slot.store(Some(Arc::new(conn)));
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(redis = %urls, error = %e, retry_ms = delay.as_millis(), "cannot connect to redis; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
+        }))
+    }
+
+    /// This store as the process's backend.
+    #[must_use]
+    pub fn backend(self: &Arc<Self>) -> Backend {
+        Backend::Redis(Arc::clone(self))
+    }
+
+    /// Connects, retrying with back-off (100 ms doubling to 5 s) until it succeeds; the
+    /// connection then reconnects by itself. The caller owns this future and drops it to stop.
+    pub async fn connect(&self) {
+        let urls = self.config.redacted_urls();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.connector.connect().await {
+                Ok(conn) => {
+                    tracing::info!(redis = %urls, "connected to redis");
+                    self.conn.store(Some(Arc::new(conn)));
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(redis = %urls, error = %e, retry_ms = delay.as_millis(), "cannot connect to redis; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        });
-        Ok(store)
-    }
-
-    /// Counters of round trips, errors, cache hits and latency.
-    #[must_use]
-    pub fn stats(&self) -> &RedisStats {
-        &self.stats
-    }
-
-    /// The circuit breaker's state.
-    #[must_use]
-    pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.state()
+        }
     }
 
     /// Whether a connection has been established.
@@ -176,32 +191,38 @@ impl RedisStore {
         self.conn.load().is_some()
     }
 
-    /// Decides a request's ops at Redis time (or at `now_override`, for tests), all or nothing.
-    /// `local_now` (the caller's monotonic clock) dates entries of the over-limit cache.
+    /// Round trips, errors, cache hits, connection, breaker and latency, read now.
+    #[must_use]
+    pub fn figures(&self) -> RedisFigures {
+        self.stats
+            .figures(self.is_connected(), self.breaker.state())
+    }
+
+    /// Decides a request's ops at Redis time (or the store's clock, see [`RedisTime`]), all or
+    /// nothing. The store's clock dates entries of the over-limit cache.
     ///
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot decide; nothing is known to be charged then.
-    pub async fn check_batch(
-        &self,
-        ops: &[Op],
-        local_now: u64,
-        now_override: Option<u64>,
-    ) -> Result<Batch, BackendError> {
+    pub async fn check_batch(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+        let local_now = self.clock.now();
         if let Some(batch) = self.cache.answer(ops, local_now) {
             self.stats.cache_hit();
             return Ok(batch);
         }
         if !self.breaker.allow() {
-            self.stats.error("breaker_open");
+            self.stats.error(ErrorKind::BreakerOpen);
             return Err(BackendError::BreakerOpen);
         }
+        let now = match self.time {
+            RedisTime::Server => None,
+            RedisTime::Clock => Some(local_now),
+        };
         let started = std::time::Instant::now();
-        let result =
-            match tokio::time::timeout(self.config.timeout, self.run(ops, now_override)).await {
-                Ok(r) => r,
-                Err(_) => Err(BackendError::Timeout(self.config.timeout)),
-            };
+        let result = match tokio::time::timeout(self.config.timeout, self.run(ops, now)).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout(self.config.timeout)),
+        };
         self.stats.record_latency(started.elapsed());
         match result {
             Ok(batch) => {
@@ -221,9 +242,7 @@ impl RedisStore {
 
     async fn run(&self, ops: &[Op], now: Option<u64>) -> Result<Batch, BackendError> {
         let Some(conn) = self.conn.load_full() else {
-            return Err(BackendError::Connection(
-                "no connection established yet".into(),
-            ));
+            return Err(BackendError::NotConnected);
         };
         match &*conn {
             Conn::Single(c) => {
@@ -290,15 +309,7 @@ impl RedisStore {
             async move { self.invoke(&mut c, ops, idx, whole, now).await }
         });
         let replies = futures_util::future::try_join_all(calls).await?;
-        let mut outcomes = vec![
-            Outcome {
-                admitted: false,
-                tat: 0,
-                remaining: 0,
-                wait: 0
-            };
-            ops.len()
-        ];
+        let mut outcomes = vec![Outcome::NONE; ops.len()];
         let mut group_blocked = Vec::with_capacity(groups.len());
         for ((_, idx), (blocked, outs)) in groups.iter().zip(replies) {
             group_blocked.push(blocked);
@@ -306,8 +317,7 @@ impl RedisStore {
                 outcomes[i] = o;
             }
         }
-        let blocked =
-            group_blocked.iter().any(|b| *b) || super::store::all_quota_denied(ops, &outcomes);
+        let blocked = group_blocked.iter().any(|b| *b) || Batch::all_quota_denied(ops, &outcomes);
         if blocked && !whole {
             // Compensate: refund what the groups that did not refuse have charged, one call
             // per such group (its keys share its slot), concurrently.
@@ -369,7 +379,7 @@ enum Connector {
 
 impl Connector {
     fn new(config: &RedisConfig) -> Result<Self, BackendError> {
-        let bad = |e: RedisError| BackendError::Connection(format!("invalid redis url: {e}"));
+        let bad = BackendError::Connection;
         if config.cluster {
             let client = ClusterClientBuilder::new(config.urls.clone())
                 .connection_timeout(config.connect_timeout)
@@ -379,10 +389,7 @@ impl Connector {
                 .map_err(bad)?;
             Ok(Self::Cluster(client))
         } else {
-            let url = config
-                .urls
-                .first()
-                .ok_or_else(|| BackendError::Connection("no redis url".into()))?;
+            let url = config.urls.first().ok_or(BackendError::NotConnected)?;
             let client = redis::Client::open(url.as_str()).map_err(bad)?;
             let cm = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
@@ -407,15 +414,15 @@ fn classify(e: RedisError, timeout: Duration) -> BackendError {
     if e.is_timeout() {
         BackendError::Timeout(timeout)
     } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
-        BackendError::Connection(e.to_string())
+        BackendError::Connection(e)
     } else {
-        BackendError::Redis(e.to_string())
+        BackendError::Redis(e)
     }
 }
 
 /// Reads the script's reply: `{blocked, now, then per op: admitted, remaining, wait}`.
 fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError> {
-    let bad = || BackendError::Redis(format!("unexpected script reply: {reply:?}"));
+    let bad = || BackendError::Reply(format!("{reply:?}"));
     if reply.len() != 2 + 3 * n {
         return Err(bad());
     }
@@ -434,9 +441,9 @@ fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError
         let wait = int(&reply[at + 2]).ok_or_else(bad)?;
         outcomes.push(Outcome {
             admitted,
-            tat: 0,
             remaining,
             wait,
+            ..Outcome::NONE
         });
     }
     Ok((blocked, outcomes))

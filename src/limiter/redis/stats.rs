@@ -1,21 +1,37 @@
-//! Counters of the Redis backend, kept as plain atomics and rendered by `metrics` at scrape
+//! Counters of the Redis backend, kept as plain atomics and read into [`RedisFigures`] at scrape
 //! time (so the limiter needs no metrics library).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::histogram::LatencyHistogram;
-
-/// Error kinds counted separately.
-pub const ERROR_KINDS: [&str; 4] = ["timeout", "connection", "breaker_open", "redis"];
+use super::BreakerState;
+use crate::histogram::{LatencyHistogram, LatencySnapshot};
+use crate::limiter::ErrorKind;
 
 /// Relaxed everywhere: independent statistics, read at scrape time.
 #[derive(Debug, Default)]
-pub struct RedisStats {
+pub(super) struct RedisStats {
     round_trips: AtomicU64,
     cache_hits: AtomicU64,
-    errors: [AtomicU64; 4],
+    errors: [AtomicU64; ErrorKind::ALL.len()],
     latency: LatencyHistogram,
+}
+
+/// The Redis backend's figures at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisFigures {
+    /// Script calls sent.
+    pub round_trips: u64,
+    /// Requests refused from the local over-limit cache.
+    pub cache_hits: u64,
+    /// Failed calls of each kind.
+    pub errors: [(ErrorKind, u64); ErrorKind::ALL.len()],
+    /// Whether a connection is established.
+    pub connected: bool,
+    /// The circuit breaker's state.
+    pub breaker: BreakerState,
+    /// Round-trip latency.
+    pub latency: LatencySnapshot,
 }
 
 impl RedisStats {
@@ -27,37 +43,22 @@ impl RedisStats {
         self.cache_hits.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn error(&self, kind: &str) {
-        if let Some(i) = ERROR_KINDS.iter().position(|k| *k == kind) {
-            self.errors[i].fetch_add(1, Ordering::Relaxed);
-        }
+    pub(super) fn error(&self, kind: ErrorKind) {
+        self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn record_latency(&self, d: Duration) {
         self.latency.record(d);
     }
 
-    /// Script calls sent to Redis.
-    #[must_use]
-    pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
-    }
-
-    /// Requests answered from the local over-limit cache.
-    #[must_use]
-    pub fn cache_hits(&self) -> u64 {
-        self.cache_hits.load(Ordering::Relaxed)
-    }
-
-    /// Failed calls of each kind: timeout, connection, breaker_open, redis.
-    #[must_use]
-    pub fn errors(&self) -> [(&'static str, u64); 4] {
-        std::array::from_fn(|i| (ERROR_KINDS[i], self.errors[i].load(Ordering::Relaxed)))
-    }
-
-    /// Round-trip latency.
-    #[must_use]
-    pub fn latency(&self) -> &LatencyHistogram {
-        &self.latency
+    pub(super) fn figures(&self, connected: bool, breaker: BreakerState) -> RedisFigures {
+        RedisFigures {
+            round_trips: self.round_trips.load(Ordering::Relaxed),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            errors: ErrorKind::ALL.map(|k| (k, self.errors[k.index()].load(Ordering::Relaxed))),
+            connected,
+            breaker,
+            latency: self.latency.snapshot(),
+        }
     }
 }

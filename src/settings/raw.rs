@@ -1,145 +1,24 @@
-//! Process settings and the command line. Settings are layered: built-in defaults → an optional
-//! settings file (YAML) → `SLUICE_*` environment variables (`__` between nested names, e.g.
-//! `SLUICE_REQUESTS__MAX_DESCRIPTORS=16`) → command-line flags. They are read once and
-//! validated into [`Settings`]; nothing re-reads them later.
-//!
-//! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
+//! The first stage of settings: the raw values as written, merged from built-in defaults, an
+//! optional settings file (YAML), `SLUICE_*` environment variables (`__` between nested names,
+//! e.g. `SLUICE_REQUESTS__MAX_DESCRIPTORS=16`) and command-line flags, in that order. Values
+//! keep the units they are written in (milliseconds, URL strings); [`RawSettings::validate`]
+//! turns them into [`super::Settings`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
 use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
-use crate::decision::Caps;
+use super::BackendKind;
+use super::cli::ServeArgs;
+use crate::decision::{Caps, HeaderMode, OnBackendError};
+use crate::telemetry::LogFormat;
 
-/// The command line.
-#[derive(Debug, Parser)]
-#[command(
-    name = "sluice",
-    version,
-    about = "A GCRA rate-limit server for Envoy's RateLimitService API"
-)]
-pub struct Cli {
-    /// What to do; `serve` when omitted.
-    #[command(subcommand)]
-    pub command: Option<Command>,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the server (the default).
-    Serve(ServeArgs),
-    /// Validate settings and policies, print a summary, and exit 0 (valid) or 2 (invalid).
-    Check(CheckArgs),
-}
-
-/// Flags of `sluice serve`.
-#[derive(Debug, Default, Args)]
-pub struct ServeArgs {
-    /// Settings file (YAML).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Directory of policy files.
-    #[arg(long, value_name = "DIR")]
-    pub policies: Option<PathBuf>,
-    /// gRPC listen address (port 0 picks a free port).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub grpc_addr: Option<SocketAddr>,
-    /// HTTP admin listen address (port 0 picks a free port).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub admin_addr: Option<SocketAddr>,
-    /// Log format.
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Log level or filter directives (overridden by `RUST_LOG`).
-    #[arg(long, value_name = "FILTER")]
-    pub log_level: Option<String>,
-    /// Most counters the in-memory store holds.
-    #[arg(long, value_name = "N")]
-    pub max_keys: Option<usize>,
-    /// Where counters live: `memory` (this node) or `redis` (shared by several nodes).
-    #[arg(long, value_enum)]
-    pub backend: Option<BackendKind>,
-    /// Redis URL(s), comma-separated (the seed nodes of a cluster).
-    #[arg(long, value_name = "URL")]
-    pub redis_url: Option<String>,
-    /// The answer when the backend cannot decide.
-    #[arg(long, value_enum)]
-    pub on_backend_error: Option<OnBackendError>,
-    /// Rate-limit header fields to add to responses.
-    #[arg(long, value_enum)]
-    pub response_headers: Option<HeaderMode>,
-}
-
-/// Which rate-limit header fields to add.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderMode {
-    /// None (Envoy can still build `x-ratelimit-*` itself from the statuses).
-    #[default]
-    None,
-    /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
-    Draft,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
-    Legacy,
-}
-
-/// Where counters live.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// In this process's memory.
-    #[default]
-    Memory,
-    /// In Redis (single node or cluster), shared by every node pointed at it.
-    Redis,
-}
-
-/// The answer when the backend (Redis) cannot decide.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum OnBackendError {
-    /// Answer OK (fail open).
-    Allow,
-    /// Answer OVER_LIMIT (fail closed).
-    Deny,
-    /// Answer gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
-    #[default]
-    Error,
-}
-
-/// Flags of `sluice check`.
-#[derive(Debug, Default, Args)]
-pub struct CheckArgs {
-    /// Settings file (YAML).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Directory of policy files.
-    #[arg(long, value_name = "DIR")]
-    pub policies: Option<PathBuf>,
-    /// Directory of policy files (same as `--policies`).
-    #[arg(value_name = "PATH", conflicts_with = "policies")]
-    pub path: Option<PathBuf>,
-}
-
-/// Log output format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
-
-/// The process settings.
+/// The process settings as written, every source merged, not yet validated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Settings {
+pub struct RawSettings {
     /// gRPC listen address.
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address.
@@ -270,26 +149,6 @@ impl RedisSettings {
             .collect::<Vec<_>>()
             .join(",")
     }
-
-    /// The limiter's view of these settings.
-    #[must_use]
-    pub fn config(&self) -> crate::limiter::RedisConfig {
-        crate::limiter::RedisConfig {
-            urls: self
-                .url
-                .split(',')
-                .map(|u| u.trim().to_string())
-                .filter(|u| !u.is_empty())
-                .collect(),
-            cluster: self.cluster,
-            key_prefix: self.key_prefix.clone(),
-            timeout: std::time::Duration::from_millis(self.timeout_ms),
-            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
-            breaker_failures: self.breaker_failures,
-            breaker_cooldown: std::time::Duration::from_millis(self.breaker_cooldown_ms),
-            deny_cache_keys: self.deny_cache_keys,
-        }
-    }
 }
 
 /// Metrics.
@@ -309,7 +168,7 @@ impl Default for MetricsSettings {
     }
 }
 
-impl Default for Settings {
+impl Default for RawSettings {
     fn default() -> Self {
         Self {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
@@ -357,40 +216,18 @@ impl Default for StoreSettings {
     }
 }
 
-impl RequestSettings {
-    /// The caps the decision layer enforces.
-    #[must_use]
-    pub fn caps(&self) -> Caps {
-        Caps {
-            max_descriptors: self.max_descriptors,
-            max_entries: self.max_entries,
-            max_domain_bytes: self.max_domain_bytes,
-            max_key_bytes: self.max_key_bytes,
-            max_value_bytes: self.max_value_bytes,
-        }
-    }
-}
-
-/// Why settings could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum SettingsError {
-    /// The layered sources could not be read or did not fit the schema.
-    #[error("invalid settings: {0}")]
-    Load(#[from] config::ConfigError),
-    /// A value is out of range.
-    #[error("invalid settings: {0}")]
-    Invalid(String),
-}
-
-impl Settings {
-    /// Loads settings: defaults, then `file` when given, then `SLUICE_*` variables, then `flags`.
+impl RawSettings {
+    /// Layers the sources: defaults, then `file` when given, then `SLUICE_*` variables, then
+    /// `flags`. Nothing is validated yet (see [`RawSettings::validate`]).
     ///
     /// # Errors
     ///
-    /// [`SettingsError`] when a source cannot be read, a field is unknown or mistyped, or a
-    /// value is out of range.
-    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
-        let mut builder = Config::builder().add_source(Config::try_from(&Settings::default())?);
+    /// [`config::ConfigError`] when a source cannot be read, or a field is unknown or mistyped.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        flags: &ServeArgs,
+    ) -> Result<Self, config::ConfigError> {
+        let mut builder = Config::builder().add_source(Config::try_from(&RawSettings::default())?);
         if let Some(path) = file {
             builder = builder.add_source(File::from(path).format(FileFormat::Yaml).required(true));
         }
@@ -401,7 +238,7 @@ impl Settings {
                 .try_parsing(true)
                 .source(Some(settings_from_env(std::env::vars()))),
         );
-        let mut settings: Settings = builder.build()?.try_deserialize()?;
+        let mut settings: RawSettings = builder.build()?.try_deserialize()?;
         if let Some(p) = &flags.policies {
             settings.policies.clone_from(p);
         }
@@ -432,50 +269,7 @@ impl Settings {
         if let Some(h) = flags.response_headers {
             settings.response_headers = h;
         }
-        settings.validate()?;
         Ok(settings)
-    }
-
-    fn validate(&self) -> Result<(), SettingsError> {
-        let r = &self.requests;
-        for (name, value) in [
-            ("requests.max_request_bytes", r.max_request_bytes),
-            ("requests.max_descriptors", r.max_descriptors),
-            ("requests.max_entries", r.max_entries),
-            ("requests.max_domain_bytes", r.max_domain_bytes),
-            ("requests.max_key_bytes", r.max_key_bytes),
-            ("requests.max_value_bytes", r.max_value_bytes),
-            ("store.max_keys", self.store.max_keys),
-        ] {
-            if value == 0 {
-                return Err(SettingsError::Invalid(format!("{name} must be at least 1")));
-            }
-        }
-        if self.redis.timeout_ms == 0 || self.redis.connect_timeout_ms == 0 {
-            return Err(SettingsError::Invalid(
-                "redis.timeout_ms and redis.connect_timeout_ms must be at least 1".into(),
-            ));
-        }
-        if self.backend == BackendKind::Redis {
-            let urls = self.redis.config().urls;
-            if urls.is_empty() {
-                return Err(SettingsError::Invalid("redis.url is empty".into()));
-            }
-            if let Some(bad) = urls
-                .iter()
-                .find(|u| !u.starts_with("redis://") && !u.starts_with("rediss://"))
-            {
-                return Err(SettingsError::Invalid(format!(
-                    "redis.url {bad:?} must start with redis://"
-                )));
-            }
-        }
-        if self.store.sweep_interval_ms == 0 {
-            return Err(SettingsError::Invalid(
-                "store.sweep_interval_ms must be at least 1".into(),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -484,7 +278,7 @@ impl Settings {
 /// and those must not stop the server. (The settings file, by contrast, is strict.)
 fn settings_from_env(vars: impl Iterator<Item = (String, String)>) -> config::Map<String, String> {
     let mut known = Vec::new();
-    if let Ok(defaults) = serde_json::to_value(Settings::default()) {
+    if let Ok(defaults) = serde_json::to_value(RawSettings::default()) {
         setting_names(&defaults, "", &mut known);
     }
     vars.filter(|(name, _)| {
@@ -545,7 +339,7 @@ mod tests {
             admin_addr: Some("127.0.0.1:0".parse().unwrap()),
             ..ServeArgs::default()
         };
-        let s = Settings::load(Some(&path), &flags).unwrap();
+        let s = RawSettings::load(Some(&path), &flags).unwrap();
         assert_eq!(s.grpc_addr, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(s.admin_addr, "127.0.0.1:0".parse().unwrap());
         assert_eq!(s.requests.max_descriptors, 3);
@@ -559,10 +353,10 @@ mod tests {
     fn the_shipped_settings_file_spells_out_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
-        let s = Settings::load(Some(&path), &ServeArgs::default()).unwrap();
-        assert_eq!(s, Settings::default());
+        let s = RawSettings::load(Some(&path), &ServeArgs::default()).unwrap();
+        assert_eq!(s, RawSettings::default());
         // Every field is written out, not left to the defaults.
-        let defaults = serde_json::to_value(Settings::default()).unwrap();
+        let defaults = serde_json::to_value(RawSettings::default()).unwrap();
         let mut names = Vec::new();
         collect_names(&defaults, &mut names);
         for name in names {
@@ -600,19 +394,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "grpc_adr: 127.0.0.1:9000\n").unwrap();
-        let err = Settings::load(Some(&path), &ServeArgs::default())
+        let err = RawSettings::load(Some(&path), &ServeArgs::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("grpc_adr"), "{err}");
-        std::fs::write(&path, "requests: {max_entries: 0}\n").unwrap();
-        let err = Settings::load(Some(&path), &ServeArgs::default())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("requests.max_entries must be at least 1"),
-            "{err}"
-        );
         let missing = dir.path().join("missing.yaml");
-        assert!(Settings::load(Some(&missing), &ServeArgs::default()).is_err());
+        assert!(RawSettings::load(Some(&missing), &ServeArgs::default()).is_err());
     }
 }

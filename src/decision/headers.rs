@@ -5,8 +5,22 @@
 //! upward by a jitter so refused clients do not return in lockstep; and an RFC 9457
 //! problem+json body for denials.
 
-use crate::decision::{Code, Response, Status};
-pub use crate::settings::HeaderMode;
+use serde::{Deserialize, Serialize};
+
+use super::{Code, Decision, Status};
+
+/// Which rate-limit header fields to add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderMode {
+    /// None (Envoy can still build `x-ratelimit-*` itself from the statuses).
+    #[default]
+    None,
+    /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
+    Draft,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
+    Legacy,
+}
 
 /// What to add to responses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,25 +35,39 @@ pub struct HeaderOptions {
 
 /// Headers and body for one response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Extras {
+struct Extras {
     /// (name, value) pairs, in order.
-    pub headers: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
     /// A body for a denial (`raw_body`), empty for none.
-    pub body: Vec<u8>,
+    body: Vec<u8>,
+}
+
+/// Adds `decision`'s headers and body as `options` ask, with a fresh jitter.
+pub(super) fn add(decision: &mut Decision, options: &HeaderOptions) {
+    if options.mode == HeaderMode::None && !options.problem_body {
+        return;
+    }
+    let jitter = if decision.overall == Code::OverLimit && options.retry_after_jitter_seconds > 0 {
+        random_unit()
+    } else {
+        0.0
+    };
+    let extras = extras(decision, options, jitter);
+    decision.headers = extras.headers;
+    decision.body = extras.body;
 }
 
 /// The headers and body for `resp`; `jitter` is a number in `[0, 1)` drawn for this response.
-#[must_use]
-pub fn extras(resp: &Response<'_>, options: &HeaderOptions, jitter: f64) -> Extras {
+fn extras(resp: &Decision, options: &HeaderOptions, jitter: f64) -> Extras {
     let mut out = Extras::default();
-    let limited: Vec<&Status<'_>> = resp.statuses.iter().filter(|s| s.limit.is_some()).collect();
+    let limited: Vec<&Status> = resp.statuses.iter().filter(|s| s.limit.is_some()).collect();
     // The most constrained limit: the fewest remaining, the first on a tie (as Envoy picks).
     let tightest = limited
         .iter()
         .copied()
         .reduce(|a, b| if b.remaining < a.remaining { b } else { a });
     if let Some(s) = tightest {
-        let Some(limit) = s.limit else { return out };
+        let Some(limit) = &s.limit else { return out };
         let window = limit.rate.unit.seconds() * u64::from(limit.rate.unit_multiplier);
         let reset = s.reset_seconds.unwrap_or(0);
         match options.mode {
@@ -68,7 +96,7 @@ pub fn extras(resp: &Response<'_>, options: &HeaderOptions, jitter: f64) -> Extr
         }
     }
     if resp.overall == Code::OverLimit {
-        let over: Vec<&Status<'_>> = limited
+        let over: Vec<&Status> = limited
             .iter()
             .copied()
             .filter(|s| s.code == Code::OverLimit)
@@ -104,11 +132,23 @@ pub fn extras(resp: &Response<'_>, options: &HeaderOptions, jitter: f64) -> Extr
 
 /// A limit's name for headers: its configured name, else its path in the policy, else
 /// `override` for a request's own limit.
-fn policy_name(s: &Status<'_>) -> String {
-    match s.limit.and_then(|l| l.rule) {
+fn policy_name(s: &Status) -> String {
+    match s.limit.as_ref().and_then(|l| l.rule.as_ref()) {
         Some(rule) => rule.name.clone().unwrap_or_else(|| rule.stats_key.clone()),
         None => "override".into(),
     }
+}
+
+/// A number in `[0, 1)`, different for each call (for jitter, not for secrets).
+fn random_unit() -> f64 {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: only needs to differ between calls.
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let bits = std::collections::hash_map::RandomState::new().hash_one(n);
+    // The top 53 bits as a fraction; the precision loss is the point.
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// An RFC 9651 String: printable ASCII in quotes, `"` and `\` escaped, anything else replaced.

@@ -1,0 +1,417 @@
+//! The use case "may this request through?", free of any transport: [`Decider::decide`] takes a
+//! [`Request`] and gives a [`Decision`] (or a [`DecideError`]). It owns the whole path: validate
+//! against the caps, load the policy snapshot once, match (`plan`), count through the
+//! [`Backend`], apply the operator's answer when the backend cannot decide, aggregate, build the
+//! response headers, and record the metrics. The gRPC and JSON adapters only convert to and from
+//! their wire forms and map errors.
+//!
+//! A [`Decision`] owns what it reports (the applied rule is shared, not borrowed), so it outlives
+//! the snapshot it was decided on.
+
+pub mod headers;
+mod plan;
+mod request;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limiter::{Backend, BackendError, Batch};
+use crate::metrics::{Metrics, RequestOutcome, RuleHit};
+use crate::policy::{PolicyHandle, Rate, Rule};
+pub use headers::{HeaderMode, HeaderOptions};
+use plan::{Plan, Slot};
+pub use request::{Caps, Descriptor, Entry, Override, Request, RequestError};
+
+/// The answer when the backend cannot decide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBackendError {
+    /// Answer OK (fail open).
+    Allow,
+    /// Answer OVER_LIMIT (fail closed).
+    Deny,
+    /// Answer gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
+}
+
+/// How the decider answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Request size caps.
+    pub caps: Caps,
+    /// Global shadow mode: never refuse, report as usual.
+    pub shadow_mode: bool,
+    /// The answer when the backend cannot decide.
+    pub on_backend_error: OnBackendError,
+    /// Response headers and bodies to add.
+    pub headers: HeaderOptions,
+}
+
+/// OK or over the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// Within the limit.
+    Ok,
+    /// Over the limit.
+    OverLimit,
+}
+
+/// The answer for a whole request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request may go through.
+    pub overall: Code,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<Status>,
+    /// Response header fields to add, (name, value) in order (see [`headers`]).
+    pub headers: Vec<(String, String)>,
+    /// A body for a denial (`raw_body` on gRPC), empty for none.
+    pub body: Vec<u8>,
+}
+
+/// The answer for one descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// This descriptor's code.
+    pub code: Code,
+    /// The limit applied; `None` when no rule applied or the rule is unlimited.
+    pub limit: Option<AppliedLimit>,
+    /// Requests left (4294967295 for unlimited, 0 when no rule applied).
+    pub remaining: u32,
+    /// Whole seconds, rounded up: until the bucket is full again when admitted, until this
+    /// request would be admitted when over. `None` when no limit applied.
+    pub reset_seconds: Option<u64>,
+}
+
+impl Status {
+    /// The status of a descriptor no rule applies to.
+    const UNMATCHED: Self = Self {
+        code: Code::Ok,
+        limit: None,
+        remaining: 0,
+        reset_seconds: None,
+    };
+}
+
+/// The limit a status reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedLimit {
+    /// The rate.
+    pub rate: Rate,
+    /// The rule, or `None` for a request's override.
+    pub rule: Option<Arc<Rule>>,
+}
+
+impl AppliedLimit {
+    /// The rule's name, empty when it has none.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.rule
+            .as_ref()
+            .and_then(|r| r.name.as_deref())
+            .unwrap_or("")
+    }
+}
+
+/// Why a request got no decision.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The request is malformed; nothing was charged.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The backend could not decide and the operator chose to answer with an error.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// The decision use case over live policies and one backend.
+#[derive(Debug, Clone)]
+pub struct Decider {
+    policies: PolicyHandle,
+    backend: Backend,
+    metrics: Arc<Metrics>,
+    options: Options,
+}
+
+impl Decider {
+    /// A decider over `policies`, counting in `backend`, recording into `metrics`.
+    #[must_use]
+    pub fn new(
+        policies: PolicyHandle,
+        backend: Backend,
+        metrics: Arc<Metrics>,
+        options: Options,
+    ) -> Self {
+        Self {
+            policies,
+            backend,
+            metrics,
+            options,
+        }
+    }
+
+    /// Decides `req` on one policy snapshot and counts what it did.
+    ///
+    /// # Errors
+    ///
+    /// [`DecideError::Request`] for a malformed request (nothing is charged), or
+    /// [`DecideError::Backend`] when the backend fails and `on_backend_error` is `error`.
+    pub async fn decide(&self, req: &Request) -> Result<Decision, DecideError> {
+        let start = Instant::now();
+        if let Err(e) = self.options.caps.check(req) {
+            self.metrics.request(RequestOutcome::Invalid);
+            return Err(e.into());
+        }
+        let policies = self.policies.load();
+        let Some(domain) = policies.domain(&req.domain) else {
+            let decision = self.respond(Code::Ok, vec![Status::UNMATCHED; req.descriptors.len()]);
+            self.metrics.request(RequestOutcome::Ok);
+            self.metrics
+                .domain_not_found(&req.domain, req.descriptors.len() as u64);
+            self.metrics.decided(start.elapsed());
+            return Ok(decision);
+        };
+        let plan = plan::plan(req, domain, self.options.shadow_mode);
+        let batch = match self.backend.check(&plan.ops).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(domain = %req.domain, error = %e, "backend failed");
+                self.metrics.request(RequestOutcome::BackendError);
+                match self.options.on_backend_error {
+                    OnBackendError::Allow => Batch::fallback(&plan.ops, true),
+                    OnBackendError::Deny => Batch::fallback(&plan.ops, false),
+                    OnBackendError::Error => return Err(e.into()),
+                }
+            }
+        };
+        let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
+        let decision = self.respond(overall, statuses);
+        self.record(req, &plan, &batch, &decision);
+        self.metrics.decided(start.elapsed());
+        tracing::debug!(domain = %req.domain, overall = ?decision.overall, "decided");
+        Ok(decision)
+    }
+
+    /// Counts a request that could not even be read (a transport's decoding failed).
+    pub fn count_malformed(&self) {
+        self.metrics.request(RequestOutcome::Invalid);
+    }
+
+    /// The decision with its headers and body.
+    fn respond(&self, overall: Code, statuses: Vec<Status>) -> Decision {
+        let mut decision = Decision {
+            overall,
+            statuses,
+            headers: Vec::new(),
+            body: Vec::new(),
+        };
+        headers::add(&mut decision, &self.options.headers);
+        decision
+    }
+
+    /// Records the request's outcome and each counted descriptor's hits.
+    fn record(&self, req: &Request, plan: &Plan<'_>, batch: &Batch, decision: &Decision) {
+        self.metrics.request(match decision.overall {
+            Code::Ok => RequestOutcome::Ok,
+            Code::OverLimit => RequestOutcome::OverLimit,
+        });
+        for (desc, slot) in req.descriptors.iter().zip(&plan.slots) {
+            let Slot::Counted {
+                rate,
+                rule: Some(rule),
+                op,
+            } = *slot
+            else {
+                continue;
+            };
+            let (op, outcome) = (&plan.ops[op], &batch.outcomes[op]);
+            if op.refund {
+                continue;
+            }
+            let value = |i: usize| {
+                desc.entries
+                    .get(i)
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+            };
+            self.metrics.rule_hit(&RuleHit {
+                domain: &req.domain,
+                rule,
+                values: [value(0), value(1)],
+                depth: desc.entries.len(),
+                hits: op.cost,
+                denied: !outcome.admitted,
+                remaining: outcome.remaining.min(u64::from(u32::MAX)),
+                burst: u64::from(rate.burst),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{ManualClock, MemoryStore, RedisConfig, RedisStore, RedisTime};
+    use crate::policy::load_str;
+
+    const POLICY: &str = r"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {name: broad, unit: minute, requests_per_unit: 1}
+  - key: b
+    rate_limit: {replaces: [{name: broad}], unit: minute, requests_per_unit: 5}
+";
+
+    fn decider(backend: Backend, options: Options) -> Decider {
+        let set = load_str(&[("p.yaml", POLICY)]).unwrap();
+        Decider::new(
+            PolicyHandle::new(set),
+            backend,
+            Arc::new(Metrics::install(10)),
+            options,
+        )
+    }
+
+    fn memory() -> Backend {
+        Backend::memory(MemoryStore::new(), Arc::new(ManualClock::new(1 << 40)))
+    }
+
+    /// A Redis backend that was never connected: every call fails at once, no socket opened.
+    fn unreachable() -> Backend {
+        let config = RedisConfig {
+            urls: vec!["redis://127.0.0.1:1".into()],
+            cluster: false,
+            key_prefix: "t:".into(),
+            timeout: std::time::Duration::from_millis(5),
+            connect_timeout: std::time::Duration::from_millis(5),
+            breaker_failures: 0,
+            breaker_cooldown: std::time::Duration::from_millis(5),
+            deny_cache_keys: 0,
+        };
+        RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server)
+            .unwrap()
+            .backend()
+    }
+
+    fn req(descs: &[&[(&str, &str)]]) -> Request {
+        Request::from_entries("d", descs)
+    }
+
+    fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+        use futures_util::FutureExt;
+        f.now_or_never().expect("no await on the memory path")
+    }
+
+    #[test]
+    fn caps_are_enforced_before_anything_is_counted() {
+        let d = decider(
+            memory(),
+            Options {
+                caps: Caps {
+                    max_descriptors: 1,
+                    max_entries: 1,
+                    max_domain_bytes: 3,
+                    max_key_bytes: 2,
+                    max_value_bytes: 2,
+                },
+                ..Options::default()
+            },
+        );
+        let err = |r: Request| now(d.decide(&r)).unwrap_err().to_string();
+        let r = |domain: &str, descs: &[&[(&str, &str)]]| Request::from_entries(domain, descs);
+        assert_eq!(
+            err(r("", &[&[("a", "b")]])),
+            "rate limit domain must not be empty"
+        );
+        assert_eq!(
+            err(r("abcd", &[&[("a", "b")]])),
+            "domain is 4 bytes, more than the 3 allowed"
+        );
+        assert_eq!(
+            err(r("d", &[])),
+            "rate limit descriptor list must not be empty"
+        );
+        assert!(err(r("d", &[&[("a", "b")], &[("a", "b")]])).contains("2 descriptors"));
+        assert_eq!(err(r("d", &[&[]])), "descriptors[0] has no entries");
+        assert!(err(r("d", &[&[("a", "b"), ("c", "d")]])).contains("2 entries"));
+        assert_eq!(
+            err(r("d", &[&[("", "b")]])),
+            "descriptors[0].entries[0] has an empty key"
+        );
+        assert_eq!(
+            err(r("d", &[&[("a", "bcd")]])),
+            "descriptors[0].entries[0].value is 3 bytes, more than the 2 allowed"
+        );
+        // The one valid request is charged: the bucket of 1 per minute is then empty.
+        assert_eq!(
+            now(d.decide(&r("d", &[&[("a", "x")]]))).unwrap().overall,
+            Code::Ok
+        );
+        assert_eq!(
+            now(d.decide(&r("d", &[&[("a", "x")]]))).unwrap().overall,
+            Code::OverLimit
+        );
+    }
+
+    #[test]
+    fn replaces_drops_the_named_rule() {
+        let d = decider(memory(), Options::default());
+        let decision = now(d.decide(&req(&[&[("a", "x")], &[("b", "y")]]))).unwrap();
+        assert_eq!(decision.statuses[0].limit, None);
+        assert_eq!(decision.statuses[0].remaining, 0);
+        assert_eq!(decision.statuses[1].remaining, 4);
+        assert_eq!(
+            decision.statuses[1]
+                .limit
+                .as_ref()
+                .unwrap()
+                .rate
+                .requests_per_unit,
+            5
+        );
+    }
+
+    #[test]
+    fn an_unknown_domain_is_ok_and_counts_nothing() {
+        let d = decider(memory(), Options::default());
+        let decision = now(d.decide(&Request::from_entries("nope", &[&[("a", "x")]]))).unwrap();
+        assert_eq!(decision.overall, Code::Ok);
+        assert_eq!(decision.statuses, vec![Status::UNMATCHED]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_backend_gets_the_operators_answer() {
+        let r = req(&[&[("a", "x")]]);
+        let answer = |on_backend_error| {
+            decider(
+                unreachable(),
+                Options {
+                    on_backend_error,
+                    ..Options::default()
+                },
+            )
+        };
+        let err = answer(OnBackendError::Error).decide(&r).await.unwrap_err();
+        assert!(
+            matches!(err, DecideError::Backend(BackendError::NotConnected)),
+            "{err:?}"
+        );
+        let allowed = answer(OnBackendError::Allow).decide(&r).await.unwrap();
+        assert_eq!(allowed.overall, Code::Ok);
+        assert_eq!(allowed.statuses[0].code, Code::Ok);
+        let denied = answer(OnBackendError::Deny).decide(&r).await.unwrap();
+        assert_eq!(denied.overall, Code::OverLimit);
+        assert_eq!(denied.statuses[0].code, Code::OverLimit);
+        // One per minute: the emission interval, 60 s, is the wait.
+        assert_eq!(denied.statuses[0].reset_seconds, Some(60));
+        // A request that matches nothing never asks the backend, so it is decided even now.
+        let unmatched = answer(OnBackendError::Error)
+            .decide(&req(&[&[("zzz", "x")]]))
+            .await
+            .unwrap();
+        assert_eq!(unmatched.overall, Code::Ok);
+    }
+}

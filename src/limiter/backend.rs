@@ -1,0 +1,172 @@
+//! The backend seam: one enum chosen at start, so a request is one match away from its store
+//! (no dynamic dispatch on the hot path, and room for another mode beside these two).
+//!
+//! Each backend decides at the time of its own clock: the memory backend reads the injected
+//! [`Clock`]; the Redis backend uses Redis `TIME` (or, for tests, the injected clock too). Time
+//! never travels as an extra parameter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::redis::{RedisFigures, RedisStore};
+use super::{Batch, Clock, MemoryStore, Op};
+
+/// Where counters live.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// This process's memory, decided at `clock`'s time.
+    Memory {
+        /// The counters.
+        store: Arc<MemoryStore>,
+        /// The time decisions are made at.
+        clock: Arc<dyn Clock>,
+    },
+    /// Redis, shared by every node pointed at it.
+    Redis(Arc<RedisStore>),
+}
+
+impl Backend {
+    /// A memory backend over `store`, deciding at `clock`'s time.
+    #[must_use]
+    pub fn memory(store: MemoryStore, clock: Arc<dyn Clock>) -> Self {
+        Self::Memory {
+            store: Arc::new(store),
+            clock,
+        }
+    }
+
+    /// Decides a request's ops, all or nothing. A request without ops is admitted without
+    /// asking any store.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot decide (memory always can); nothing is known to be
+    /// charged then.
+    pub async fn check(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+        if ops.is_empty() {
+            return Ok(Batch::empty());
+        }
+        match self {
+            Self::Memory { store, clock } => Ok(store.check_batch_with(ops, &|| clock.now())),
+            Self::Redis(redis) => redis.check_batch(ops).await,
+        }
+    }
+
+    /// Removes what no future decision needs (full buckets in memory; Redis expires its own
+    /// keys). Returns how many counters were removed.
+    pub fn sweep(&self) -> usize {
+        match self {
+            Self::Memory { store, clock } => store.sweep(clock.now()),
+            Self::Redis(_) => 0,
+        }
+    }
+
+    /// Plain figures for metrics, read now.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        match self {
+            Self::Memory { store, .. } => Stats::Memory(StoreStats {
+                keys: store.len(),
+                max_keys: store.max_keys(),
+                evictions: store.evictions(),
+            }),
+            Self::Redis(redis) => Stats::Redis(Box::new(redis.figures())),
+        }
+    }
+}
+
+/// A backend's figures at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stats {
+    /// The memory store's.
+    Memory(StoreStats),
+    /// Redis's (the counters themselves live in Redis and expire there).
+    Redis(Box<RedisFigures>),
+}
+
+/// The memory store's figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Keys held (live, or expired and not yet swept).
+    pub keys: usize,
+    /// The most keys it holds.
+    pub max_keys: usize,
+    /// Keys evicted before their bucket was full.
+    pub evictions: u64,
+}
+
+/// What kind of failure kept Redis from deciding, for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// No answer within the deadline.
+    Timeout,
+    /// Not connected, or the connection failed.
+    Connection,
+    /// The circuit breaker is open.
+    BreakerOpen,
+    /// Redis answered with an error, or with something the script never returns.
+    Redis,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order metrics list them.
+    pub const ALL: [Self; 4] = [
+        Self::Timeout,
+        Self::Connection,
+        Self::BreakerOpen,
+        Self::Redis,
+    ];
+
+    /// The metric label.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Connection => "connection",
+            Self::BreakerOpen => "breaker_open",
+            Self::Redis => "redis",
+        }
+    }
+
+    /// Position in [`ErrorKind::ALL`].
+    #[must_use]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a backend could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// No answer within the deadline.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// No connection has been established yet.
+    #[error("redis is not connected yet")]
+    NotConnected,
+    /// The connection failed or was dropped.
+    #[error("redis connection failed: {0}")]
+    Connection(#[source] ::redis::RedisError),
+    /// The circuit breaker is open after repeated failures.
+    #[error("redis circuit breaker is open")]
+    BreakerOpen,
+    /// Redis answered with an error.
+    #[error("redis error: {0}")]
+    Redis(#[source] ::redis::RedisError),
+    /// Redis answered with something the script never returns.
+    #[error("unexpected script reply: {0}")]
+    Reply(String),
+}
+
+impl BackendError {
+    /// Its kind, for metrics.
+    #[must_use]
+    pub const fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Timeout(_) => ErrorKind::Timeout,
+            Self::NotConnected | Self::Connection(_) => ErrorKind::Connection,
+            Self::BreakerOpen => ErrorKind::BreakerOpen,
+            Self::Redis(_) | Self::Reply(_) => ErrorKind::Redis,
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! What a backend is asked and what it answers, and the rules every backend applies the same
+//! way: a request's counter operations ([`Op`]), how a denial of one weighs on the whole request
+//! ([`Mode`], [`Batch::blocked_by`]), and the answer when no backend could decide
+//! ([`Batch::fallback`]).
+
+use super::gcra::Outcome;
+use super::gcra::Quota;
+use super::key::Key;
+
+/// How a denial of one op weighs on its request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A denial refuses the request.
+    Enforce,
+    /// A denial is reported but never refuses the request (`shadow_mode`).
+    Shadow,
+    /// A denial refuses the request only when every quota-mode op of it is denied (`quota_mode`).
+    Quota,
+}
+
+/// One counter operation of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op {
+    /// The counter.
+    pub key: Key,
+    /// Its rate.
+    pub quota: Quota,
+    /// Requests to charge (0 = check only) or to refund.
+    pub cost: u64,
+    /// Give `cost` back instead of charging it. Refunds are applied whatever the outcome.
+    pub refund: bool,
+    /// How a denial of this op weighs on the request.
+    pub mode: Mode,
+}
+
+/// The decision on a request's ops.
+///
+/// The request is blocked when an [`Mode::Enforce`] op is denied, or when it has
+/// [`Mode::Quota`] ops and all of them are denied. A blocked request charges nothing; an admitted
+/// one charges every op that was admitted (denied shadow and quota ops charge nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Whether the request is refused.
+    pub blocked: bool,
+    /// One outcome per op, in order. For a blocked request, an op that fit reports the state it
+    /// found, uncharged.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Batch {
+    /// The answer for a request with no ops: admitted, nothing counted.
+    #[must_use]
+    pub const fn empty() -> Self {
+        Self {
+            blocked: false,
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Whether a request with these per-op outcomes is refused: an enforced op is denied, or
+    /// every quota-mode op is.
+    #[must_use]
+    pub fn blocked_by(ops: &[Op], outcomes: &[Outcome]) -> bool {
+        let enforce_denied = ops
+            .iter()
+            .zip(outcomes)
+            .any(|(op, o)| !op.refund && op.mode == Mode::Enforce && !o.admitted);
+        enforce_denied || Self::all_quota_denied(ops, outcomes)
+    }
+
+    /// Whether the request has quota-mode ops and every one of them is denied.
+    #[must_use]
+    pub fn all_quota_denied(ops: &[Op], outcomes: &[Outcome]) -> bool {
+        let mut quota = ops
+            .iter()
+            .zip(outcomes)
+            .filter(|(op, _)| !op.refund && op.mode == Mode::Quota)
+            .peekable();
+        quota.peek().is_some() && quota.all(|(_, o)| !o.admitted)
+    }
+
+    /// The answer for `ops` when the backend cannot decide and the operator chose to allow
+    /// (every op admitted, nothing known) or to deny (every op refused, retry after one
+    /// emission interval, or the period for a ban).
+    #[must_use]
+    pub fn fallback(ops: &[Op], allow: bool) -> Self {
+        Self {
+            blocked: !allow,
+            outcomes: ops
+                .iter()
+                .map(|op| Outcome {
+                    admitted: allow,
+                    wait: if allow {
+                        0
+                    } else {
+                        op.quota
+                            .interval()
+                            .max(op.quota.period() * u64::from(op.quota.is_ban()))
+                    },
+                    ..Outcome::NONE
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The command line: subcommands and the flags that overlay settings.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::BackendKind;
+use crate::decision::{HeaderMode, OnBackendError};
+use crate::telemetry::LogFormat;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A GCRA rate-limit server for Envoy's RateLimitService API"
+)]
+pub struct Cli {
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (the default).
+    Serve(ServeArgs),
+    /// Validate settings and policies, print a summary, and exit 0 (valid) or 2 (invalid).
+    Check(CheckArgs),
+}
+
+/// Flags of `sluice serve`.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Settings file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files.
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// gRPC listen address (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// HTTP admin listen address (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin_addr: Option<SocketAddr>,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log level or filter directives (overridden by `RUST_LOG`).
+    #[arg(long, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// Most counters the in-memory store holds.
+    #[arg(long, value_name = "N")]
+    pub max_keys: Option<usize>,
+    /// Where counters live: `memory` (this node) or `redis` (shared by several nodes).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Redis URL(s), comma-separated (the seed nodes of a cluster).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// The answer when the backend cannot decide.
+    #[arg(long, value_enum)]
+    pub on_backend_error: Option<OnBackendError>,
+    /// Rate-limit header fields to add to responses.
+    #[arg(long, value_enum)]
+    pub response_headers: Option<HeaderMode>,
+}
+
+/// Flags of `sluice check`.
+#[derive(Debug, Default, Args)]
+pub struct CheckArgs {
+    /// Settings file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files.
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// Directory of policy files (same as `--policies`).
+    #[arg(value_name = "PATH", conflicts_with = "policies")]
+    pub path: Option<PathBuf>,
+}

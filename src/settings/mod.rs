@@ -1,0 +1,286 @@
+//! Process settings and the command line, in two stages (as ripgrep does with its low and high
+//! arguments): [`RawSettings`] holds the values as written, merged from defaults, a settings
+//! file, `SLUICE_*` variables and flags; [`RawSettings::validate`] checks them once and gives
+//! [`Settings`], typed for the code that uses them (durations, addresses, the decision layer's
+//! own options, the backend's own config), so nothing downstream converts units or splits
+//! strings again. Secrets stay out of `Debug` and logs.
+//!
+//! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
+
+mod cli;
+mod raw;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+pub use cli::{CheckArgs, Cli, Command, ServeArgs};
+pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
+
+use crate::decision::{self, Caps, HeaderOptions};
+use crate::limiter::RedisConfig;
+use crate::telemetry::LogFormat;
+
+/// Where counters live, as the `backend` setting names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// In this process's memory.
+    #[default]
+    Memory,
+    /// In Redis (single node or cluster), shared by every node pointed at it.
+    Redis,
+}
+
+/// The validated process settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// HTTP admin listen address.
+    pub admin_addr: SocketAddr,
+    /// Directory of policy files.
+    pub policies: PathBuf,
+    /// Reload policies when files in the directory change (SIGHUP always reloads).
+    pub watch_policies: bool,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log level or filter directives; `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// How requests are decided and answered.
+    pub decision: decision::Options,
+    /// Largest encoded request, in bytes (refused by the transport beyond this).
+    pub max_request_bytes: usize,
+    /// Where counters live.
+    pub backend: BackendSettings,
+    /// Most series whose labels carry request values.
+    pub max_detailed_series: usize,
+    /// After a stop signal, how long to keep answering while health reports NOT_SERVING.
+    pub drain_delay: Duration,
+    /// How long shutdown then waits for in-flight calls.
+    pub shutdown_grace: Duration,
+}
+
+/// The chosen backend and its settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendSettings {
+    /// Counters in this process's memory.
+    Memory {
+        /// Most counters held; past it a new counter evicts the one closest to expiry.
+        max_keys: usize,
+        /// How often counters with a full bucket (no information) are removed.
+        sweep_interval: Duration,
+    },
+    /// Counters in Redis.
+    Redis(RedisConfig),
+}
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The layered sources could not be read or did not fit the schema.
+    #[error("invalid settings: {0}")]
+    Load(#[from] config::ConfigError),
+    /// A value that must be positive is 0.
+    #[error("invalid settings: {setting} must be at least 1")]
+    Zero {
+        /// The setting's dotted name.
+        setting: &'static str,
+    },
+    /// `backend: redis` without a URL.
+    #[error("invalid settings: redis.url is empty")]
+    NoRedisUrl,
+    /// A Redis URL that does not parse.
+    #[error("invalid settings: redis.url {url:?}: {source}")]
+    RedisUrl {
+        /// The URL, credentials redacted.
+        url: String,
+        /// Why it does not parse.
+        source: ::redis::RedisError,
+    },
+}
+
+impl Settings {
+    /// Loads and validates settings: defaults, then `file` when given, then `SLUICE_*`
+    /// variables, then `flags`.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] when a source cannot be read, a field is unknown or mistyped, or a
+    /// value is out of range.
+    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
+        RawSettings::load(file, flags)?.validate()
+    }
+}
+
+impl Default for Settings {
+    /// The built-in defaults, validated.
+    fn default() -> Self {
+        RawSettings::default()
+            .validate()
+            .unwrap_or_else(|e| unreachable!("the built-in defaults are valid: {e}"))
+    }
+}
+
+impl RawSettings {
+    /// Checks every value and gives the typed settings.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] naming the first value out of range.
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let r = &self.requests;
+        let positive = |setting: &'static str, value: u64| {
+            if value == 0 {
+                Err(SettingsError::Zero { setting })
+            } else {
+                Ok(())
+            }
+        };
+        for (setting, value) in [
+            ("requests.max_request_bytes", r.max_request_bytes),
+            ("requests.max_descriptors", r.max_descriptors),
+            ("requests.max_entries", r.max_entries),
+            ("requests.max_domain_bytes", r.max_domain_bytes),
+            ("requests.max_key_bytes", r.max_key_bytes),
+            ("requests.max_value_bytes", r.max_value_bytes),
+            ("store.max_keys", self.store.max_keys),
+        ] {
+            positive(setting, value as u64)?;
+        }
+        positive("store.sweep_interval_ms", self.store.sweep_interval_ms)?;
+        positive("redis.timeout_ms", self.redis.timeout_ms)?;
+        positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
+        let backend = match self.backend {
+            BackendKind::Memory => BackendSettings::Memory {
+                max_keys: self.store.max_keys,
+                sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
+            },
+            BackendKind::Redis => BackendSettings::Redis(redis_config(&self.redis)?),
+        };
+        Ok(Settings {
+            grpc_addr: self.grpc_addr,
+            admin_addr: self.admin_addr,
+            policies: self.policies,
+            watch_policies: self.watch_policies,
+            log_format: self.log_format,
+            log_level: self.log_level,
+            decision: decision::Options {
+                caps: Caps {
+                    max_descriptors: r.max_descriptors,
+                    max_entries: r.max_entries,
+                    max_domain_bytes: r.max_domain_bytes,
+                    max_key_bytes: r.max_key_bytes,
+                    max_value_bytes: r.max_value_bytes,
+                },
+                shadow_mode: self.shadow_mode,
+                on_backend_error: self.on_backend_error,
+                headers: HeaderOptions {
+                    mode: self.response_headers,
+                    retry_after_jitter_seconds: self.retry_after_jitter_seconds,
+                    problem_body: self.problem_body,
+                },
+            },
+            max_request_bytes: r.max_request_bytes,
+            backend,
+            max_detailed_series: self.metrics.max_detailed_series,
+            drain_delay: Duration::from_millis(self.drain_delay_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+        })
+    }
+}
+
+/// The Redis backend's config: the URL list split and each URL parsed once, here.
+fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
+    let urls: Vec<String> = r
+        .url
+        .split(',')
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(SettingsError::NoRedisUrl);
+    }
+    for url in &urls {
+        ::redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            SettingsError::RedisUrl {
+                url: crate::limiter::redis::redact(url),
+                source,
+            }
+        })?;
+    }
+    Ok(RedisConfig {
+        urls,
+        cluster: r.cluster,
+        key_prefix: r.key_prefix.clone(),
+        timeout: Duration::from_millis(r.timeout_ms),
+        connect_timeout: Duration::from_millis(r.connect_timeout_ms),
+        breaker_failures: r.breaker_failures,
+        breaker_cooldown: Duration::from_millis(r.breaker_cooldown_ms),
+        deny_cache_keys: r.deny_cache_keys,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redis(url: &str) -> RawSettings {
+        RawSettings {
+            backend: BackendKind::Redis,
+            redis: RedisSettings {
+                url: url.into(),
+                ..RedisSettings::default()
+            },
+            ..RawSettings::default()
+        }
+    }
+
+    #[test]
+    fn values_out_of_range_name_the_setting() {
+        let mut raw = RawSettings::default();
+        raw.requests.max_entries = 0;
+        let err = raw.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid settings: requests.max_entries must be at least 1"
+        );
+        assert!(matches!(
+            redis(" , ").validate(),
+            Err(SettingsError::NoRedisUrl)
+        ));
+        let err = redis("redis://user:secret@[::1:6379")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("invalid settings: redis.url"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn validation_types_every_value() {
+        let mut raw = redis("redis://a:6379, redis://b:6380,");
+        raw.redis.timeout_ms = 7;
+        raw.drain_delay_ms = 1_500;
+        raw.requests.max_descriptors = 3;
+        let s = raw.validate().unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(redis.urls, ["redis://a:6379", "redis://b:6380"]);
+        assert_eq!(redis.timeout, Duration::from_millis(7));
+        assert_eq!(s.drain_delay, Duration::from_millis(1_500));
+        assert_eq!(s.decision.caps.max_descriptors, 3);
+        let memory = Settings::default();
+        assert_eq!(
+            memory.backend,
+            BackendSettings::Memory {
+                max_keys: 1_000_000,
+                sweep_interval: Duration::from_secs(10)
+            }
+        );
+    }
+}
