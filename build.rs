@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let files = protox::compile([entry], ["proto"])?;
     tonic_prost_build::configure()
+        // prost's encoding; requests that do not decode are INVALID_ARGUMENT (src/pb/codec.rs).
+        .codec_path("crate::pb::codec::RlsCodec")
         .build_server(true)
         .build_client(true)
         .compile_fds(files)?;

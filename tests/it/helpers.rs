@@ -219,3 +219,48 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Sends `message` (the bytes of one protobuf message, framed here) as one `ShouldRateLimit`
+/// call over a raw HTTP/2 connection and returns the answer's `grpc-status` and
+/// `grpc-message`.
+pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> (String, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let req = http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (response, mut body) = h2.send_request(req, false).expect("send");
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    body.send_data(frame.into(), true).expect("data");
+    let response = response.await.expect("response");
+    // An error may come as a trailers-only response (in the headers) or in the trailers.
+    let field = |headers: &http::HeaderMap, name: &str| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+    };
+    let (status, message) = (
+        field(response.headers(), "grpc-status"),
+        field(response.headers(), "grpc-message"),
+    );
+    if let Some(status) = status {
+        return (status, message.unwrap_or_default());
+    }
+    let mut recv = response.into_body();
+    while let Some(chunk) = recv.data().await {
+        chunk.expect("body");
+    }
+    let trailers = recv.trailers().await.expect("trailers").unwrap_or_default();
+    (
+        field(&trailers, "grpc-status").unwrap_or_default(),
+        field(&trailers, "grpc-message").unwrap_or_default(),
+    )
+}

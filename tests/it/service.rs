@@ -6,7 +6,7 @@ use sluice::pb::rate_limit_descriptor::RateLimitOverride;
 use sluice::pb::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use tonic::Code as GrpcCode;
 
-use crate::helpers::{TestServer, descriptor, http_get, request, single};
+use crate::helpers::{TestServer, descriptor, http_get, raw_call, request, single};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -509,4 +509,32 @@ async fn health_is_serving_over_grpc_and_http() {
         (200, "OK".to_string())
     );
     s.stop().await.unwrap();
+}
+
+/// A request that does not decode is the client's error: INVALID_ARGUMENT with prost's reason,
+/// not INTERNAL, and nothing is charged.
+#[tokio::test]
+async fn undecodable_requests_are_invalid_arguments() {
+    let s = server().await;
+    let cases: [(&str, &[u8]); 3] = [
+        // domain (field 1) of two bytes that are not UTF-8
+        ("a domain that is not UTF-8", &[0x0a, 0x02, 0xff, 0xfe]),
+        // domain announced as 5 bytes, 1 sent
+        ("a truncated field", &[0x0a, 0x05, b'a']),
+        // field 2 (descriptors) with wire type 7, which does not exist
+        ("an invalid wire type", &[0x17, 0x00]),
+    ];
+    for (what, bytes) in cases {
+        let (status, message) = raw_call(s.grpc, bytes).await;
+        assert_eq!(status, "3", "{what}: {message}");
+        assert!(
+            message.contains("cannot") && message.contains("decode"),
+            "{what}: {message}"
+        );
+    }
+    // A well-formed request on the same server is still answered.
+    assert_eq!(
+        s.ok(single("svc", "user", "u")).await.overall_code,
+        Code::Ok as i32
+    );
 }

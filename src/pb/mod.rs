@@ -3,6 +3,8 @@
 //! Only `server/` (and tests) speak these types; the rest of the crate works on domain types.
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
+pub mod codec;
+
 /// Envoy API packages, nested as their proto package names so generated cross-references resolve.
 pub mod envoy {
     pub mod service {
