@@ -486,6 +486,9 @@ mod tests {
         assert_eq!(hash_slot(b"123456789"), 0x31C3);
         assert_eq!(hash_slot(b"foo"), 12182);
         assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
-        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+        // An empty first tag: the whole key is hashed (CRC16/XMODEM of "foo{}{bar}" is 8363
+        // mod 16384), not "bar".
+        assert_eq!(hash_slot(b"foo{}{bar}"), 8363);
+        assert_ne!(hash_slot(b"foo{}{bar}"), hash_slot(b"bar"));
     }
 }
