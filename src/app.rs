@@ -194,9 +194,10 @@ impl App {
             policies: self.policies.clone(),
         };
         let max_request_bytes = self.settings.requests.max_request_bytes;
+        let limits = self.settings.grpc;
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
         let mut grpc = tokio::spawn(
-            server::grpc_router(handler, health_service, max_request_bytes)
+            server::grpc_router(handler, health_service, max_request_bytes, &limits)
                 .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         );
         let mut admin = tokio::spawn(

@@ -8,6 +8,7 @@ pub mod rls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tonic::transport::Server;
 use tonic::transport::server::Router;
@@ -15,6 +16,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::pb::rate_limit_service_server::RateLimitServiceServer;
+use crate::settings::GrpcSettings;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -71,16 +73,37 @@ impl Health {
     }
 }
 
+/// Remotely reset streams a connection may have waiting to be accepted before it is sent a
+/// GOAWAY (the HTTP/2 "rapid reset" attack, CVE-2023-44487). h2's own default, set here so it
+/// cannot drift.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams a connection may make us reset for its protocol errors, refused streams past
+/// `max_concurrent_streams` included, before it is sent a GOAWAY ("MadeYouReset",
+/// CVE-2025-8671; RUSTSEC-2024-0003). hyper's default; tonic passes `None`, which turns the
+/// limit off, unless it is set.
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
+
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`.
+/// and `grpc.health.v1`, on a server bounded by `limits` (streams, headers, request time,
+/// keep-alive).
 pub fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
     max_request_bytes: usize,
+    limits: &GrpcSettings,
 ) -> Router {
-    Server::builder().add_service(health).add_service(
-        RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-    )
+    Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .timeout(Duration::from_millis(limits.request_timeout_ms))
+        .http2_keepalive_interval(Some(Duration::from_millis(limits.keepalive_interval_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+        .add_service(health)
+        .add_service(
+            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+        )
 }
