@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 
 use crate::decision::Decider;
 use crate::limiter::{Clock, Limiter, MemoryStore, MonotonicClock, RedisStore};
@@ -18,6 +17,7 @@ use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
 use crate::server::admin::AdminState;
 use crate::server::headers::HeaderOptions;
+use crate::server::listener::Incoming;
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::{BackendKind, Settings};
 
@@ -195,7 +195,12 @@ impl App {
         };
         let max_request_bytes = self.settings.requests.max_request_bytes;
         let limits = self.settings.grpc;
-        let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
+        let incoming = Incoming::new(
+            self.grpc,
+            "gRPC",
+            limits.max_connections,
+            Some(Duration::from_millis(limits.idle_timeout_ms)),
+        );
         let mut grpc = tokio::spawn(
             server::grpc_router(handler, health_service, max_request_bytes, &limits)
                 .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod headers;
 pub mod json;
+pub mod listener;
 pub mod rls;
 
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
 /// and `grpc.health.v1`, on a server bounded by `limits` (streams, headers, request time,
-/// keep-alive).
+/// keep-alive; `listener` bounds connections and idleness).
 pub fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<

@@ -1,12 +1,14 @@
-//! Bounded HTTP/2 on the gRPC port: what one peer can hold. Raw HTTP/2 frames (and the `h2`
-//! client where a well-behaved peer is wanted) against a real server: a flood of header-only
-//! streams leaves memory bounded and other clients served; the stream and header limits are
-//! advertised; a header-only stream is answered at the request timeout.
+//! Bounded connections on the gRPC port: what one peer can hold. Raw HTTP/2 frames (and the
+//! `h2` client where a well-behaved peer is wanted) against a real server: a flood of
+//! header-only streams leaves memory bounded and other clients served; the stream and header
+//! limits are advertised; idle connections and header-only streams are closed in bounded
+//! time; connections past the cap are closed.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -106,6 +108,14 @@ fn rss() -> u64 {
     kb * 1024
 }
 
+fn grpc_body() -> Bytes {
+    let msg = single("test", "free", "x").encode_to_vec();
+    let mut b = vec![0];
+    b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    b.extend_from_slice(&msg);
+    Bytes::from(b)
+}
+
 fn grpc_request(addr: SocketAddr, content_type: &str) -> http::Request<()> {
     http::Request::post(format!("http://{addr}{PATH}"))
         .header("content-type", content_type)
@@ -125,6 +135,32 @@ async fn h2_client(addr: SocketAddr) -> (H2Client, tokio::task::JoinHandle<()>) 
         let _ = conn.await;
     });
     (client, task)
+}
+
+/// Sends one `ShouldRateLimit` call: (HTTP status, grpc-status from trailers or headers).
+async fn call(client: &mut H2Client, addr: SocketAddr, content_type: &str) -> (u16, String) {
+    let mut ready = client.clone().ready().await.expect("connection open");
+    let (resp, mut body) = ready
+        .send_request(grpc_request(addr, content_type), false)
+        .expect("send request");
+    body.send_data(grpc_body(), true).expect("send body");
+    let resp = resp.await.expect("response");
+    let status = resp.status().as_u16();
+    let mut grpc_status = resp
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut recv = resp.into_body();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.expect("body");
+        let _ = recv.flow_control().release_capacity(chunk.len());
+    }
+    if let Ok(Some(trailers)) = recv.trailers().await {
+        grpc_status = trailers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string());
+    }
+    (status, grpc_status.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,6 +252,43 @@ async fn the_stream_and_header_limits_are_advertised() {
 }
 
 #[tokio::test]
+async fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
+    let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
+        s.grpc.request_timeout_ms = 200;
+        s.grpc.idle_timeout_ms = 600;
+        // Pings (answered by the h2 client) must not count as traffic.
+        s.grpc.keepalive_interval_ms = 100;
+        s.grpc.keepalive_timeout_ms = 5_000;
+    })
+    .await;
+    let addr = server.grpc;
+
+    let (mut busy, busy_conn) = h2_client(addr).await;
+    let (_idle, idle_conn) = h2_client(addr).await;
+    let opened = Instant::now();
+    // The busy connection calls every 150 ms for three idle timeouts.
+    while opened.elapsed() < Duration::from_millis(1_800) {
+        assert_eq!(
+            call(&mut busy, addr, "application/grpc").await,
+            (200, "0".into())
+        );
+        assert!(!busy_conn.is_finished(), "a busy connection was closed");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(idle_conn.is_finished(), "the idle connection is still open");
+    // A raw connection that never sends a request is closed too.
+    let (mut raw, _) = raw_h2(addr).await.expect("handshake");
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        // Server SETTINGS ack, then PINGs, then nothing.
+        while read_frame(&mut raw).await.is_some() {}
+    })
+    .await;
+    assert!(closed.is_ok(), "a raw idle connection is still open");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+#[tokio::test]
 async fn a_header_only_stream_is_answered_at_the_request_timeout() {
     let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
         s.grpc.request_timeout_ms = 300;
@@ -234,4 +307,28 @@ async fn a_header_only_stream_is_answered_at_the_request_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(250));
     // CANCELLED, as tonic answers a call past the server's timeout.
     assert_eq!(resp.headers()["grpc-status"], "1", "{:?}", resp.headers());
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_closed() {
+    let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
+        // The test server's own client holds one.
+        s.grpc.max_connections = 3;
+    })
+    .await;
+    let first = raw_h2(server.grpc).await.expect("second connection");
+    let _second = raw_h2(server.grpc).await.expect("third connection");
+    assert!(
+        raw_h2(server.grpc).await.is_none(),
+        "a fourth connection was served"
+    );
+    drop(first);
+    let mut again = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while again.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        again = raw_h2(server.grpc).await;
+    }
+    assert!(again.is_some(), "a freed place is not reused");
+    server.ok(single("test", "free", "x")).await;
 }
