@@ -17,7 +17,7 @@ use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
 use crate::server::admin::AdminState;
 use crate::server::headers::HeaderOptions;
-use crate::server::listener::Incoming;
+use crate::server::listener::{self, Incoming};
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::{BackendKind, Settings};
 
@@ -205,14 +205,18 @@ impl App {
             server::grpc_router(handler, health_service, max_request_bytes, &limits)
                 .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         );
-        let mut admin = tokio::spawn(
-            axum::serve(
-                self.admin,
-                server::admin::router(admin_state, max_request_bytes),
-            )
-            .with_graceful_shutdown(stop.clone().cancelled_owned())
-            .into_future(),
+        let admin_incoming = Incoming::new(
+            self.admin,
+            "admin",
+            self.settings.admin.max_connections,
+            None,
         );
+        let mut admin = tokio::spawn(listener::serve_admin(
+            admin_incoming,
+            server::admin::router(admin_state, max_request_bytes),
+            Duration::from_millis(self.settings.admin.header_read_timeout_ms),
+            stop.clone(),
+        ));
         let sweeper = tokio::spawn(sweep(
             self.limiter.clone(),
             Duration::from_millis(self.settings.store.sweep_interval_ms),

@@ -1,6 +1,6 @@
 //! Accepting connections with bounds: what one peer, or many, can hold on a listener.
 //!
-//! [`Incoming`] accepts TCP connections and bounds what the tonic and hyper
+//! [`Incoming`] accepts TCP connections for both ports and bounds what the tonic and hyper
 //! servers behind it cannot bound themselves:
 //! - **connections**: at most `max_connections` are open at once; a connection accepted past the
 //!   cap is closed at once (the peer sees a reset and can try another node, instead of hanging in
@@ -20,7 +20,9 @@
 //!   (`grpc.health.v1.Health/Watch`) with no traffic is; its client reconnects.
 //!
 //! The HTTP/2 limits per connection (concurrent streams, header list size, keep-alive, request
-//! timeout, reset-stream limits) are set on tonic's `Server` in [`super::grpc_router`].
+//! timeout, reset-stream limits) are set on tonic's `Server` in [`super::grpc_router`]; the admin
+//! port's header-read timeout is hyper's, set in [`serve_admin`], which is why the admin port is
+//! served with hyper's HTTP/1 connection builder rather than `axum::serve`.
 
 use std::future::Future;
 use std::io;
@@ -35,6 +37,7 @@ use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// First pause after an accept error; it doubles on every further error.
@@ -382,6 +385,62 @@ impl FrameScan {
             }
         }
         active
+    }
+}
+
+/// Serves `router` over HTTP/1.1 on `incoming` until `stop`, then finishes the requests in
+/// flight and returns. A connection that has not sent a complete request head within
+/// `header_read_timeout` (for its first request or the next one on a kept-alive connection) is
+/// closed; axum's `serve` sets no timer, so hyper enforces no header deadline under it.
+///
+/// # Errors
+///
+/// Never: accept errors are backed off and retried, connection errors end one connection.
+/// (The `Result` lets callers treat it like the gRPC server's future.)
+pub async fn serve_admin(
+    mut incoming: Incoming,
+    router: axum::Router,
+    header_read_timeout: Duration,
+    stop: CancellationToken,
+) -> Result<(), std::convert::Infallible> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    // Every connection task holds a receiver; shutdown waits until all are dropped.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    loop {
+        let conn = tokio::select! {
+            () = stop.cancelled() => break,
+            conn = incoming.accept() => conn,
+        };
+        let served =
+            builder.serve_connection(TokioIo::new(conn), TowerToHyperService::new(router.clone()));
+        let (stop, open) = (stop.clone(), open_rx.clone());
+        tokio::spawn(async move {
+            let mut served = std::pin::pin!(served);
+            tokio::select! {
+                r = served.as_mut() => finished(r),
+                () = stop.cancelled() => {
+                    served.as_mut().graceful_shutdown();
+                    finished(served.await);
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(incoming);
+    drop(open_rx);
+    open_tx.closed().await;
+    Ok(())
+}
+
+fn finished(r: Result<(), hyper::Error>) {
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "admin connection ended");
     }
 }
 

@@ -1,8 +1,8 @@
-//! Bounded connections on the gRPC port: what one peer can hold. Raw HTTP/2 frames (and the
-//! `h2` client where a well-behaved peer is wanted) against a real server: a flood of
-//! header-only streams leaves memory bounded and other clients served; the stream and header
-//! limits are advertised; idle connections and header-only streams are closed in bounded
-//! time; connections past the cap are closed.
+//! Bounded connections: what one peer can hold on the gRPC and admin ports. Raw HTTP/2 frames
+//! (and the `h2` client where a well-behaved peer is wanted) against a real server: a flood of
+//! header-only streams leaves memory bounded and other clients served; the stream limit is
+//! advertised; idle connections, header-only streams and half-sent admin requests are closed
+//! in bounded time; connections past the cap are closed.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -331,4 +331,27 @@ async fn connections_past_the_cap_are_closed() {
     }
     assert!(again.is_some(), "a freed place is not reused");
     server.ok(single("test", "free", "x")).await;
+}
+
+#[tokio::test]
+async fn the_admin_port_closes_a_connection_that_never_finishes_its_headers() {
+    let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
+        s.admin.header_read_timeout_ms = 300;
+    })
+    .await;
+    let mut s = TcpStream::connect(server.admin).await.unwrap();
+    s.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: test\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection with half a request head is still open"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // A complete request is still answered.
+    let (status, body) = crate::helpers::http_get(server.admin, "/healthcheck").await;
+    assert_eq!((status, body.as_str()), (200, "OK"));
 }
