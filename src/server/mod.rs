@@ -2,6 +2,7 @@
 //! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state.
 
 pub mod admin;
+pub mod content_type;
 pub mod headers;
 pub mod json;
 pub mod listener;
@@ -18,6 +19,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::pb::rate_limit_service_server::RateLimitServiceServer;
 use crate::settings::GrpcSettings;
+use content_type::RequireGrpc;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -85,8 +87,8 @@ pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`, on a server bounded by `limits` (streams, headers, request time,
-/// keep-alive; `listener` bounds connections and idleness).
+/// and `grpc.health.v1`, both refusing non-gRPC content types, on a server bounded by `limits`
+/// (streams, headers, request time, keep-alive; `listener` bounds connections and idleness).
 pub fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<
@@ -103,8 +105,8 @@ pub fn grpc_router(
         .http2_keepalive_timeout(Some(Duration::from_millis(limits.keepalive_timeout_ms)))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-        .add_service(health)
-        .add_service(
+        .add_service(RequireGrpc(health))
+        .add_service(RequireGrpc(
             RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-        )
+        ))
 }

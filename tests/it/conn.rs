@@ -2,7 +2,7 @@
 //! (and the `h2` client where a well-behaved peer is wanted) against a real server: a flood of
 //! header-only streams leaves memory bounded and other clients served; the stream limit is
 //! advertised; idle connections, header-only streams and half-sent admin requests are closed
-//! in bounded time; connections past the cap are closed.
+//! in bounded time; connections past the cap are closed; non-gRPC content types get 415.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -331,6 +331,19 @@ async fn connections_past_the_cap_are_closed() {
     }
     assert!(again.is_some(), "a freed place is not reused");
     server.ok(single("test", "free", "x")).await;
+}
+
+#[tokio::test]
+async fn only_protobuf_grpc_content_types_are_served() {
+    let server = TestServer::start(&[("test.yaml", POLICY)]).await;
+    let addr = server.grpc;
+    let (mut client, _conn) = h2_client(addr).await;
+    for ct in ["application/grpc", "application/grpc+proto"] {
+        assert_eq!(call(&mut client, addr, ct).await, (200, "0".into()), "{ct}");
+    }
+    for ct in ["application/json", "application/grpc+json", "text/plain"] {
+        assert_eq!(call(&mut client, addr, ct).await.0, 415, "{ct}");
+    }
 }
 
 #[tokio::test]
