@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 
 use crate::decision::Decider;
 use crate::limiter::{
@@ -21,6 +20,7 @@ use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, Summary};
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
+use crate::server::listener::{self, Incoming};
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::{BackendSettings, Settings};
 
@@ -59,15 +59,18 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error(transparent)]
     Grpc(#[from] tonic::transport::Error),
-    /// The admin server's I/O failed.
-    #[error(transparent)]
-    Admin(#[from] std::io::Error),
     /// Its task panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
     /// It returned although nothing asked it to stop.
     #[error("stopped unexpectedly")]
     Stopped,
+}
+
+impl From<std::convert::Infallible> for ServeError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
 }
 
 /// Validates the policies named by `settings` without serving.
@@ -212,23 +215,34 @@ impl App {
             backend: backend.clone(),
             policies: policies.clone(),
         };
-        let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+        let limits = settings.grpc;
+        let incoming = Incoming::new(
+            grpc_listener,
+            "gRPC",
+            limits.max_connections,
+            Some(limits.idle_timeout),
+        );
         let mut grpc = tokio::spawn(
             server::grpc_router(
                 RateLimitHandler::new(decider),
                 health_service,
                 settings.max_request_bytes,
+                &limits,
             )
             .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
         );
-        let mut admin = tokio::spawn(
-            axum::serve(
-                admin_listener,
-                admin::router(admin_state, settings.max_request_bytes),
-            )
-            .with_graceful_shutdown(stop.clone().cancelled_owned())
-            .into_future(),
+        let admin_incoming = Incoming::new(
+            admin_listener,
+            "admin",
+            settings.admin.max_connections,
+            None,
         );
+        let mut admin = tokio::spawn(listener::serve_admin(
+            admin_incoming,
+            admin::router(admin_state, settings.max_request_bytes),
+            settings.admin.header_read_timeout,
+            stop.clone(),
+        ));
         let mut tasks = JoinSet::new();
         if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
             tasks.spawn(sweep(backend.clone(), sweep_interval, stop.clone()));

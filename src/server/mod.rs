@@ -5,7 +5,9 @@
 //! them counts or reaches a store.
 
 pub(crate) mod admin;
+mod content_type;
 mod json;
+pub(crate) mod listener;
 pub(crate) mod rls;
 
 use std::sync::Arc;
@@ -19,6 +21,8 @@ use tonic_health::server::HealthReporter;
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_service_server::RateLimitServiceServer;
 use crate::policy::Unit;
+use crate::settings::GrpcLimits;
+use content_type::RequireGrpc;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -73,18 +77,39 @@ impl Health {
     }
 }
 
+/// Remotely reset streams a connection may have waiting to be accepted before it is sent a
+/// GOAWAY (the HTTP/2 "rapid reset" attack, CVE-2023-44487). h2's own default, set here so it
+/// cannot drift.
+pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams a connection may make us reset for its protocol errors, refused streams past
+/// `max_concurrent_streams` included, before it is sent a GOAWAY ("MadeYouReset",
+/// CVE-2025-8671; RUSTSEC-2024-0003). hyper's default; tonic passes `None`, which turns the
+/// limit off, unless it is set.
+pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
+
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`.
+/// and `grpc.health.v1`, both refusing non-gRPC content types, on a server bounded by `limits`
+/// (streams, headers, request time, keep-alive; `listener` bounds connections and idleness).
 pub(crate) fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
     max_request_bytes: usize,
+    limits: &GrpcLimits,
 ) -> Router {
-    Server::builder().add_service(health).add_service(
-        RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-    )
+    Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+        .add_service(RequireGrpc(health))
+        .add_service(RequireGrpc(
+            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+        ))
 }
 
 /// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.

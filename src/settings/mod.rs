@@ -62,6 +62,39 @@ pub struct Settings {
     pub drain_delay: Duration,
     /// How long shutdown then waits for in-flight calls.
     pub shutdown_grace: Duration,
+    /// Bounds on the gRPC port's connections and streams.
+    pub grpc: GrpcLimits,
+    /// Bounds on the admin port's connections.
+    pub admin: AdminLimits,
+}
+
+/// Bounds on the gRPC port: what one connection, and all of them, can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Most connections open at once; one accepted past it is closed at once.
+    pub max_connections: usize,
+    /// Most concurrent streams per connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_concurrent_streams: u32,
+    /// Most bytes of request headers (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub max_header_list_bytes: u32,
+    /// Longest a call may take from its headers to its answer.
+    pub request_timeout: Duration,
+    /// Quiet time before an HTTP/2 PING.
+    pub keepalive_interval: Duration,
+    /// How long the PING's acknowledgement may take.
+    pub keepalive_timeout: Duration,
+    /// How long a connection may carry no request before it is closed; longer than
+    /// `request_timeout`, so no call is ever cut.
+    pub idle_timeout: Duration,
+}
+
+/// Bounds on the admin port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Longest a connection may take to send a complete request head.
+    pub header_read_timeout: Duration,
 }
 
 /// The chosen backend and its settings.
@@ -90,6 +123,12 @@ pub enum SettingsError {
         /// The setting's dotted name.
         setting: &'static str,
     },
+    /// `grpc.idle_timeout_ms` not longer than `grpc.request_timeout_ms`.
+    #[error(
+        "invalid settings: grpc.idle_timeout_ms must be longer than grpc.request_timeout_ms, so \
+         no call is on a connection closed as idle"
+    )]
+    IdleBeforeRequestTimeout,
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
@@ -151,7 +190,33 @@ impl RawSettings {
         ] {
             positive(setting, value as u64)?;
         }
-        positive("store.sweep_interval_ms", self.store.sweep_interval_ms)?;
+        let g = &self.grpc;
+        for (setting, value) in [
+            ("store.sweep_interval_ms", self.store.sweep_interval_ms),
+            ("grpc.max_connections", g.max_connections as u64),
+            (
+                "grpc.max_concurrent_streams",
+                u64::from(g.max_concurrent_streams),
+            ),
+            (
+                "grpc.max_header_list_bytes",
+                u64::from(g.max_header_list_bytes),
+            ),
+            ("grpc.request_timeout_ms", g.request_timeout_ms),
+            ("grpc.keepalive_interval_ms", g.keepalive_interval_ms),
+            ("grpc.keepalive_timeout_ms", g.keepalive_timeout_ms),
+            ("grpc.idle_timeout_ms", g.idle_timeout_ms),
+            ("admin.max_connections", self.admin.max_connections as u64),
+            (
+                "admin.header_read_timeout_ms",
+                self.admin.header_read_timeout_ms,
+            ),
+        ] {
+            positive(setting, value)?;
+        }
+        if g.idle_timeout_ms <= g.request_timeout_ms {
+            return Err(SettingsError::IdleBeforeRequestTimeout);
+        }
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
         let backend = match self.backend {
@@ -189,6 +254,19 @@ impl RawSettings {
             max_detailed_series: self.metrics.max_detailed_series,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            grpc: GrpcLimits {
+                max_connections: g.max_connections,
+                max_concurrent_streams: g.max_concurrent_streams,
+                max_header_list_bytes: g.max_header_list_bytes,
+                request_timeout: Duration::from_millis(g.request_timeout_ms),
+                keepalive_interval: Duration::from_millis(g.keepalive_interval_ms),
+                keepalive_timeout: Duration::from_millis(g.keepalive_timeout_ms),
+                idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+            },
+            admin: AdminLimits {
+                max_connections: self.admin.max_connections,
+                header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
+            },
         })
     }
 }

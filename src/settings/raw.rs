@@ -56,6 +56,67 @@ pub struct RawSettings {
     pub drain_delay_ms: u64,
     /// How long shutdown then waits for in-flight calls, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// Bounds on the gRPC port's connections and HTTP/2 streams.
+    pub grpc: GrpcSettings,
+    /// Bounds on the admin port's connections.
+    pub admin: AdminSettings,
+}
+
+/// Bounds on the gRPC port: what one connection, and all of them, can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcSettings {
+    /// Most connections open at once; one accepted past it is closed at once.
+    pub max_connections: usize,
+    /// Most concurrent streams (calls) per connection, advertised as
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`; a stream past it is refused.
+    pub max_concurrent_streams: u32,
+    /// Most bytes of request headers (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub max_header_list_bytes: u32,
+    /// Longest a call may take from its headers to its answer, body included, in
+    /// milliseconds; past it the call ends with `CANCELLED` (a shorter `grpc-timeout` wins).
+    pub request_timeout_ms: u64,
+    /// How long without a frame from the peer before sending an HTTP/2 PING, in milliseconds.
+    pub keepalive_interval_ms: u64,
+    /// How long to wait for the PING's acknowledgement before closing, in milliseconds.
+    pub keepalive_timeout_ms: u64,
+    /// How long a connection may carry no request (no HEADERS or DATA frame from the peer)
+    /// before it is closed, in milliseconds; longer than `request_timeout_ms`.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 4_096,
+            max_concurrent_streams: 1_024,
+            max_header_list_bytes: 16_384,
+            request_timeout_ms: 5_000,
+            keepalive_interval_ms: 30_000,
+            keepalive_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Bounds on the admin port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminSettings {
+    /// Most connections open at once; one accepted past it is closed at once.
+    pub max_connections: usize,
+    /// Longest a connection may take to send a complete request head (for its first request,
+    /// or the next one on a kept-alive connection) before it is closed, in milliseconds.
+    pub header_read_timeout_ms: u64,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            header_read_timeout_ms: 5_000,
+        }
+    }
 }
 
 /// Caps on request size; larger requests are refused with `INVALID_ARGUMENT`.
@@ -189,6 +250,8 @@ impl Default for RawSettings {
             metrics: MetricsSettings::default(),
             drain_delay_ms: 0,
             shutdown_grace_ms: 10_000,
+            grpc: GrpcSettings::default(),
+            admin: AdminSettings::default(),
         }
     }
 }

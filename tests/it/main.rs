@@ -1,5 +1,6 @@
 //! sluice integration tests: one binary, a module per area.
 mod check;
+mod conn;
 mod gcra;
 mod headers;
 mod helpers;
