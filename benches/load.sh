@@ -8,6 +8,7 @@
 #   benches/load.sh                      # needs h2load (Debian: nghttp2-client); redis-server optional
 #   DURATION=10 ROUNDS=5 benches/load.sh
 #   LOADBENCH_BIN=... LOADBENCH_FLOOR_BIN=... LOADBENCH_LOADGEN_BIN=... benches/load.sh   # no build
+#   COMPARE=/path/to/older/sluice benches/load.sh   # only old against new, alternated in each round
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +30,5 @@ else
     cp target/release/examples/loadgen "$bins/loadgen"
 fi
 
-python3 benches/load/run.py --bin "$bins/sluice" --floor "$bins/sluice-floor" --loadgen "$bins/loadgen"
+python3 benches/load/run.py --bin "$bins/sluice" --floor "$bins/sluice-floor" --loadgen "$bins/loadgen" \
+    ${COMPARE:+--compare "$COMPARE"}

@@ -198,15 +198,19 @@ def main():
     ap.add_argument("--loadgen", required=True)
     ap.add_argument("--duration", type=int, default=int(os.environ.get("DURATION", 5)))
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 3)))
+    ap.add_argument("--compare", metavar="OLD_BIN",
+                    help="only compare --bin with an older build of the server, alternating them"
+                         " in each round on the hot-key and 100k-keys scenarios")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-load-")
     try:
-        run(args, work)
+        (compare if args.compare else run)(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args, work):
+def setup(work):
+    """The benchmark's policy directory and framed request bodies in `work`."""
     policies = Path(work, "policies")
     policies.mkdir()
     shutil.copy(Path(__file__).with_name("bench.yaml"), policies)
@@ -217,9 +221,37 @@ def run(args, work):
     }
     for name, data in bodies.items():
         Path(work, f"{name}.bin").write_bytes(data)
+    return policies, lambda n: Path(work, f"{n}.bin")
+
+
+def compare(args, work):
+    """Old and new builds of the server, alternated in every round, each run on a fresh server:
+    the change's cost is the ratio of the medians taken in this one run."""
+    policies, body = setup(work)
     b = Bench()
     D, cm = args.duration, (10, 10)
-    body = lambda n: Path(work, f"{n}.bin")
+    builds = [("old", args.compare), ("new", args.bin)]
+    print(f"== compare: {args.rounds} rounds, {D} s each; old = {args.compare}, new = {args.bin}")
+    for r in range(args.rounds):
+        for label, binary in (builds if r % 2 == 0 else builds[::-1]):
+            with serving(binary, str(policies)) as s:
+                b.run(f"{label}, one descriptor, hot key (h2load)", s,
+                      lambda: h2load(s, body("hot"), *cm, D, work), expect_hot)
+            with serving(binary, str(policies)) as s:
+                b.run(f"{label}, two descriptors, 100k keys (loadgen)", s,
+                      lambda: loadgen(args.loadgen, s, *cm, D), expect_all_ok)
+    print("== medians")
+    for scenario in ["one descriptor, hot key (h2load)", "two descriptors, 100k keys (loadgen)"]:
+        old, new = b.median(f"old, {scenario}"), b.median(f"new, {scenario}")
+        print(f"{scenario:<40} old {old:>9,.0f}/s  new {new:>9,.0f}/s  new/old {new / old:.3f}")
+    if b.failed:
+        sys.exit("load: some run's answers were not the expected decisions")
+
+
+def run(args, work):
+    policies, body = setup(work)
+    b = Bench()
+    D, cm = args.duration, (10, 10)
 
     print(f"== {args.rounds} rounds, {D} s each after a 1 s warm-up; server on core 0, load on core 1;"
           f" c={cm[0]} connections x m={cm[1]} streams")
