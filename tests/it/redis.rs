@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
+use sluice::limiter::redis::fits_lean;
 use sluice::limiter::{
     ManualClock, MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime,
 };
@@ -240,15 +241,51 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
     same_decisions(&store, &clock, 300).await;
 }
 
-async fn same_decisions(store: &RedisStore, clock: &ManualClock, steps: usize) {
-    let memory = MemoryStore::new();
-    let quotas = [
+/// The same against the lean script alone: every quota's tolerance is under its bound (the year
+/// long one is replaced by a 30-day one), so every call goes to `gcra_lean.lua`.
+#[tokio::test]
+async fn the_lean_script_gives_the_same_decisions_as_memory() {
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(0));
+    let mut config = config(&redis.url());
+    config.key_prefix = "lean:".into();
+    let store = open_at(config, &clock);
+    connected(&store).await;
+    let mut quotas = quotas();
+    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    let lean = run_schedule(&store, &clock, 400, quotas).await;
+    assert_eq!(lean, 400, "every request fits the lean script");
+}
+
+/// The quotas of the parity schedules.
+fn quotas() -> [Quota; 5] {
+    [
         Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
         Quota::new(60 * SEC, 10, 4).unwrap(),          // T = 6 s, B = 4
-        Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(), // a year: times beyond 2^53 ns
+        Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(), // a year: beyond 2^53 ns, exact script
         Quota::new(3_600 * SEC, 1_000_000, 500_000).unwrap(), // T = 3.6 ms
         Quota::ban(SEC),
-    ];
+    ]
+}
+
+async fn same_decisions(store: &RedisStore, clock: &ManualClock, steps: usize) {
+    let lean = run_schedule(store, clock, steps, quotas()).await;
+    assert!(
+        lean > 0 && lean < steps,
+        "both scripts are exercised: {lean} of {steps} requests were lean"
+    );
+}
+
+/// Runs the random schedule against `store` and the memory store, comparing every answer;
+/// returns how many requests fitted the lean script.
+async fn run_schedule(
+    store: &RedisStore,
+    clock: &ManualClock,
+    steps: usize,
+    quotas: [Quota; 5],
+) -> usize {
+    let mut lean = 0;
+    let memory = MemoryStore::new();
     let mut rng = Lcg(0x5eed);
     // Start far from zero, as Redis TIME would be (about 1.8e18 ns).
     let mut now = 1_800_000_000 * SEC + 123_456_789;
@@ -281,6 +318,7 @@ async fn same_decisions(store: &RedisStore, clock: &ManualClock, steps: usize) {
                 }
             })
             .collect();
+        lean += usize::from(fits_lean(&ops));
         let expected = memory.check_batch(&ops, now);
         clock.set(now);
         let got = store.check_batch(&ops).await.unwrap();
@@ -294,6 +332,7 @@ async fn same_decisions(store: &RedisStore, clock: &ManualClock, steps: usize) {
             );
         }
     }
+    lean
 }
 
 async fn redis_server(url: &str, on_error: OnBackendError) -> TestServer {

@@ -4,6 +4,10 @@
 //! - One round trip: all of a request's counters go in one `EVALSHA` (loaded once, reloaded on
 //!   `NOSCRIPT`), with Redis `TIME` as the single clock. Each key's TTL is `TAT − now`, so Redis
 //!   holds only live state. Concurrent requests share one multiplexed connection (pipelined).
+//! - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
+//!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
+//!   usual limit; a request with a longer tolerance goes to `gcra.lua`, exact over the whole
+//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT.
 //! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
 //!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
 //!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
@@ -109,7 +113,10 @@ pub struct RedisStore {
     config: RedisConfig,
     conn: ArcSwapOption<Conn>,
     connector: Connector,
+    /// `gcra.lua`: exact over the whole range of times, in pairs of seconds and nanoseconds.
     script: Script,
+    /// `gcra_lean.lua`: the same decisions in plain numbers, for requests that [`fits_lean`].
+    lean: Script,
     breaker: Breaker,
     cache: DenyCache,
     stats: RedisStats,
@@ -145,6 +152,7 @@ impl RedisStore {
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config)?,
             script: Script::new(include_str!("gcra.lua")),
+            lean: Script::new(include_str!("gcra_lean.lua")),
             breaker: Breaker::new(
                 config.breaker_failures,
                 config.breaker_cooldown,
@@ -263,7 +271,12 @@ impl RedisStore {
         whole: bool,
         now: Option<u64>,
     ) -> Result<(bool, Vec<Outcome>), BackendError> {
-        let mut call = self.script.prepare_invoke();
+        let script = if fits_lean(idx.iter().map(|&i| &ops[i])) {
+            &self.lean
+        } else {
+            &self.script
+        };
+        let mut call = script.prepare_invoke();
         call.arg(now.map(|n| n.to_string()).unwrap_or_default())
             .arg(if whole { "1" } else { "0" });
         for &i in idx {
@@ -358,6 +371,18 @@ impl RedisStore {
     fn key(&self, key: Key) -> String {
         format!("{}{key:032x}", self.config.key_prefix)
     }
+}
+
+/// Below this many nanoseconds (2^52, about 52 days) a debt, and every sum the lean script forms
+/// from it, is an integer a double holds exactly.
+const LEAN_LIMIT: u64 = 1 << 52;
+
+/// Whether `gcra_lean.lua` decides these ops exactly: every counter's `B·T + T` is below
+/// [`LEAN_LIMIT`]. The rest (a tolerance of weeks or more) go to the pair arithmetic of
+/// `gcra.lua`.
+pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
+    ops.into_iter()
+        .all(|op| op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT)
 }
 
 /// A Redis URL with any `user:password@` replaced by `***@`, for logs.
