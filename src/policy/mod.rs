@@ -436,7 +436,7 @@ fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domai
                 file: file.to_string(),
                 pos: Some(e.pos),
                 path: String::new(),
-                message: format!("invalid YAML: {}", e.message),
+                message: e.message,
             });
             return None;
         }

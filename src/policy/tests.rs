@@ -324,3 +324,26 @@ fn load_dir_reads_yaml_files_only() {
         Err(PolicyError::Dir { .. })
     ));
 }
+
+#[test]
+fn aliases_reuse_rate_limit_blocks() {
+    let s = set(
+        "domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: &std {unit: minute, requests_per_unit: 7}\n  - key: key2\n    rate_limit: *std\n",
+    );
+    assert_eq!(rpu(&s, &[("key1", "v")]), Some(7));
+    assert_eq!(rpu(&s, &[("key2", "v")]), Some(7));
+}
+
+#[test]
+fn an_alias_bomb_is_a_positioned_problem() {
+    let text = super::yaml::tests::alias_bomb(9, 9);
+    let p = problems(&text);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(
+        p[0].to_string(),
+        format!(
+            "bad.yaml:{}: YAML aliases expand to more than 1000000 nodes",
+            p[0].pos.unwrap()
+        )
+    );
+}

@@ -1,8 +1,10 @@
 //! `sluice check`: every broken fixture (one per kind of error) is reported with its file, line
-//! and descriptor path, and exits 2; the shipped `config/` passes with 0.
+//! and descriptor path, and exits 2; files that would cost unbounded time or memory are refused
+//! quickly; the shipped `config/` passes with 0.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/broken");
@@ -15,6 +17,34 @@ fn check(args: &[&str]) -> Output {
         .env_remove("RUST_LOG")
         .output()
         .expect("run sluice check")
+}
+
+/// Runs `check` with `args`, killing it if it has not exited within `limit`: (exit status,
+/// stderr), or `None` when it had to be killed.
+fn check_within(args: &[&str], limit: Duration) -> Option<(i32, String)> {
+    let mut child = Command::new(BIN)
+        .arg("check")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice check");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for sluice check") {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            return Some((status.code().unwrap_or(-1), stderr));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `check` on a directory holding only `files` (copied from the fixtures).
@@ -105,6 +135,36 @@ fn each_broken_fixture_is_named_with_its_path_and_exits_2() {
             "{file}: expected {expected:?} in:\n{stderr}"
         );
     }
+}
+
+#[test]
+fn an_alias_bomb_is_refused_quickly_at_its_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.yaml");
+    std::fs::copy(Path::new(FIXTURES).join("alias_bomb.yaml"), &bomb).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on an alias bomb did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    let expected = format!(
+        "{}:11:10: YAML aliases expand to more than 1000000 nodes",
+        bomb.display()
+    );
+    assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+}
+
+#[test]
+fn deep_nesting_is_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.yaml");
+    std::fs::copy(Path::new(FIXTURES).join("deep_nesting.yaml"), &deep).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on deep nesting did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:6:", deep.display()))
+            && stderr.contains("YAML nests more than 128 levels deep"),
+        "{stderr}"
+    );
 }
 
 #[test]
