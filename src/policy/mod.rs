@@ -320,8 +320,15 @@ impl fmt::Display for Problems<'_> {
     }
 }
 
-/// The policy files of a directory: every `*.yaml` and `*.yml` directly in it (symlinks
-/// followed, so a Kubernetes ConfigMap mount works), hidden entries skipped, sorted by name.
+/// Whether a directory entry named `name` is a policy file: `*.yaml` or `*.yml`, not hidden.
+fn is_policy_name(name: &str) -> bool {
+    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
+}
+
+/// The policy files of a directory: every entry directly in it named `*.yaml` or `*.yml`,
+/// hidden entries (`.x.yaml`, a ConfigMap's `..data`) skipped, sorted by name. Entries are listed
+/// by name whatever they are; [`load_dir`] refuses one that is not a readable regular file (or a
+/// symlink to one, so a Kubernetes ConfigMap mount works).
 ///
 /// # Errors
 ///
@@ -337,23 +344,22 @@ pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
             dir: dir.to_path_buf(),
             source,
         })?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if yaml && !name.starts_with('.') && path.is_file() {
-            files.push(path);
+        if is_policy_name(&entry.file_name().to_string_lossy()) {
+            files.push(entry.path());
         }
     }
     files.sort();
     Ok(files)
 }
 
-/// Loads and compiles every policy file of `dir`.
+/// Loads and compiles every policy file of `dir`. A load is all or nothing: an entry named as a
+/// policy file that is not a readable regular file (a dangling symlink, a directory, a FIFO, a
+/// socket or device, unreadable) is a problem like an invalid file, never skipped.
 ///
 /// # Errors
 ///
-/// [`PolicyError`] listing every problem of every file.
+/// [`PolicyError::Dir`] when the directory cannot be listed, [`PolicyError::Invalid`] listing
+/// every problem of every file.
 pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
     let mut sources = Vec::new();
     let mut problems = Vec::new();
@@ -372,14 +378,75 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
     load_sources(&sources, problems)
 }
 
+/// Reads one policy file. Its type is checked (following symlinks) before it is opened, so a
+/// FIFO is never opened (that would block until a writer came), and again once open, in case
+/// the entry was replaced in between.
 fn read_file(path: &Path) -> Result<String, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| match std::fs::read_link(path) {
+        Ok(target) if e.kind() == std::io::ErrorKind::NotFound => format!(
+            "cannot read: dangling symlink (to {}, which does not exist)",
+            target.display()
+        ),
+        _ => format!("cannot read: {e}"),
+    })?;
+    regular(&meta)?;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    regular(&meta)?;
+    let size = meta.len();
     if size > MAX_FILE_BYTES {
         return Err(format!(
             "file is {size} bytes, more than the {MAX_FILE_BYTES} allowed"
         ));
     }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "file grew past the {MAX_FILE_BYTES} bytes allowed while read"
+        ));
+    }
+    Ok(text)
+}
+
+/// `Ok` for a regular file, else what the entry is instead.
+fn regular(meta: &std::fs::Metadata) -> Result<(), String> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let what = if t.is_dir() {
+        "a directory"
+    } else {
+        special_kind(t)
+    };
+    Err(format!(
+        "not a regular file ({what}); a policy file must be a regular file or a symlink to one"
+    ))
+}
+
+#[cfg(unix)]
+fn special_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_t: std::fs::FileType) -> &'static str {
+    "not a file"
 }
 
 /// Compiles policies from `(file name, YAML text)` pairs.

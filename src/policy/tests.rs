@@ -347,3 +347,53 @@ fn an_alias_bomb_is_a_positioned_problem() {
         )
     );
 }
+
+/// Loads `dir` on another thread, failing the test instead of hanging if the load blocks.
+fn load_dir_within_10s(dir: &std::path::Path) -> Result<PolicySet, PolicyError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(load_dir(&dir));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("load_dir blocked (opened a FIFO?)")
+}
+
+#[cfg(unix)]
+#[test]
+fn entries_named_as_policies_that_are_not_readable_files_fail_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("good.yaml"), "domain: good").unwrap();
+    std::fs::write(d.join("README.md"), "not a policy").unwrap();
+    std::os::unix::fs::symlink("gone.yaml", d.join("dangling.yaml")).unwrap();
+    std::fs::create_dir(d.join("dir.yaml")).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(d.join("fifo.yml"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _socket = std::os::unix::net::UnixListener::bind(d.join("socket.yaml")).unwrap();
+    // Hidden entries stay ignored whatever they are.
+    std::os::unix::fs::symlink("nowhere", d.join(".hidden.yaml")).unwrap();
+
+    let Err(PolicyError::Invalid(problems)) = load_dir_within_10s(d) else {
+        panic!("the load must fail");
+    };
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let expect = |file: &str, says: &str| {
+        let line = format!("{}: {says}", d.join(file).display());
+        assert!(
+            lines.iter().any(|l| l.starts_with(&line)),
+            "{line:?} not in {lines:#?}"
+        );
+    };
+    expect(
+        "dangling.yaml",
+        "cannot read: dangling symlink (to gone.yaml, which does not exist)",
+    );
+    expect("dir.yaml", "not a regular file (a directory)");
+    expect("fifo.yml", "not a regular file (a FIFO)");
+    expect("socket.yaml", "not a regular file (a socket)");
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+}

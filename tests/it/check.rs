@@ -167,6 +167,36 @@ fn deep_nesting_is_refused_not_a_stack_overflow() {
     );
 }
 
+#[cfg(unix)]
+#[test]
+fn entries_that_are_not_readable_files_are_named_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("good.yaml"), "domain: good\n").unwrap();
+    std::os::unix::fs::symlink("missing.yaml", d.join("dangling.yaml")).unwrap();
+    std::fs::create_dir(d.join("dir.yaml")).unwrap();
+    let status = Command::new("mkfifo")
+        .arg(d.join("fifo.yaml"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, stderr) = check_within(&[d.to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check blocked (on the FIFO?)");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("3 problems in policies"), "{stderr}");
+    for (file, says) in [
+        (
+            "dangling.yaml",
+            "cannot read: dangling symlink (to missing.yaml",
+        ),
+        ("dir.yaml", "not a regular file (a directory)"),
+        ("fifo.yaml", "not a regular file (a FIFO)"),
+    ] {
+        let line = format!("{}: {says}", d.join(file).display());
+        assert!(stderr.contains(&line), "{line:?} not in:\n{stderr}");
+    }
+}
+
 #[test]
 fn all_errors_of_a_load_are_reported_together() {
     let files = [

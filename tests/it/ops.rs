@@ -106,6 +106,66 @@ async fn a_removed_file_makes_its_domain_unknown() {
     assert_eq!(rpu(&s, "reload-keep", "a").await, Some(3));
 }
 
+/// Long enough for a reload to have happened, had one been accepted (debounce 250 ms).
+const NO_RELOAD_FOR: Duration = Duration::from_millis(1500);
+
+#[cfg(unix)]
+#[tokio::test]
+async fn an_entry_that_cannot_be_read_fails_the_reload_instead_of_vanishing() {
+    let s = TestServer::start(&[("u.yaml", &policy("reload-unreadable", &[("a", 3)]))]).await;
+    let dir = s.dir.path();
+    let failures = || async {
+        metric(s.admin, "sluice_policy_reloads_total{result=\"failure\"}")
+            .await
+            .unwrap_or(0.0)
+    };
+    let before = failures().await;
+    // The file becomes a dangling symlink (atomically) and another file changes, so an accepted
+    // reload would show: the new rate of other.yaml, and no more reload-unreadable.
+    std::os::unix::fs::symlink("gone.yaml", dir.join("u.tmp")).unwrap();
+    std::fs::rename(dir.join("u.tmp"), dir.join("u.yaml")).unwrap();
+    write(
+        &dir.join("other.yaml"),
+        &policy("reload-other", &[("a", 5)]),
+    );
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-other", "a").await.is_some()
+        })
+        .await,
+        "a load with a dangling symlink was accepted"
+    );
+    assert_eq!(rpu(&s, "reload-unreadable", "a").await, Some(3));
+    assert!(failures().await > before);
+    // A FIFO of that name is refused as well, and never opened (the reloader would hang).
+    let status = std::process::Command::new("mkfifo")
+        .arg(dir.join("u.fifo"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::rename(dir.join("u.fifo"), dir.join("u.yaml")).unwrap();
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-other", "a").await.is_some()
+        })
+        .await,
+        "a load with a FIFO was accepted"
+    );
+    // Once the entry is a file again, the next load goes through.
+    std::fs::remove_file(dir.join("u.yaml")).unwrap();
+    write(
+        &dir.join("u.yaml"),
+        &policy("reload-unreadable", &[("a", 4)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-unreadable", "a").await == Some(4)
+                && rpu(&s, "reload-other", "a").await == Some(5)
+        })
+        .await
+    );
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_configmap_symlink_swap_reloads() {
