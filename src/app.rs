@@ -56,7 +56,13 @@ pub enum AppError {
 ///
 /// [`AppError::Policy`] listing every problem.
 pub fn check(settings: &Settings) -> Result<Summary, AppError> {
-    Ok(policy::load_dir(&settings.policies)?.summary())
+    Ok(policy::load_dir_with(&settings.policies, load_options(settings))?.summary())
+}
+
+fn load_options(settings: &Settings) -> policy::LoadOptions {
+    policy::LoadOptions {
+        allow_empty: settings.allow_empty_policies,
+    }
 }
 
 /// A bound, ready-to-run server.
@@ -90,7 +96,7 @@ impl App {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
         let metrics = Arc::new(Metrics::install(settings.metrics.max_detailed_series));
-        let set = policy::load_dir(&settings.policies)
+        let set = policy::load_dir_with(&settings.policies, load_options(&settings))
             .inspect_err(|_| metrics.policy_load(false, false))?;
         metrics.policy_load(true, false);
         tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
@@ -216,7 +222,8 @@ impl App {
             &self.settings.policies,
             self.policies.clone(),
             Arc::clone(&self.metrics),
-        );
+        )
+        .with_options(load_options(&self.settings));
         let reload = tokio::spawn(reloader.run(self.settings.watch_policies, stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::policy::{self, PolicyError, PolicyHandle, Summary};
+use crate::policy::{self, LoadOptions, PolicyError, PolicyHandle, Summary};
 
 /// Quiet time after the last change before reloading: editors and the kubelet write in bursts.
 pub const DEBOUNCE: Duration = Duration::from_millis(250);
@@ -28,6 +28,7 @@ const MAX_DELAY: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct Reloader {
     dir: PathBuf,
+    options: LoadOptions,
     policies: PolicyHandle,
     metrics: Arc<Metrics>,
 }
@@ -38,9 +39,17 @@ impl Reloader {
     pub fn new(dir: &Path, policies: PolicyHandle, metrics: Arc<Metrics>) -> Self {
         Self {
             dir: dir.to_path_buf(),
+            options: LoadOptions::default(),
             policies,
             metrics,
         }
+    }
+
+    /// Loads with `options` (by default an empty directory is refused).
+    #[must_use]
+    pub fn with_options(mut self, options: LoadOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// Loads the directory and, if every file is valid, swaps the new set in.
@@ -49,7 +58,7 @@ impl Reloader {
     ///
     /// [`PolicyError`] listing every problem; the running policies are kept.
     pub fn apply(&self) -> Result<Summary, PolicyError> {
-        match policy::load_dir(&self.dir) {
+        match policy::load_dir_with(&self.dir, self.options) {
             Ok(set) => {
                 let summary = set.summary();
                 self.policies.store(set);

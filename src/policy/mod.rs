@@ -301,6 +301,15 @@ pub enum PolicyError {
     /// One or more files are invalid; every problem is listed.
     #[error("{}", Problems(.0))]
     Invalid(Vec<Problem>),
+    /// No domain would be loaded, and that is not allowed.
+    #[error(
+        "no policies in {}: no *.yaml or *.yml file, so every request would be answered OK with no limit (set allow_empty_policies: true to allow this)",
+        dir.display()
+    )]
+    Empty {
+        /// The directory.
+        dir: PathBuf,
+    },
 }
 
 struct Problems<'a>(&'a [Problem]);
@@ -352,6 +361,23 @@ pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
     Ok(files)
 }
 
+/// How a directory of policies is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Accept a directory with no policy file (no domain at all). Off by default: an empty set
+    /// answers every request OK with no limit, which is more often a broken deploy than a wish.
+    pub allow_empty: bool,
+}
+
+/// Loads and compiles every policy file of `dir`, refusing a directory without any.
+///
+/// # Errors
+///
+/// As [`load_dir_with`] with the default [`LoadOptions`].
+pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
+    load_dir_with(dir, LoadOptions::default())
+}
+
 /// Loads and compiles every policy file of `dir`. A load is all or nothing: an entry named as a
 /// policy file that is not a readable regular file (a dangling symlink, a directory, a FIFO, a
 /// socket or device, unreadable) is a problem like an invalid file, never skipped.
@@ -359,8 +385,9 @@ pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
 /// # Errors
 ///
 /// [`PolicyError::Dir`] when the directory cannot be listed, [`PolicyError::Invalid`] listing
-/// every problem of every file.
-pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
+/// every problem of every file, [`PolicyError::Empty`] when no domain would be loaded and
+/// `options` does not allow it.
+pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<PolicySet, PolicyError> {
     let mut sources = Vec::new();
     let mut problems = Vec::new();
     for path in policy_files(dir)? {
@@ -375,7 +402,13 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
             }),
         }
     }
-    load_sources(&sources, problems)
+    let set = load_sources(&sources, problems)?;
+    if set.domains.is_empty() && !options.allow_empty {
+        return Err(PolicyError::Empty {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(set)
 }
 
 /// Reads one policy file. Its type is checked (following symlinks) before it is opened, so a

@@ -349,11 +349,14 @@ fn an_alias_bomb_is_a_positioned_problem() {
 }
 
 /// Loads `dir` on another thread, failing the test instead of hanging if the load blocks.
-fn load_dir_within_10s(dir: &std::path::Path) -> Result<PolicySet, PolicyError> {
+fn load_dir_within_10s(
+    dir: &std::path::Path,
+    options: LoadOptions,
+) -> Result<PolicySet, PolicyError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = dir.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(load_dir(&dir));
+        let _ = tx.send(load_dir_with(&dir, options));
     });
     rx.recv_timeout(std::time::Duration::from_secs(10))
         .expect("load_dir blocked (opened a FIFO?)")
@@ -377,7 +380,7 @@ fn entries_named_as_policies_that_are_not_readable_files_fail_the_load() {
     // Hidden entries stay ignored whatever they are.
     std::os::unix::fs::symlink("nowhere", d.join(".hidden.yaml")).unwrap();
 
-    let Err(PolicyError::Invalid(problems)) = load_dir_within_10s(d) else {
+    let Err(PolicyError::Invalid(problems)) = load_dir_within_10s(d, LoadOptions::default()) else {
         panic!("the load must fail");
     };
     let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
@@ -396,4 +399,21 @@ fn entries_named_as_policies_that_are_not_readable_files_fail_the_load() {
     expect("fifo.yml", "not a regular file (a FIFO)");
     expect("socket.yaml", "not a regular file (a socket)");
     assert_eq!(lines.len(), 4, "{lines:#?}");
+}
+
+#[test]
+fn a_directory_without_policies_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.md"), "no policies here").unwrap();
+    let err = load_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, PolicyError::Empty { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("allow_empty_policies: true"),
+        "{err}"
+    );
+    let set = load_dir_with(dir.path(), LoadOptions { allow_empty: true }).unwrap();
+    assert_eq!(set.summary().domains, 0);
+    // Problems are reported first: an empty set is not the news when files are broken.
+    std::fs::write(dir.path().join("x.yaml"), "domain: [").unwrap();
+    assert!(matches!(load_dir(dir.path()), Err(PolicyError::Invalid(_))));
 }

@@ -198,6 +198,37 @@ fn entries_that_are_not_readable_files_are_named_and_exit_2() {
 }
 
 #[test]
+fn an_empty_directory_exits_2_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(policies.join("README.md"), "nothing yet\n").unwrap();
+    let out = check(&[policies.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no policies in {}", policies.display()))
+            && stderr.contains("allow_empty_policies: true"),
+        "{stderr}"
+    );
+    let settings = dir.path().join("s.yaml");
+    std::fs::write(&settings, "allow_empty_policies: true\n").unwrap();
+    let out = check(&[
+        "--config",
+        settings.to_str().unwrap(),
+        policies.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(": 0 files, 0 domains"), "{stdout}");
+}
+
+#[test]
 fn all_errors_of_a_load_are_reported_together() {
     let files = [
         "bad_unit.yaml",

@@ -166,6 +166,55 @@ async fn an_entry_that_cannot_be_read_fails_the_reload_instead_of_vanishing() {
     );
 }
 
+#[tokio::test]
+async fn a_reload_to_no_policies_at_all_is_refused() {
+    let s = TestServer::start(&[("e.yaml", &policy("reload-empty", &[("a", 3)]))]).await;
+    std::fs::remove_file(s.dir.path().join("e.yaml")).unwrap();
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-empty", "a").await.is_none()
+        })
+        .await,
+        "an empty policy set was swapped in"
+    );
+    write(
+        &s.dir.path().join("e2.yaml"),
+        &policy("reload-empty-2", &[("a", 2)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-empty-2", "a").await == Some(2)
+        })
+        .await
+    );
+    assert_eq!(rpu(&s, "reload-empty", "a").await, None);
+}
+
+#[tokio::test]
+async fn an_empty_policy_directory_does_not_start_unless_allowed() {
+    use sluice::app::{App, AppError};
+    use sluice::policy::PolicyError;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = sluice::settings::Settings {
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        policies: dir.path().to_path_buf(),
+        ..sluice::settings::Settings::default()
+    };
+    let err = App::bind(settings.clone()).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Policy(PolicyError::Empty { .. })),
+        "{err:?}"
+    );
+    let app = App::bind(sluice::settings::Settings {
+        allow_empty_policies: true,
+        ..settings
+    })
+    .await
+    .unwrap();
+    assert_eq!(app.policies().load().summary().domains, 0);
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_configmap_symlink_swap_reloads() {
