@@ -594,6 +594,12 @@ impl PolicyHandle {
     pub fn store(&self, set: PolicySet) {
         self.0.store(Arc::new(set));
     }
+
+    /// Replaces the current set and returns the previous one (freeing a large set takes a
+    /// while, so the caller chooses where that happens).
+    pub fn swap(&self, set: PolicySet) -> Arc<PolicySet> {
+        self.0.swap(Arc::new(set))
+    }
 }
 
 #[cfg(test)]
