@@ -254,6 +254,108 @@ async fn a_configmap_symlink_swap_reloads() {
     );
 }
 
+/// A replaced directory is found by the watch on its parent, else by the re-scan (2 s).
+const REPLACED_WITHIN: Duration = Duration::from_secs(6);
+
+/// `dir` with `suffix` added to its name: a sibling on the same filesystem.
+fn sibling(dir: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = dir.file_name().unwrap().to_os_string();
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+#[tokio::test]
+async fn a_directory_replaced_by_rename_keeps_being_watched() {
+    let s = TestServer::start(&[("r.yaml", &policy("replace-rename", &[("a", 1)]))]).await;
+    let dir = s.dir.path();
+    for round in 2..=3 {
+        // A new directory renamed over the old one (which is first moved aside: rename(2)
+        // replaces only an empty directory).
+        let new = sibling(dir, ".new");
+        let old = sibling(dir, ".old");
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(
+            new.join("r.yaml"),
+            policy("replace-rename", &[("a", round)]),
+        )
+        .unwrap();
+        std::fs::rename(dir, &old).unwrap();
+        std::fs::rename(&new, dir).unwrap();
+        std::fs::remove_dir_all(&old).unwrap();
+        assert!(
+            eventually(REPLACED_WITHIN, || async {
+                rpu(&s, "replace-rename", "a").await == Some(round)
+            })
+            .await,
+            "round {round}: replaced directory not loaded"
+        );
+        // Edits inside the new directory reload too.
+        write(
+            &dir.join("r.yaml"),
+            &policy("replace-rename", &[("a", round * 10)]),
+        );
+        assert!(
+            eventually(REPLACED_WITHIN, || async {
+                rpu(&s, "replace-rename", "a").await == Some(round * 10)
+            })
+            .await,
+            "round {round}: edit in the replaced directory not loaded"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_directory_removed_and_recreated_keeps_being_watched() {
+    let s = TestServer::start(&[("r.yaml", &policy("replace-rmrf", &[("a", 1)]))]).await;
+    let dir = s.dir.path();
+    std::fs::remove_dir_all(dir).unwrap();
+    // While it is gone, loads fail and the running policies answer.
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "replace-rmrf", "a").await != Some(1)
+        })
+        .await
+    );
+    std::fs::create_dir(dir).unwrap();
+    write(&dir.join("r.yaml"), &policy("replace-rmrf", &[("a", 2)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "replace-rmrf", "a").await == Some(2)
+        })
+        .await,
+        "recreated directory not loaded"
+    );
+    write(&dir.join("r.yaml"), &policy("replace-rmrf", &[("a", 3)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "replace-rmrf", "a").await == Some(3)
+        })
+        .await,
+        "edit in the recreated directory not loaded"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_change_no_watch_event_reports_is_found_by_the_rescan() {
+    // The policy file is a symlink to a file elsewhere, rewritten there: nothing happens in
+    // the policy directory, but a load would read something new.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("t.yaml");
+    std::fs::write(&target, policy("rescan", &[("a", 1)])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&target, dir.path().join("s.yaml")).unwrap();
+    let s = TestServer::start_in(dir, |_| {}).await;
+    assert_eq!(rpu(&s, "rescan", "a").await, Some(1));
+    write(&target, &policy("rescan", &[("a", 2)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "rescan", "a").await == Some(2)
+        })
+        .await
+    );
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn sighup_reloads() {
