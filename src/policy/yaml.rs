@@ -5,17 +5,19 @@
 //! job. Anchors and aliases are resolved here. Swapping the YAML crate is a change to this file.
 //!
 //! Aliases are bounded, because each one is a copy: nine anchors of nine aliases each fit in a
-//! kilobyte and expand to 9⁹ nodes. While building, an anchored value is shared, not copied, and
-//! every collection knows its expanded size and height, so each alias is checked before anything
-//! is copied: a file whose aliases would add more than [`MAX_ALIAS_NODES`] nodes, or whose
-//! nesting (aliases included) passes [`MAX_DEPTH`] levels, is refused at the alias or collection
-//! that crossed the line. The check costs time and memory in proportion to the source; only a
-//! file within both bounds is expanded into its tree. A million copied nodes is far more than a
-//! real file needs (a reused `rate_limit` block is 5 to 9 nodes, so that is over 100,000
-//! aliases) and a bounded cost (some 100 MB at worst); the 16 MB file-size cap bounds the nodes
-//! written out. The depth bound keeps the recursive readers of the tree (the model, `Drop`) far
-//! from the end of a thread's stack: real descriptor trees are a few levels deep, and each
-//! level is two collections.
+//! kilobyte and expand to 9⁹ nodes, and a million aliases of one 8 MB scalar fit in 16 MB. While
+//! building, an anchored value is shared, not copied, and every value knows its expanded node
+//! count, text bytes and height, so each alias is checked before anything is copied: a file
+//! whose aliases would add more than [`MAX_ALIAS_NODES`] nodes or [`MAX_ALIAS_BYTES`] bytes of
+//! text, or whose nesting (aliases included) passes [`MAX_DEPTH`] levels, is refused at the
+//! alias or collection that crossed the line. The check costs time and memory in proportion to
+//! the source; only a file within the bounds is expanded into its tree (moving each value used
+//! once, copying only what aliases share). A million copied nodes is far more than a real file
+//! needs (a reused `rate_limit` block is 5 to 9 nodes, so that is over 100,000 aliases) and a
+//! bounded cost (some 100 MB at worst); the 16 MB file-size cap bounds the nodes written out.
+//! The depth bound keeps the recursive readers of the tree (the model, `Drop`) far from the end
+//! of a thread's stack: real descriptor trees are a few levels deep, and each level is two
+//! collections.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -25,6 +27,10 @@ use yaml_rust2::scanner::{Marker, TScalarStyle};
 
 /// The most nodes the aliases of one file may add to it, counting every node of every copy.
 pub const MAX_ALIAS_NODES: usize = 1_000_000;
+
+/// The most bytes of scalar text the aliases of one file may add to it (as much as a file
+/// may hold).
+pub const MAX_ALIAS_BYTES: usize = 16 << 20;
 
 /// The deepest nesting of lists and maps in a file, aliases expanded.
 pub const MAX_DEPTH: usize = 128;
@@ -104,13 +110,19 @@ pub struct SyntaxError {
 /// [`SyntaxError`] when the text is not well-formed YAML, uses an undefined alias, or passes
 /// [`MAX_ALIAS_NODES`] or [`MAX_DEPTH`].
 pub fn parse(text: &str) -> Result<Vec<Node>, SyntaxError> {
-    parse_within(text, MAX_ALIAS_NODES)
+    parse_within(text, MAX_ALIAS_NODES, MAX_ALIAS_BYTES)
 }
 
-/// As [`parse`], with at most `max_alias_nodes` nodes added by aliases.
-fn parse_within(text: &str, max_alias_nodes: usize) -> Result<Vec<Node>, SyntaxError> {
+/// As [`parse`], with at most `max_alias_nodes` nodes and `max_alias_bytes` bytes of text added
+/// by aliases.
+fn parse_within(
+    text: &str,
+    max_alias_nodes: usize,
+    max_alias_bytes: usize,
+) -> Result<Vec<Node>, SyntaxError> {
     let mut builder = Builder {
         max_alias_nodes,
+        max_alias_bytes,
         ..Builder::default()
     };
     // Driven event by event (the parser's own `load` recurses once per nesting level, so a deep
@@ -126,7 +138,10 @@ fn parse_within(text: &str, max_alias_nodes: usize) -> Result<Vec<Node>, SyntaxE
         }
         builder.on_event(event, mark)?;
     }
-    Ok(builder.docs.iter().map(Shared::to_node).collect())
+    // Without the anchors' references, a value used once is moved into the tree, not copied.
+    let docs = std::mem::take(&mut builder.docs);
+    drop(builder);
+    Ok(docs.into_iter().map(Shared::into_node).collect())
 }
 
 fn pos(m: Marker) -> Pos {
@@ -144,6 +159,8 @@ struct Shared {
     value: Rc<Tree>,
     /// Nodes once expanded, this one included.
     size: usize,
+    /// Bytes of scalar text once expanded.
+    bytes: usize,
     /// Nesting levels once expanded: 0 for a scalar, 1 + the deepest child for a collection.
     height: usize,
 }
@@ -155,20 +172,33 @@ enum Tree {
 }
 
 impl Shared {
-    /// The expanded, owned tree. Recursion is bounded by [`MAX_DEPTH`].
-    fn to_node(&self) -> Node {
-        let value = match &*self.value {
-            Tree::Scalar { text, plain } => Value::Scalar {
-                text: text.clone(),
-                plain: *plain,
-            },
-            Tree::Seq(items) => Value::Seq(items.iter().map(Self::to_node).collect()),
-            Tree::Map(entries) => Value::Map(
+    /// The expanded, owned tree: moved where this is the only reference, copied where an alias
+    /// shares it. Recursion is bounded by [`MAX_DEPTH`].
+    fn into_node(self) -> Node {
+        let value = match Rc::try_unwrap(self.value) {
+            Ok(Tree::Scalar { text, plain }) => Value::Scalar { text, plain },
+            Ok(Tree::Seq(items)) => Value::Seq(items.into_iter().map(Self::into_node).collect()),
+            Ok(Tree::Map(entries)) => Value::Map(
                 entries
-                    .iter()
-                    .map(|(k, v)| (k.to_node(), v.to_node()))
+                    .into_iter()
+                    .map(|(k, v)| (k.into_node(), v.into_node()))
                     .collect(),
             ),
+            Err(shared) => match &*shared {
+                Tree::Scalar { text, plain } => Value::Scalar {
+                    text: text.clone(),
+                    plain: *plain,
+                },
+                Tree::Seq(items) => {
+                    Value::Seq(items.iter().map(|i| i.clone().into_node()).collect())
+                }
+                Tree::Map(entries) => Value::Map(
+                    entries
+                        .iter()
+                        .map(|(k, v)| (k.clone().into_node(), v.clone().into_node()))
+                        .collect(),
+                ),
+            },
         };
         Node {
             pos: self.pos,
@@ -185,6 +215,7 @@ struct Open {
     map: bool,
     anchor: usize,
     size: usize,
+    bytes: usize,
     height: usize,
 }
 
@@ -195,8 +226,11 @@ struct Builder {
     stack: Vec<Open>,
     anchors: HashMap<usize, Shared>,
     max_alias_nodes: usize,
+    max_alias_bytes: usize,
     /// Nodes added by aliases so far.
     alias_nodes: usize,
+    /// Bytes of text added by aliases so far.
+    alias_bytes: usize,
 }
 
 impl Builder {
@@ -204,6 +238,7 @@ impl Builder {
         match self.stack.last_mut() {
             Some(parent) => {
                 parent.size += node.size;
+                parent.bytes += node.bytes;
                 parent.height = parent.height.max(node.height + 1);
                 parent.items.push(node);
             }
@@ -221,6 +256,7 @@ impl Builder {
             map,
             anchor,
             size: 1,
+            bytes: 0,
             height: 1,
         });
         Ok(())
@@ -251,6 +287,7 @@ impl Builder {
             pos,
             value: Rc::new(value),
             size: open.size,
+            bytes: open.bytes,
             height: open.height,
         };
         if open.anchor > 0 {
@@ -270,8 +307,8 @@ impl Builder {
         if self.stack.len() + target.height > MAX_DEPTH {
             return Err(too_deep(pos));
         }
-        let total = self.alias_nodes.saturating_add(target.size);
-        if total > self.max_alias_nodes {
+        let nodes = self.alias_nodes.saturating_add(target.size);
+        if nodes > self.max_alias_nodes {
             return Err(SyntaxError {
                 pos,
                 message: format!(
@@ -280,7 +317,18 @@ impl Builder {
                 ),
             });
         }
-        self.alias_nodes = total;
+        let bytes = self.alias_bytes.saturating_add(target.bytes);
+        if bytes > self.max_alias_bytes {
+            return Err(SyntaxError {
+                pos,
+                message: format!(
+                    "YAML aliases expand to more than {} bytes of text",
+                    self.max_alias_bytes
+                ),
+            });
+        }
+        self.alias_nodes = nodes;
+        self.alias_bytes = bytes;
         let node = Shared {
             pos,
             ..target.clone()
@@ -295,6 +343,7 @@ impl Builder {
             Event::Scalar(text, style, anchor, _tag) => {
                 let node = Shared {
                     pos,
+                    bytes: text.len(),
                     value: Rc::new(Tree::Scalar {
                         text,
                         plain: style == TScalarStyle::Plain,
@@ -402,7 +451,7 @@ pub(crate) mod tests {
     fn aliases_up_to_the_bound_expand() {
         // a: 4 nodes; b: 3 aliases of a (12) + its list = 13; c: 3 aliases of b (39).
         let text = alias_bomb(3, 3);
-        let docs = parse_within(&text, 12 + 39).unwrap();
+        let docs = parse_within(&text, 12 + 39, MAX_ALIAS_BYTES).unwrap();
         fn count(n: &Node) -> usize {
             1 + match &n.value {
                 Value::Scalar { .. } => 0,
@@ -418,11 +467,39 @@ pub(crate) mod tests {
             panic!("not a map")
         };
         assert_eq!(count(&levels[2].1), 1 + 3 * 13);
-        let err = parse_within(&text, 12 + 39 - 1).unwrap_err();
+        let err = parse_within(&text, 12 + 39 - 1, MAX_ALIAS_BYTES).unwrap_err();
         assert!(err.message.contains("more than 50 nodes"), "{err:?}");
         // The last alias of c crosses it.
         let last = text.lines().nth(5).unwrap().rfind('*').unwrap() + 1;
         assert_eq!(err.pos, Pos { line: 6, col: last });
+    }
+
+    #[test]
+    fn aliases_of_long_text_are_bounded_by_bytes() {
+        // Four aliases of a 10-byte scalar: 40 bytes of text.
+        let text = "a: &a 0123456789\nb: [*a, *a, *a, *a]\n";
+        parse_within(text, MAX_ALIAS_NODES, 40).unwrap();
+        let err = parse_within(text, MAX_ALIAS_NODES, 39).unwrap_err();
+        assert_eq!(
+            err.message,
+            "YAML aliases expand to more than 39 bytes of text"
+        );
+        assert_eq!(err.pos, Pos { line: 2, col: 17 });
+        // A megabyte, aliased seventeen times inside a list: refused at the seventeenth.
+        let big = format!(
+            "a: &a {}\nb: [{}]\n",
+            "x".repeat(1 << 20),
+            vec!["*a"; 17].join(", ")
+        );
+        let err = parse(&big).unwrap_err();
+        assert!(err.message.contains("bytes of text"), "{err:?}");
+        assert_eq!(
+            err.pos,
+            Pos {
+                line: 2,
+                col: 5 + 16 * 4
+            }
+        );
     }
 
     #[test]

@@ -153,6 +153,29 @@ fn an_alias_bomb_is_refused_quickly_at_its_alias() {
 }
 
 #[test]
+fn aliases_of_a_long_scalar_are_refused_quickly() {
+    // A 4 MB scalar and a thousand aliases of it: 4 GB of text once expanded.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("text.yaml");
+    let text = format!(
+        "domain: text\ndescriptors: []\nmetadata:\n  a: &a {}\n  b: [{}]\n",
+        "x".repeat(4 << 20),
+        vec!["*a"; 1000].join(", ")
+    );
+    std::fs::write(&file, text).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on aliases of a long scalar did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    // The fifth alias passes 16 MB.
+    let expected = format!(
+        "{}:5:{}: YAML aliases expand to more than 16777216 bytes of text",
+        file.display(),
+        7 + 4 * 4
+    );
+    assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+}
+
+#[test]
 fn deep_nesting_is_refused_not_a_stack_overflow() {
     let dir = tempfile::tempdir().unwrap();
     let deep = dir.path().join("deep.yaml");
