@@ -79,7 +79,13 @@ impl From<std::convert::Infallible> for ServeError {
 ///
 /// [`AppError::Policy`] listing every problem.
 pub fn check(settings: &Settings) -> Result<Summary, AppError> {
-    Ok(policy::load_dir(&settings.policies)?.summary())
+    Ok(policy::load_dir_with(&settings.policies, load_options(settings))?.summary())
+}
+
+fn load_options(settings: &Settings) -> policy::LoadOptions {
+    policy::LoadOptions {
+        allow_empty: settings.allow_empty_policies,
+    }
 }
 
 /// A bound, ready-to-run server.
@@ -114,9 +120,11 @@ impl App {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
         let metrics = Arc::new(Metrics::install(settings.max_detailed_series));
-        let set = policy::load_dir(&settings.policies).inspect_err(|_| {
-            metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
-        })?;
+        let set = policy::load_dir_with(&settings.policies, load_options(&settings)).inspect_err(
+            |_| {
+                metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
+            },
+        )?;
         metrics.policy_loaded(LoadResult::Success, LoadTrigger::Startup);
         tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
         let bind = |what, addr| async move {
@@ -256,7 +264,8 @@ impl App {
                 }
             });
         }
-        let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics));
+        let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics))
+            .with_options(load_options(&settings));
         tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");

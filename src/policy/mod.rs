@@ -301,6 +301,15 @@ pub enum PolicyError {
     /// One or more files are invalid; every problem is listed.
     #[error("{}", Problems(.0))]
     Invalid(Vec<Problem>),
+    /// No domain would be loaded, and that is not allowed.
+    #[error(
+        "no policies in {}: no *.yaml or *.yml file, so every request would be answered OK with no limit (set allow_empty_policies: true to allow this)",
+        dir.display()
+    )]
+    Empty {
+        /// The directory.
+        dir: PathBuf,
+    },
 }
 
 struct Problems<'a>(&'a [Problem]);
@@ -320,8 +329,15 @@ impl fmt::Display for Problems<'_> {
     }
 }
 
-/// The policy files of a directory: every `*.yaml` and `*.yml` directly in it (symlinks
-/// followed, so a Kubernetes ConfigMap mount works), hidden entries skipped, sorted by name.
+/// Whether a directory entry named `name` is a policy file: `*.yaml` or `*.yml`, not hidden.
+fn is_policy_name(name: &str) -> bool {
+    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
+}
+
+/// The policy files of a directory: every entry directly in it named `*.yaml` or `*.yml`,
+/// hidden entries (`.x.yaml`, a ConfigMap's `..data`) skipped, sorted by name. Entries are listed
+/// by name whatever they are; [`load_dir`] refuses one that is not a readable regular file (or a
+/// symlink to one, so a Kubernetes ConfigMap mount works).
 ///
 /// # Errors
 ///
@@ -337,24 +353,41 @@ pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
             dir: dir.to_path_buf(),
             source,
         })?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if yaml && !name.starts_with('.') && path.is_file() {
-            files.push(path);
+        if is_policy_name(&entry.file_name().to_string_lossy()) {
+            files.push(entry.path());
         }
     }
     files.sort();
     Ok(files)
 }
 
-/// Loads and compiles every policy file of `dir`.
+/// How a directory of policies is loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Accept a directory with no policy file (no domain at all). Off by default: an empty set
+    /// answers every request OK with no limit, which is more often a broken deploy than a wish.
+    pub allow_empty: bool,
+}
+
+/// Loads and compiles every policy file of `dir`, refusing a directory without any.
 ///
 /// # Errors
 ///
-/// [`PolicyError`] listing every problem of every file.
+/// As [`load_dir_with`] with the default [`LoadOptions`].
 pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
+    load_dir_with(dir, LoadOptions::default())
+}
+
+/// Loads and compiles every policy file of `dir`. A load is all or nothing: an entry named as a
+/// policy file that is not a readable regular file (a dangling symlink, a directory, a FIFO, a
+/// socket or device, unreadable) is a problem like an invalid file, never skipped.
+///
+/// # Errors
+///
+/// [`PolicyError::Dir`] when the directory cannot be listed, [`PolicyError::Invalid`] listing
+/// every problem of every file, [`PolicyError::Empty`] when no domain would be loaded and
+/// `options` does not allow it.
+pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<PolicySet, PolicyError> {
     let mut sources = Vec::new();
     let mut problems = Vec::new();
     for path in policy_files(dir)? {
@@ -369,17 +402,84 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
             }),
         }
     }
-    load_sources(&sources, problems)
+    let set = load_sources(&sources, problems)?;
+    if set.domains.is_empty() && !options.allow_empty {
+        return Err(PolicyError::Empty {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(set)
 }
 
+/// Reads one policy file. Its type is checked (following symlinks) before it is opened, so a
+/// FIFO is never opened (that would block until a writer came), and again once open, in case
+/// the entry was replaced in between.
 fn read_file(path: &Path) -> Result<String, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| match std::fs::read_link(path) {
+        Ok(target) if e.kind() == std::io::ErrorKind::NotFound => format!(
+            "cannot read: dangling symlink (to {}, which does not exist)",
+            target.display()
+        ),
+        _ => format!("cannot read: {e}"),
+    })?;
+    regular(&meta)?;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    regular(&meta)?;
+    let size = meta.len();
     if size > MAX_FILE_BYTES {
         return Err(format!(
             "file is {size} bytes, more than the {MAX_FILE_BYTES} allowed"
         ));
     }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "file grew past the {MAX_FILE_BYTES} bytes allowed while read"
+        ));
+    }
+    Ok(text)
+}
+
+/// `Ok` for a regular file, else what the entry is instead.
+fn regular(meta: &std::fs::Metadata) -> Result<(), String> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    let what = if t.is_dir() {
+        "a directory"
+    } else {
+        special_kind(t)
+    };
+    Err(format!(
+        "not a regular file ({what}); a policy file must be a regular file or a symlink to one"
+    ))
+}
+
+#[cfg(unix)]
+fn special_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_t: std::fs::FileType) -> &'static str {
+    "not a file"
 }
 
 /// Compiles policies from `(file name, YAML text)` pairs.
@@ -436,7 +536,7 @@ fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domai
                 file: file.to_string(),
                 pos: Some(e.pos),
                 path: String::new(),
-                message: format!("invalid YAML: {}", e.message),
+                message: e.message,
             });
             return None;
         }
@@ -493,6 +593,12 @@ impl PolicyHandle {
     /// Replaces the current set.
     pub fn store(&self, set: PolicySet) {
         self.0.store(Arc::new(set));
+    }
+
+    /// Replaces the current set and returns the previous one (freeing a large set takes a
+    /// while, so the caller chooses where that happens).
+    pub fn swap(&self, set: PolicySet) -> Arc<PolicySet> {
+        self.0.swap(Arc::new(set))
     }
 }
 

@@ -324,3 +324,96 @@ fn load_dir_reads_yaml_files_only() {
         Err(PolicyError::Dir { .. })
     ));
 }
+
+#[test]
+fn aliases_reuse_rate_limit_blocks() {
+    let s = set(
+        "domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: &std {unit: minute, requests_per_unit: 7}\n  - key: key2\n    rate_limit: *std\n",
+    );
+    assert_eq!(rpu(&s, &[("key1", "v")]), Some(7));
+    assert_eq!(rpu(&s, &[("key2", "v")]), Some(7));
+}
+
+#[test]
+fn an_alias_bomb_is_a_positioned_problem() {
+    let text = super::yaml::tests::alias_bomb(9, 9);
+    let p = problems(&text);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(
+        p[0].to_string(),
+        format!(
+            "bad.yaml:{}: YAML aliases expand to more than 1000000 nodes",
+            p[0].pos.unwrap()
+        )
+    );
+}
+
+/// Loads `dir` on another thread, failing the test instead of hanging if the load blocks.
+fn load_dir_within_10s(
+    dir: &std::path::Path,
+    options: LoadOptions,
+) -> Result<PolicySet, PolicyError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(load_dir_with(&dir, options));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("load_dir blocked (opened a FIFO?)")
+}
+
+#[cfg(unix)]
+#[test]
+fn entries_named_as_policies_that_are_not_readable_files_fail_the_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("good.yaml"), "domain: good").unwrap();
+    std::fs::write(d.join("README.md"), "not a policy").unwrap();
+    std::os::unix::fs::symlink("gone.yaml", d.join("dangling.yaml")).unwrap();
+    std::fs::create_dir(d.join("dir.yaml")).unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(d.join("fifo.yml"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let _socket = std::os::unix::net::UnixListener::bind(d.join("socket.yaml")).unwrap();
+    // Hidden entries stay ignored whatever they are.
+    std::os::unix::fs::symlink("nowhere", d.join(".hidden.yaml")).unwrap();
+
+    let Err(PolicyError::Invalid(problems)) = load_dir_within_10s(d, LoadOptions::default()) else {
+        panic!("the load must fail");
+    };
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let expect = |file: &str, says: &str| {
+        let line = format!("{}: {says}", d.join(file).display());
+        assert!(
+            lines.iter().any(|l| l.starts_with(&line)),
+            "{line:?} not in {lines:#?}"
+        );
+    };
+    expect(
+        "dangling.yaml",
+        "cannot read: dangling symlink (to gone.yaml, which does not exist)",
+    );
+    expect("dir.yaml", "not a regular file (a directory)");
+    expect("fifo.yml", "not a regular file (a FIFO)");
+    expect("socket.yaml", "not a regular file (a socket)");
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+}
+
+#[test]
+fn a_directory_without_policies_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.md"), "no policies here").unwrap();
+    let err = load_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, PolicyError::Empty { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("allow_empty_policies: true"),
+        "{err}"
+    );
+    let set = load_dir_with(dir.path(), LoadOptions { allow_empty: true }).unwrap();
+    assert_eq!(set.summary().domains, 0);
+    // Problems are reported first: an empty set is not the news when files are broken.
+    std::fs::write(dir.path().join("x.yaml"), "domain: [").unwrap();
+    assert!(matches!(load_dir(dir.path()), Err(PolicyError::Invalid(_))));
+}

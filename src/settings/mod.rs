@@ -46,6 +46,8 @@ pub struct Settings {
     pub policies: PathBuf,
     /// Reload policies when files in the directory change (SIGHUP always reloads).
     pub watch_policies: bool,
+    /// Accept a load that leaves no domain at all (otherwise refused, at startup and on reload).
+    pub allow_empty_policies: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -231,6 +233,7 @@ impl RawSettings {
             admin_addr: self.admin_addr,
             policies: self.policies,
             watch_policies: self.watch_policies,
+            allow_empty_policies: self.allow_empty_policies,
             log_format: self.log_format,
             log_level: self.log_level,
             decision: decision::Options {

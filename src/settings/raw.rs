@@ -27,6 +27,9 @@ pub struct RawSettings {
     pub policies: PathBuf,
     /// Reload policies when files in the directory change (SIGHUP always reloads).
     pub watch_policies: bool,
+    /// Accept a policy directory with no policy file (no domain: every request answered OK)
+    /// at startup, on reload and in `sluice check`; refused when false.
+    pub allow_empty_policies: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -236,6 +239,7 @@ impl Default for RawSettings {
             admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             policies: PathBuf::from("config/policies"),
             watch_policies: true,
+            allow_empty_policies: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,

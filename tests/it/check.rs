@@ -1,8 +1,10 @@
 //! `sluice check`: every broken fixture (one per kind of error) is reported with its file, line
-//! and descriptor path, and exits 2; the shipped `config/` passes with 0.
+//! and descriptor path, and exits 2; files that would cost unbounded time or memory are refused
+//! quickly; the shipped `config/` passes with 0.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/broken");
@@ -15,6 +17,34 @@ fn check(args: &[&str]) -> Output {
         .env_remove("RUST_LOG")
         .output()
         .expect("run sluice check")
+}
+
+/// Runs `check` with `args`, killing it if it has not exited within `limit`: (exit status,
+/// stderr), or `None` when it had to be killed.
+fn check_within(args: &[&str], limit: Duration) -> Option<(i32, String)> {
+    let mut child = Command::new(BIN)
+        .arg("check")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sluice check");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for sluice check") {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            return Some((status.code().unwrap_or(-1), stderr));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `check` on a directory holding only `files` (copied from the fixtures).
@@ -105,6 +135,120 @@ fn each_broken_fixture_is_named_with_its_path_and_exits_2() {
             "{file}: expected {expected:?} in:\n{stderr}"
         );
     }
+}
+
+#[test]
+fn an_alias_bomb_is_refused_quickly_at_its_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.yaml");
+    std::fs::copy(Path::new(FIXTURES).join("alias_bomb.yaml"), &bomb).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on an alias bomb did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    let expected = format!(
+        "{}:11:10: YAML aliases expand to more than 1000000 nodes",
+        bomb.display()
+    );
+    assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+}
+
+#[test]
+fn aliases_of_a_long_scalar_are_refused_quickly() {
+    // A 4 MB scalar and a thousand aliases of it: 4 GB of text once expanded.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("text.yaml");
+    let text = format!(
+        "domain: text\ndescriptors: []\nmetadata:\n  a: &a {}\n  b: [{}]\n",
+        "x".repeat(4 << 20),
+        vec!["*a"; 1000].join(", ")
+    );
+    std::fs::write(&file, text).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on aliases of a long scalar did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    // The fifth alias passes 16 MB.
+    let expected = format!(
+        "{}:5:{}: YAML aliases expand to more than 16777216 bytes of text",
+        file.display(),
+        7 + 4 * 4
+    );
+    assert!(stderr.contains(&expected), "{expected:?} not in:\n{stderr}");
+}
+
+#[test]
+fn deep_nesting_is_refused_not_a_stack_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.yaml");
+    std::fs::copy(Path::new(FIXTURES).join("deep_nesting.yaml"), &deep).unwrap();
+    let (code, stderr) = check_within(&[dir.path().to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check on deep nesting did not finish");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:6:", deep.display()))
+            && stderr.contains("YAML nests more than 128 levels deep"),
+        "{stderr}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn entries_that_are_not_readable_files_are_named_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("good.yaml"), "domain: good\n").unwrap();
+    std::os::unix::fs::symlink("missing.yaml", d.join("dangling.yaml")).unwrap();
+    std::fs::create_dir(d.join("dir.yaml")).unwrap();
+    let status = Command::new("mkfifo")
+        .arg(d.join("fifo.yaml"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, stderr) = check_within(&[d.to_str().unwrap()], Duration::from_secs(20))
+        .expect("sluice check blocked (on the FIFO?)");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("3 problems in policies"), "{stderr}");
+    for (file, says) in [
+        (
+            "dangling.yaml",
+            "cannot read: dangling symlink (to missing.yaml",
+        ),
+        ("dir.yaml", "not a regular file (a directory)"),
+        ("fifo.yaml", "not a regular file (a FIFO)"),
+    ] {
+        let line = format!("{}: {says}", d.join(file).display());
+        assert!(stderr.contains(&line), "{line:?} not in:\n{stderr}");
+    }
+}
+
+#[test]
+fn an_empty_directory_exits_2_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(policies.join("README.md"), "nothing yet\n").unwrap();
+    let out = check(&[policies.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no policies in {}", policies.display()))
+            && stderr.contains("allow_empty_policies: true"),
+        "{stderr}"
+    );
+    let settings = dir.path().join("s.yaml");
+    std::fs::write(&settings, "allow_empty_policies: true\n").unwrap();
+    let out = check(&[
+        "--config",
+        settings.to_str().unwrap(),
+        policies.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(": 0 files, 0 domains"), "{stdout}");
 }
 
 #[test]

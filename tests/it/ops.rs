@@ -106,6 +106,115 @@ async fn a_removed_file_makes_its_domain_unknown() {
     assert_eq!(rpu(&s, "reload-keep", "a").await, Some(3));
 }
 
+/// Long enough for a reload to have happened, had one been accepted (debounce 250 ms).
+const NO_RELOAD_FOR: Duration = Duration::from_millis(1500);
+
+#[cfg(unix)]
+#[tokio::test]
+async fn an_entry_that_cannot_be_read_fails_the_reload_instead_of_vanishing() {
+    let s = TestServer::start(&[("u.yaml", &policy("reload-unreadable", &[("a", 3)]))]).await;
+    let dir = s.dir.path();
+    let failures = || async {
+        metric(s.admin, "sluice_policy_reloads_total{result=\"failure\"}")
+            .await
+            .unwrap_or(0.0)
+    };
+    let before = failures().await;
+    // The file becomes a dangling symlink (atomically) and another file changes, so an accepted
+    // reload would show: the new rate of other.yaml, and no more reload-unreadable.
+    std::os::unix::fs::symlink("gone.yaml", dir.join("u.tmp")).unwrap();
+    std::fs::rename(dir.join("u.tmp"), dir.join("u.yaml")).unwrap();
+    write(
+        &dir.join("other.yaml"),
+        &policy("reload-other", &[("a", 5)]),
+    );
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-other", "a").await.is_some()
+        })
+        .await,
+        "a load with a dangling symlink was accepted"
+    );
+    assert_eq!(rpu(&s, "reload-unreadable", "a").await, Some(3));
+    assert!(failures().await > before);
+    // A FIFO of that name is refused as well, and never opened (the reloader would hang).
+    let status = std::process::Command::new("mkfifo")
+        .arg(dir.join("u.fifo"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::rename(dir.join("u.fifo"), dir.join("u.yaml")).unwrap();
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-other", "a").await.is_some()
+        })
+        .await,
+        "a load with a FIFO was accepted"
+    );
+    // Once the entry is a file again, the next load goes through.
+    std::fs::remove_file(dir.join("u.yaml")).unwrap();
+    write(
+        &dir.join("u.yaml"),
+        &policy("reload-unreadable", &[("a", 4)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-unreadable", "a").await == Some(4)
+                && rpu(&s, "reload-other", "a").await == Some(5)
+        })
+        .await
+    );
+}
+
+#[tokio::test]
+async fn a_reload_to_no_policies_at_all_is_refused() {
+    let s = TestServer::start(&[("e.yaml", &policy("reload-empty", &[("a", 3)]))]).await;
+    std::fs::remove_file(s.dir.path().join("e.yaml")).unwrap();
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "reload-empty", "a").await.is_none()
+        })
+        .await,
+        "an empty policy set was swapped in"
+    );
+    write(
+        &s.dir.path().join("e2.yaml"),
+        &policy("reload-empty-2", &[("a", 2)]),
+    );
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&s, "reload-empty-2", "a").await == Some(2)
+        })
+        .await
+    );
+    assert_eq!(rpu(&s, "reload-empty", "a").await, None);
+}
+
+#[tokio::test]
+async fn an_empty_policy_directory_does_not_start_unless_allowed() {
+    use sluice::app::{App, AppError};
+    use sluice::policy::PolicyError;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = sluice::settings::Settings {
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        policies: dir.path().to_path_buf(),
+        ..sluice::settings::Settings::default()
+    };
+    let err = App::bind(settings.clone()).await.unwrap_err();
+    assert!(
+        matches!(err, AppError::Policy(PolicyError::Empty { .. })),
+        "{err:?}"
+    );
+    let app = App::bind(sluice::settings::Settings {
+        allow_empty_policies: true,
+        ..settings
+    })
+    .await
+    .unwrap();
+    assert_eq!(app.policies().load().summary().domains, 0);
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn a_configmap_symlink_swap_reloads() {
@@ -140,6 +249,108 @@ async fn a_configmap_symlink_swap_reloads() {
     assert!(
         eventually(RELOAD_WITHIN, || async {
             rpu(&s, "reload-configmap", "a").await == Some(7)
+        })
+        .await
+    );
+}
+
+/// A replaced directory is found by the watch on its parent, else by the re-scan (2 s).
+const REPLACED_WITHIN: Duration = Duration::from_secs(6);
+
+/// `dir` with `suffix` added to its name: a sibling on the same filesystem.
+fn sibling(dir: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = dir.file_name().unwrap().to_os_string();
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+#[tokio::test]
+async fn a_directory_replaced_by_rename_keeps_being_watched() {
+    let s = TestServer::start(&[("r.yaml", &policy("replace-rename", &[("a", 1)]))]).await;
+    let dir = s.dir.path();
+    for round in 2..=3 {
+        // A new directory renamed over the old one (which is first moved aside: rename(2)
+        // replaces only an empty directory).
+        let new = sibling(dir, ".new");
+        let old = sibling(dir, ".old");
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(
+            new.join("r.yaml"),
+            policy("replace-rename", &[("a", round)]),
+        )
+        .unwrap();
+        std::fs::rename(dir, &old).unwrap();
+        std::fs::rename(&new, dir).unwrap();
+        std::fs::remove_dir_all(&old).unwrap();
+        assert!(
+            eventually(REPLACED_WITHIN, || async {
+                rpu(&s, "replace-rename", "a").await == Some(round)
+            })
+            .await,
+            "round {round}: replaced directory not loaded"
+        );
+        // Edits inside the new directory reload too.
+        write(
+            &dir.join("r.yaml"),
+            &policy("replace-rename", &[("a", round * 10)]),
+        );
+        assert!(
+            eventually(REPLACED_WITHIN, || async {
+                rpu(&s, "replace-rename", "a").await == Some(round * 10)
+            })
+            .await,
+            "round {round}: edit in the replaced directory not loaded"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_directory_removed_and_recreated_keeps_being_watched() {
+    let s = TestServer::start(&[("r.yaml", &policy("replace-rmrf", &[("a", 1)]))]).await;
+    let dir = s.dir.path();
+    std::fs::remove_dir_all(dir).unwrap();
+    // While it is gone, loads fail and the running policies answer.
+    assert!(
+        !eventually(NO_RELOAD_FOR, || async {
+            rpu(&s, "replace-rmrf", "a").await != Some(1)
+        })
+        .await
+    );
+    std::fs::create_dir(dir).unwrap();
+    write(&dir.join("r.yaml"), &policy("replace-rmrf", &[("a", 2)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "replace-rmrf", "a").await == Some(2)
+        })
+        .await,
+        "recreated directory not loaded"
+    );
+    write(&dir.join("r.yaml"), &policy("replace-rmrf", &[("a", 3)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "replace-rmrf", "a").await == Some(3)
+        })
+        .await,
+        "edit in the recreated directory not loaded"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_change_no_watch_event_reports_is_found_by_the_rescan() {
+    // The policy file is a symlink to a file elsewhere, rewritten there: nothing happens in
+    // the policy directory, but a load would read something new.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("t.yaml");
+    std::fs::write(&target, policy("rescan", &[("a", 1)])).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&target, dir.path().join("s.yaml")).unwrap();
+    let s = TestServer::start_in(dir, |_| {}).await;
+    assert_eq!(rpu(&s, "rescan", "a").await, Some(1));
+    write(&target, &policy("rescan", &[("a", 2)]));
+    assert!(
+        eventually(REPLACED_WITHIN, || async {
+            rpu(&s, "rescan", "a").await == Some(2)
         })
         .await
     );
