@@ -378,7 +378,7 @@ impl RedisStore {
 const LEAN_LIMIT: u64 = 1 << 52;
 
 /// Whether `gcra_lean.lua` decides these ops exactly: every counter's `B·T + T` is below
-/// [`LEAN_LIMIT`]. The rest (a tolerance of weeks or more) go to the pair arithmetic of
+/// 2^52 ns. The rest (a tolerance of weeks or more) go to the pair arithmetic of
 /// `gcra.lua`.
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
     ops.into_iter()
