@@ -21,7 +21,7 @@
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
 //! - [`pb`]: generated protobuf code.
 //! - `client` (feature `client`): the other side of the wire, for services that ask sluice: a
-//!   typed client with a deadline and a failure policy. It speaks `pb` only.
+//!   typed client with a deadline and a failure policy, and jittered backoff. It speaks `pb` only.
 //!
 //! # Request flow
 //!

@@ -1,8 +1,8 @@
 //! The client half: what a service links to ask sluice before it does work.
 //!
 //! It owns the call (`ShouldRateLimit` with a per-call deadline), the reading of the answer into
-//! a typed [`Answer`] (allowed, or refused with the exact wait), and the stated
-//! [`FailurePolicy`] for when sluice does not answer.
+//! a typed [`Answer`] (allowed, or refused with the exact wait), the stated [`FailurePolicy`] for
+//! when sluice does not answer, and the jittered [`backoff`] before asking again.
 //!
 //! It does not decide, count or know policies: it is the other side of the wire and speaks the
 //! generated [`crate::pb`] types only, never the server, the decision internals or the stores
@@ -15,6 +15,8 @@
 //! lines while it keeps failing, an info line when sluice answers again (a warning per failure
 //! would flood the log of a busy service exactly when sluice is down).
 
+pub mod backoff;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -24,6 +26,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::pb::rate_limit_response::Code;
 use crate::pb::rate_limit_service_client::RateLimitServiceClient;
 use crate::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
+
+pub use backoff::{Backoff, Jitter};
 
 /// The default per-call deadline: a quarter of Envoy's default 20 ms for its whole call to a
 /// rate-limit service. sluice answers in well under a millisecond on a LAN; a call that takes

@@ -1,9 +1,13 @@
-//! The client half (`--features client`) against a real server: typed answers, and the deadline
-//! against a server that never answers under each failure policy.
+//! The client half (`--features client`) against a real server: typed answers, the deadline
+//! against a server that never answers under each failure policy, and backoff above the
+//! server's wait.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use sluice::client::{Answer, ClientError, Descriptor, FailurePolicy, RateLimitClient};
+use sluice::client::{
+    Answer, Backoff, ClientError, Descriptor, FailurePolicy, Jitter, RateLimitClient,
+};
 use tokio::net::TcpListener;
 
 use crate::helpers::TestServer;
@@ -144,4 +148,37 @@ async fn an_unreachable_server_is_a_failure_too() {
     assert!(!client.check(&tenant("acme")).await.is_allowed());
     assert_eq!(client.failures(), 1);
     assert!(RateLimitClient::connect_lazy("not a uri", "jobs").is_err());
+}
+
+#[tokio::test]
+async fn backoff_after_a_real_refusal_never_undercuts_its_wait_and_spreads() {
+    let server = server().await;
+    let client = client(&server);
+    client.check(&tenant("acme")).await;
+    client.check(&tenant("acme")).await;
+    let Answer::Refused { wait } = client.check(&tenant("acme")).await else {
+        panic!("the third call is refused");
+    };
+    assert_eq!(wait, Duration::from_secs(30));
+    // Ten thousand refused callers, each with its own backoff (seeds 0..10 000).
+    let waits: Vec<Duration> = (0..10_000u64)
+        .map(|seed| {
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
+                .with_jitter(Jitter::seeded(seed))
+                .after_refusal(wait)
+        })
+        .collect();
+    assert!(waits.iter().all(|w| *w >= wait && *w < wait.mul_f64(1.5)));
+    // Spread over the whole [30 s, 45 s): every one-second slot is used, none by more than
+    // twice its share (10 000 / 15 ≈ 667).
+    let mut per_second = [0usize; 15];
+    for w in &waits {
+        per_second[(w.as_secs() - 30) as usize] += 1;
+    }
+    assert!(
+        per_second.iter().all(|&n| n > 333 && n < 1_333),
+        "{per_second:?}"
+    );
+    let distinct: BTreeSet<u128> = waits.iter().map(Duration::as_millis).collect();
+    assert!(distinct.len() > 5_000, "{} distinct ms", distinct.len());
 }
