@@ -2,7 +2,8 @@
 //!
 //! It owns the call (`ShouldRateLimit` with a per-call deadline), the reading of the answer into
 //! a typed [`Answer`] (allowed, or refused with the exact wait), the stated [`FailurePolicy`] for
-//! when sluice does not answer, and the jittered [`backoff`] before asking again.
+//! when sluice does not answer, the jittered [`backoff`] before asking again, and the tower
+//! [`layer`] that puts a limiter in front of an axum or tonic service.
 //!
 //! It does not decide, count or know policies: it is the other side of the wire and speaks the
 //! generated [`crate::pb`] types only, never the server, the decision internals or the stores
@@ -16,6 +17,7 @@
 //! would flood the log of a busy service exactly when sluice is down).
 
 pub mod backoff;
+pub mod layer;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +30,7 @@ use crate::pb::rate_limit_service_client::RateLimitServiceClient;
 use crate::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
 
 pub use backoff::{Backoff, Jitter};
+pub use layer::{RateLimit, RateLimitLayer, Refusal};
 
 /// The default per-call deadline: a quarter of Envoy's default 20 ms for its whole call to a
 /// rate-limit service. sluice answers in well under a millisecond on a LAN; a call that takes

@@ -1,25 +1,32 @@
 //! The client half (`--features client`) against a real server: typed answers, the deadline
-//! against a server that never answers under each failure policy, and backoff above the
-//! server's wait.
+//! against a server that never answers under each failure policy, backoff above the server's
+//! wait, and the tower layer in front of an axum and a tonic service.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice::client::{
     Answer, Backoff, ClientError, Descriptor, FailurePolicy, Jitter, RateLimitClient,
+    RateLimitLayer, Refusal,
 };
 use tokio::net::TcpListener;
+use tonic::transport::Channel;
+use tower_service::Service;
 
 use crate::helpers::TestServer;
 
 const SEC: u64 = 1_000_000_000;
 
-/// Two requests a minute per tenant.
+/// Two requests a minute per tenant; one a minute per API key.
 const POLICY: &str = r"
 domain: jobs
 descriptors:
   - key: tenant
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 1}
 ";
 
 /// A deadline generous enough for a debug build on a busy machine, for the calls that must get
@@ -181,4 +188,154 @@ async fn backoff_after_a_real_refusal_never_undercuts_its_wait_and_spreads() {
     );
     let distinct: BTreeSet<u128> = waits.iter().map(Duration::as_millis).collect();
     assert!(distinct.len() > 5_000, "{} distinct ms", distinct.len());
+}
+
+/// An axum service counting the requests that reach it, behind the layer; descriptors from the
+/// `x-api-key` header, none without it.
+fn axum_service(client: RateLimitClient) -> (axum::Router, Arc<AtomicUsize>) {
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&reached);
+    let layer = RateLimitLayer::new(client, |req: &http::Request<axum::body::Body>| {
+        req.headers()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|key| vec![Descriptor::new([("api_key", key)])])
+            .unwrap_or_default()
+    })
+    .with_jitter(Jitter::seeded(9));
+    let app = axum::Router::new()
+        .route(
+            "/work",
+            axum::routing::get(move || async move {
+                counter.fetch_add(1, Ordering::Relaxed);
+                "done"
+            }),
+        )
+        .layer(layer);
+    (app, reached)
+}
+
+async fn get(app: &mut axum::Router, key: Option<&str>) -> http::Response<axum::body::Body> {
+    let mut request = http::Request::get("/work");
+    if let Some(key) = key {
+        request = request.header("x-api-key", key);
+    }
+    let request = request.body(axum::body::Body::empty()).expect("request");
+    std::future::poll_fn(|cx| Service::<http::Request<axum::body::Body>>::poll_ready(app, cx))
+        .await
+        .expect("ready");
+    app.call(request).await.expect("infallible")
+}
+
+#[tokio::test]
+async fn the_layer_answers_429_with_retry_after_and_the_service_is_never_reached() {
+    let server = server().await;
+    let (mut app, reached) = axum_service(client(&server));
+
+    let first = get(&mut app, Some("k1")).await;
+    assert_eq!(first.status(), http::StatusCode::OK);
+    assert_eq!(reached.load(Ordering::Relaxed), 1);
+
+    // One a minute: the next is refused for 60 s, spread upward by up to 30 s.
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let refused = get(&mut app, Some("k1")).await;
+        assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        let retry_after: u64 = refused
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .expect("Retry-After")
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((60..=90).contains(&retry_after), "{retry_after}");
+        seen.insert(retry_after);
+    }
+    assert!(seen.len() > 3, "Retry-After is jittered: {seen:?}");
+    assert_eq!(
+        reached.load(Ordering::Relaxed),
+        1,
+        "refused requests never reach it"
+    );
+
+    // Another key, and a request without descriptors (not limited, sluice not asked).
+    assert_eq!(
+        get(&mut app, Some("k2")).await.status(),
+        http::StatusCode::OK
+    );
+    for _ in 0..3 {
+        assert_eq!(get(&mut app, None).await.status(), http::StatusCode::OK);
+    }
+    assert_eq!(reached.load(Ordering::Relaxed), 5);
+}
+
+#[tokio::test]
+async fn the_layer_follows_the_failure_policy_when_sluice_stalls() {
+    let addr = stalling_server().await;
+    let base = RateLimitClient::connect_lazy(&format!("http://{addr}"), "jobs")
+        .expect("address")
+        .with_deadline(Duration::from_millis(20));
+
+    let (mut open, reached) = axum_service(base.clone());
+    assert_eq!(
+        get(&mut open, Some("k")).await.status(),
+        http::StatusCode::OK
+    );
+    assert_eq!(reached.load(Ordering::Relaxed), 1);
+
+    let closed = base.with_failure_policy(FailurePolicy::Closed {
+        wait: Duration::from_secs(2),
+    });
+    let (mut closed, reached) = axum_service(closed);
+    let refused = get(&mut closed, Some("k")).await;
+    assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key(http::header::RETRY_AFTER));
+    assert_eq!(reached.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn the_layer_refuses_a_tonic_service_with_resource_exhausted() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+    let server = server().await;
+    let layer = RateLimitLayer::new(client(&server), |_: &http::Request<tonic::body::Body>| {
+        vec![Descriptor::new([("api_key", "grpc")])]
+    })
+    .refusing_with(Refusal::Grpc);
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let ok = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("the first call passes");
+    assert_eq!(ok.into_inner().status, ServingStatus::Serving as i32);
+    let refused = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect_err("the second is over the limit");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    let pushback: u64 = refused
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .expect("pushback")
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("ms");
+    assert!((60_000..=90_000).contains(&pushback), "{pushback}");
 }
