@@ -21,8 +21,8 @@
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
 //! - [`pb`]: generated protobuf code.
 //! - `client` (feature `client`): the other side of the wire, for services that ask sluice: a
-//!   typed client with a deadline and a failure policy, jittered backoff, and a tower layer. It
-//!   speaks `pb` only.
+//!   typed client with a deadline and a failure policy, jittered backoff, a tower layer, and an
+//!   adaptive concurrency limit for the service's own downstream calls. It speaks `pb` only.
 //!
 //! # Request flow
 //!

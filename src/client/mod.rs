@@ -2,8 +2,9 @@
 //!
 //! It owns the call (`ShouldRateLimit` with a per-call deadline), the reading of the answer into
 //! a typed [`Answer`] (allowed, or refused with the exact wait), the stated [`FailurePolicy`] for
-//! when sluice does not answer, the jittered [`backoff`] before asking again, and the tower
-//! [`layer`] that puts a limiter in front of an axum or tonic service.
+//! when sluice does not answer, the jittered [`backoff`] before asking again, the tower
+//! [`layer`] that puts a limiter in front of an axum or tonic service, and the [`adaptive`]
+//! concurrency limit a service keeps for its own downstream calls.
 //!
 //! It does not decide, count or know policies: it is the other side of the wire and speaks the
 //! generated [`crate::pb`] types only, never the server, the decision internals or the stores
@@ -16,6 +17,7 @@
 //! lines while it keeps failing, an info line when sluice answers again (a warning per failure
 //! would flood the log of a busy service exactly when sluice is down).
 
+pub mod adaptive;
 pub mod backoff;
 pub mod layer;
 
