@@ -19,12 +19,15 @@
 //! use sluice::client::{Descriptor, RateLimitClient, RateLimitLayer};
 //!
 //! # fn main() -> Result<(), sluice::client::ClientError> {
+//! // config/policies/edge.yaml: 600 a minute per API key, as [generic_key=api, api_key=<key>].
 //! let sluice = RateLimitClient::connect_lazy("http://127.0.0.1:8081", "edge")?;
 //! let app: Router = Router::new()
 //!     .route("/api/search", get(|| async { "results" }))
 //!     .layer(RateLimitLayer::new(sluice, |req: &http::Request<axum::body::Body>| {
 //!         let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-//!         key.map(|k| vec![Descriptor::new([("api_key", k)])]).unwrap_or_default()
+//!         // No key, no descriptor: not limited here.
+//!         key.map(|k| vec![Descriptor::new([("generic_key", "api"), ("api_key", k)])])
+//!             .unwrap_or_default()
 //!     }));
 //! # Ok(())
 //! # }
