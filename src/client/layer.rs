@@ -59,65 +59,45 @@ pub enum Refusal {
 
 /// Puts [`RateLimit`] in front of a service.
 pub struct RateLimitLayer<F> {
-    shared: Arc<Shared<F>>,
+    client: RateLimitClient,
+    describe: Arc<F>,
+    refusal: Refusal,
+    jitter: Arc<Jitter>,
 }
 
 impl<F> Clone for RateLimitLayer<F> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            client: self.client.clone(),
+            describe: Arc::clone(&self.describe),
+            refusal: self.refusal,
+            jitter: Arc::clone(&self.jitter),
         }
     }
-}
-
-/// What every clone of the layer and its services share.
-struct Shared<F> {
-    client: RateLimitClient,
-    describe: F,
-    refusal: Refusal,
-    jitter: Jitter,
 }
 
 impl<F> RateLimitLayer<F> {
     /// A layer asking `client` with the descriptors `describe` builds from each request, and
     /// answering refusals with HTTP 429.
     pub fn new(client: RateLimitClient, describe: F) -> Self {
-        Self::build(client, describe, Refusal::Http, Jitter::from_entropy())
+        Self {
+            client,
+            describe: Arc::new(describe),
+            refusal: Refusal::Http,
+            jitter: Arc::new(Jitter::from_entropy()),
+        }
     }
 
     /// This layer answering refusals as `refusal` says (e.g. [`Refusal::Grpc`] for tonic).
-    pub fn refusing_with(self, refusal: Refusal) -> Self {
-        self.rebuild(|s| s.refusal = refusal)
+    pub fn refusing_with(mut self, refusal: Refusal) -> Self {
+        self.refusal = refusal;
+        self
     }
 
-    /// This layer spreading `Retry-After` with `jitter` (e.g. [`Jitter::seeded`] in a test).
-    pub fn with_jitter(self, jitter: Jitter) -> Self {
-        self.rebuild(|s| s.jitter = jitter)
-    }
-
-    fn build(client: RateLimitClient, describe: F, refusal: Refusal, jitter: Jitter) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                client,
-                describe,
-                refusal,
-                jitter,
-            }),
-        }
-    }
-
-    /// Applies `change` to the configuration; the layer is being built, so it is not shared
-    /// yet (a clone's configuration stays as it was).
-    fn rebuild(self, change: impl FnOnce(&mut Shared<F>)) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                change(&mut shared);
-                Self {
-                    shared: Arc::new(shared),
-                }
-            }
-            Err(shared) => Self { shared },
-        }
+    /// This layer spreading the retry wait with `jitter` (e.g. [`Jitter::seeded`] in a test).
+    pub fn with_jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = Arc::new(jitter);
+        self
     }
 }
 
@@ -127,9 +107,22 @@ impl<S, F> Layer<S> for RateLimitLayer<F> {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
             inner,
-            shared: Arc::clone(&self.shared),
+            shared: Arc::new(Shared {
+                client: self.client.clone(),
+                describe: Arc::clone(&self.describe),
+                refusal: self.refusal,
+                jitter: Arc::clone(&self.jitter),
+            }),
         }
     }
+}
+
+/// What a service and its clones share.
+struct Shared<F> {
+    client: RateLimitClient,
+    describe: Arc<F>,
+    refusal: Refusal,
+    jitter: Arc<Jitter>,
 }
 
 /// A service that asks sluice before passing a request on (see the module documentation).

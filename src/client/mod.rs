@@ -280,7 +280,8 @@ impl RateLimitClient {
         }
     }
 
-    /// Asks sluice, without the failure policy: the server's answer, or why there was none.
+    /// Asks sluice, without the failure policy: the server's answer, or why there was none
+    /// (not counted or logged here: the caller has the error).
     pub async fn try_check(
         &self,
         descriptors: &[Descriptor],
