@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tower_service::Service;
 
-use crate::helpers::TestServer;
+use crate::helpers::{TestServer, metric};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -98,6 +98,8 @@ async fn answers_are_typed_allowed_or_refused_with_the_exact_wait() {
 
 #[tokio::test]
 async fn a_stalled_server_hits_the_deadline_and_the_failure_policy_answers() {
+    // A real server too, started first: it installs the process's metrics recorder.
+    let server = server().await;
     let addr = stalling_server().await;
     let deadline = Duration::from_millis(20);
     let open = RateLimitClient::connect_lazy(&format!("http://{addr}"), "jobs")
@@ -131,6 +133,15 @@ async fn a_stalled_server_hits_the_deadline_and_the_failure_policy_answers() {
     // Clones share the count.
     assert_eq!(open.failures(), 2);
     assert!(started.elapsed() < Duration::from_secs(5));
+
+    // Each failure is a metric too, in the process's recorder (the test server's /metrics
+    // shows it; other tests may add to it, never take away).
+    for policy in ["open", "closed"] {
+        let series =
+            format!("sluice_client_failures_total{{reason=\"deadline\",policy=\"{policy}\"}}");
+        let count = metric(server.admin, &series).await;
+        assert!(count.is_some_and(|n| n >= 1.0), "{series}: {count:?}");
+    }
 }
 
 #[tokio::test]
