@@ -12,7 +12,9 @@
 //! - [`Vegas`] (delay-based, for a service protecting a downstream it alone loads): keeps the
 //!   minimum RTT seen as the no-load baseline and a smoothed RTT (EMA, factor ½); after 10
 //!   samples, `queue = (rtt_smoothed − rtt_min) / rtt_min · limit`; the limit grows by 1 while
-//!   `queue < α` (3), shrinks by 1 while `queue > β` (6), and halves on a failure.
+//!   `queue < α` (3), shrinks by 1 while `queue > β` (6), and halves on a failure. The minimum
+//!   is never forgotten (Netflix's Vegas probes it again now and then): after a lasting
+//!   slowdown of the downstream itself, make a new limit.
 //! - [`Gradient2`]: compares the latest RTT with a long-term average (EMA over 600 samples):
 //!   `limit ← (1 − s)·limit + s·(clamp(1.5 · rtt_long / rtt, ½, 1) · limit + ⌈log₁₀ limit⌉)`
 //!   with smoothing `s` = 0.2, only while at least half the limit is in flight.
