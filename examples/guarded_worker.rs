@@ -1,73 +1,20 @@
-//! A microservice that asks sluice before doing work.
+//! A worker that asks sluice before each job, on `sluice::client`.
 //!
-//! It processes jobs for a tenant; before each job it calls `ShouldRateLimit` with the
-//! descriptor `[tenant=<name>]` in domain `jobs`:
-//! - `OK`: do the job;
-//! - `OVER_LIMIT`: wait `duration_until_reset`, plus up to 50 % jitter so that many workers
-//!   refused at once do not retry in lockstep, then ask again;
-//! - sluice unreachable or erroring (no answer within 50 ms): the stated policy is to **fail
-//!   open**, doing the job anyway, because the limit protects a downstream that is also guarded
-//!   elsewhere; a service for which overload is worse than refusal would fail closed instead.
+//! Before each job it asks about the descriptor `[tenant=<name>]` in domain `jobs`:
+//! - allowed: it does the job;
+//! - refused: it waits as [`Backoff`] says (never less than the server's wait, spread upward so
+//!   workers refused together do not return together), then asks again;
+//! - sluice does not answer within the client's deadline: the client fails open, as stated in
+//!   its [`FailurePolicy`], and counts the failure; the worker does the job and says so. (A
+//!   worker for which overload costs more than refusal would use `FailurePolicy::Closed`.)
 //!
 //! Run a server with a `jobs` policy, e.g.
 //! `domain: jobs` / `descriptors: [{key: tenant, rate_limit: {unit: second, requests_per_unit: 5}}]`,
-//! then: `cargo run --example guarded_worker -- http://127.0.0.1:8081 acme 20`
+//! then: `cargo run --features client --example guarded_worker -- http://127.0.0.1:8081 acme 20`
 
 use std::time::{Duration, Instant};
 
-use sluice::pb::rate_limit_response::Code;
-use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
-use sluice::pb::{RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry};
-use tonic::transport::Channel;
-
-/// What to do for one job, as sluice (or its absence) decides.
-enum Verdict {
-    Go,
-    WaitFor(Duration),
-    Unavailable(String),
-}
-
-async fn ask(client: &mut RateLimitServiceClient<Channel>, tenant: &str) -> Verdict {
-    let request = RateLimitRequest {
-        domain: "jobs".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "tenant".into(),
-                value: tenant.into(),
-            }],
-            ..RateLimitDescriptor::default()
-        }],
-        hits_addend: 1,
-    };
-    let mut call = tonic::Request::new(request);
-    call.set_timeout(Duration::from_millis(50));
-    match client.should_rate_limit(call).await {
-        Ok(answer) => {
-            let answer = answer.into_inner();
-            if answer.overall_code == Code::OverLimit as i32 {
-                let wait = answer
-                    .statuses
-                    .iter()
-                    .filter(|s| s.code == Code::OverLimit as i32)
-                    .filter_map(|s| s.duration_until_reset.as_ref())
-                    .map(|d| Duration::from_secs(u64::try_from(d.seconds).unwrap_or(0)))
-                    .max()
-                    .unwrap_or(Duration::from_secs(1));
-                Verdict::WaitFor(wait.max(Duration::from_millis(100)))
-            } else {
-                Verdict::Go
-            }
-        }
-        Err(status) => Verdict::Unavailable(status.to_string()),
-    }
-}
-
-/// A jitter fraction in [0, 0.5) that differs between calls and processes.
-fn jitter() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64 / 2.0
-}
+use sluice::client::{Answer, Backoff, Descriptor, FailurePolicy, RateLimitClient};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,33 +24,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "http://127.0.0.1:8081".into());
     let tenant = args.next().unwrap_or_else(|| "acme".into());
     let jobs: u32 = args.next().map_or(Ok(20), |n| n.parse())?;
-    let channel = Channel::from_shared(url)?.connect_lazy();
-    let mut client = RateLimitServiceClient::new(channel);
+
+    let sluice = RateLimitClient::connect_lazy(&url, "jobs")?
+        .with_deadline(Duration::from_millis(50))
+        .with_failure_policy(FailurePolicy::Open);
+    let descriptors = [Descriptor::new([("tenant", tenant.as_str())])];
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     let started = Instant::now();
     let mut done = 0;
     while done < jobs {
-        match ask(&mut client, &tenant).await {
-            Verdict::Go => {
+        let failures = sluice.failures();
+        match sluice.check(&descriptors).await {
+            Answer::Allowed => {
+                backoff.reset();
                 done += 1;
-                println!("{:>6.2}s job {done} done", started.elapsed().as_secs_f64());
+                let t = started.elapsed().as_secs_f64();
+                if sluice.failures() > failures {
+                    println!("{t:>6.2}s sluice did not answer; job {done} done anyway (fail open)");
+                } else {
+                    println!("{t:>6.2}s job {done} done");
+                }
             }
-            Verdict::WaitFor(wait) => {
-                let wait = wait.mul_f64(1.0 + jitter());
+            Answer::Refused { wait } => {
+                let pause = backoff.after_refusal(wait);
                 println!(
-                    "{:>6.2}s over the limit; retrying in {wait:.2?}",
+                    "{:>6.2}s over the limit for {wait:?}; asking again in {pause:.2?}",
                     started.elapsed().as_secs_f64()
                 );
-                tokio::time::sleep(wait).await;
-            }
-            Verdict::Unavailable(why) => {
-                // Fail open (see the module documentation), and say so.
-                done += 1;
-                println!(
-                    "{:>6.2}s sluice unavailable ({why}); job {done} done anyway",
-                    started.elapsed().as_secs_f64()
-                );
+                tokio::time::sleep(pause).await;
             }
         }
     }
+    println!("{jobs} jobs; {} calls to sluice failed", sluice.failures());
     Ok(())
 }

@@ -20,6 +20,9 @@
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
 //! - [`pb`]: generated protobuf code.
+//! - `client` (feature `client`): the other side of the wire, for services that ask sluice: a
+//!   typed client with a deadline and a failure policy, jittered backoff, a tower layer, and an
+//!   adaptive concurrency limit for the service's own downstream calls. It speaks `pb` only.
 //!
 //! # Request flow
 //!
@@ -33,6 +36,8 @@
 //! or protobuf; `decision` knows no transport; the adapters reach no store.
 
 pub mod app;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod decision;
 pub(crate) mod histogram;
 pub mod limiter;

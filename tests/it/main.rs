@@ -1,5 +1,7 @@
 //! sluice integration tests: one binary, a module per area.
 mod check;
+#[cfg(feature = "client")]
+mod client;
 mod conn;
 mod gcra;
 mod headers;
