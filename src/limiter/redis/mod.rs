@@ -238,6 +238,12 @@ impl RedisStore {
                 self.cache.learn(ops, &batch, local_now);
                 Ok(batch)
             }
+            // Not connected yet: the call failed at once, so there is nothing for the breaker
+            // to save; the connection loop is already retrying.
+            Err(e @ BackendError::NotConnected) => {
+                self.stats.error(e.kind());
+                Err(e)
+            }
             Err(e) => {
                 self.stats.error(e.kind());
                 if self.breaker.failure() {
