@@ -18,7 +18,7 @@ use crate::limiter::{
     Backend, BackendError, Clock, MemoryStore, MonotonicClock, RedisStore, RedisTime,
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
-use crate::policy::{self, PolicyError, PolicyHandle, Summary};
+use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
 use crate::server::{self, Health, rls::RateLimitHandler};
@@ -70,13 +70,13 @@ pub enum ServeError {
     Stopped,
 }
 
-/// Validates the policies named by `settings` without serving.
+/// Loads and validates the policies named by `settings` without serving.
 ///
 /// # Errors
 ///
 /// [`AppError::Policy`] listing every problem.
-pub fn check(settings: &Settings) -> Result<Summary, AppError> {
-    Ok(policy::load_dir(&settings.policies)?.summary())
+pub fn check(settings: &Settings) -> Result<PolicySet, AppError> {
+    Ok(policy::load_dir(&settings.policies)?)
 }
 
 /// A bound, ready-to-run server.

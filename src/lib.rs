@@ -19,6 +19,8 @@
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
+//! - [`lab`]: `sluice check`'s per-rule guarantees (the worst second and period each rule
+//!   allows, beside a fixed window's). Never serves.
 //! - [`pb`]: generated protobuf code.
 //!
 //! # Request flow
@@ -35,6 +37,7 @@
 pub mod app;
 pub mod decision;
 pub(crate) mod histogram;
+pub mod lab;
 pub mod limiter;
 pub mod metrics;
 pub mod pb;

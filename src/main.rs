@@ -1,10 +1,13 @@
 //! The `sluice` binary: parse the command line, load settings, then check or serve.
-//! Exit status: 0 clean, 1 runtime failure, 2 invalid settings or policies.
+//! Exit status: 0 clean, 1 runtime failure (or `check --strict` with a warning), 2 invalid
+//! settings or policies.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use sluice::app::{self, App, AppError};
+use sluice::lab::CheckReport;
+use sluice::policy::PolicySet;
 use sluice::settings::{CheckArgs, Cli, Command, ServeArgs, Settings};
 use sluice::{shutdown, telemetry};
 
@@ -18,22 +21,41 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(args: &CheckArgs) -> ExitCode {
+/// The policies named by `--config`/`--policies`, with the directory they came from.
+fn policies(
+    config: Option<&std::path::Path>,
+    dir: Option<std::path::PathBuf>,
+) -> Result<(String, PolicySet), ExitCode> {
     let flags = ServeArgs {
-        policies: args.path.clone().or_else(|| args.policies.clone()),
+        policies: dir,
         ..ServeArgs::default()
     };
-    let settings = match Settings::load(args.config.as_deref(), &flags) {
-        Ok(s) => s,
-        Err(e) => return fail(&e, ExitCode::from(2)),
+    let settings = Settings::load(config, &flags).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    let set = app::check(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    Ok((settings.policies.display().to_string(), set))
+}
+
+fn check(args: &CheckArgs) -> ExitCode {
+    let dir = args.path.clone().or_else(|| args.policies.clone());
+    let (name, set) = match policies(args.config.as_deref(), dir) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
-    match app::check(&settings) {
-        Ok(summary) => {
-            println!("{}: {summary}: ok", settings.policies.display());
-            ExitCode::SUCCESS
+    let report = CheckReport::new(&name, &set);
+    if args.json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.render());
+        for w in &report.warnings {
+            eprintln!("sluice: warning: {w}");
         }
-        Err(e) => fail(&e, ExitCode::from(2)),
     }
+    if args.strict && !report.warnings.is_empty() {
+        let n = report.warnings.len();
+        eprintln!("sluice: --strict: {n} rule(s) inherit their burst");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 fn serve(args: &ServeArgs) -> ExitCode {

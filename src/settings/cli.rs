@@ -27,7 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (the default).
     Serve(ServeArgs),
-    /// Validate settings and policies, print a summary, and exit 0 (valid) or 2 (invalid).
+    /// Validate settings and policies, print each limited rule's guarantee and a summary, and
+    /// exit 0 (valid), 1 (valid, but `--strict` and a burst is inherited) or 2 (invalid).
     Check(CheckArgs),
 }
 
@@ -81,4 +82,10 @@ pub struct CheckArgs {
     /// Directory of policy files (same as `--policies`).
     #[arg(value_name = "PATH", conflicts_with = "policies")]
     pub path: Option<PathBuf>,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit 1 when any limited rule inherits its burst.
+    #[arg(long)]
+    pub strict: bool,
 }

@@ -3,6 +3,7 @@ mod check;
 mod gcra;
 mod headers;
 mod helpers;
+mod lab;
 mod memory;
 mod ops;
 mod redis;
