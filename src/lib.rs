@@ -19,8 +19,9 @@
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
-//! - [`lab`]: `sluice check`'s per-rule guarantees (the worst second and period each rule
-//!   allows, beside a fixed window's). Never serves.
+//! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
+//!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
+//!   comparisons. Never serves.
 //! - [`pb`]: generated protobuf code.
 //!
 //! # Request flow

@@ -1,14 +1,13 @@
-//! The `sluice` binary: parse the command line, load settings, then check or serve.
-//! Exit status: 0 clean, 1 runtime failure (or `check --strict` with a warning), 2 invalid
-//! settings or policies.
+//! The `sluice` binary: parse the command line, load settings, then serve, check or replay. Exit status: 0 clean, 1 runtime failure (or `check --strict` with a warning), 2
+//! invalid settings, policies or input.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use sluice::app::{self, App, AppError};
-use sluice::lab::CheckReport;
+use sluice::lab::{self, CheckReport, Source};
 use sluice::policy::PolicySet;
-use sluice::settings::{CheckArgs, Cli, Command, ServeArgs, Settings};
+use sluice::settings::{CheckArgs, Cli, Command, ReplayArgs, ServeArgs, Settings};
 use sluice::{shutdown, telemetry};
 
 fn main() -> ExitCode {
@@ -18,6 +17,7 @@ fn main() -> ExitCode {
     {
         Command::Check(args) => check(&args),
         Command::Serve(args) => serve(&args),
+        Command::Replay(args) => replay(&args),
     }
 }
 
@@ -54,6 +54,38 @@ fn check(args: &CheckArgs) -> ExitCode {
         let n = report.warnings.len();
         eprintln!("sluice: --strict: {n} rule(s) inherit their burst");
         return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn replay(args: &ReplayArgs) -> ExitCode {
+    let own = args.policies.is_none() && args.config.is_none();
+    let set = match args.scenario {
+        Some(s) if own => match s.policies() {
+            Ok(set) => set,
+            Err(e) => return fail(&e, ExitCode::FAILURE),
+        },
+        _ => match policies(args.config.as_deref(), args.policies.clone()) {
+            Ok((_, set)) => set,
+            Err(code) => return code,
+        },
+    };
+    let source = match (args.scenario, &args.trace) {
+        (Some(s), _) => Source::Scenario(s),
+        (None, Some(path)) => Source::Trace(path),
+        (None, None) => return fail(&"give a trace or --scenario", ExitCode::from(2)),
+    };
+    let report = match lab::replay(set, source) {
+        Ok(r) => r,
+        Err(e) => return fail(&e, ExitCode::from(2)),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", lab::render(&report));
     }
     ExitCode::SUCCESS
 }

@@ -5,7 +5,7 @@
 //! them counts or reaches a store.
 
 pub(crate) mod admin;
-mod json;
+pub(crate) mod json;
 pub(crate) mod rls;
 
 use std::sync::Arc;

@@ -30,6 +30,10 @@ pub enum Command {
     /// Validate settings and policies, print each limited rule's guarantee and a summary, and
     /// exit 0 (valid), 1 (valid, but `--strict` and a burst is inherited) or 2 (invalid).
     Check(CheckArgs),
+    /// Run a trace (or a built-in scenario) through the policies with sluice's own decision
+    /// code on the trace's clock, beside a fixed window, a sliding log and a sliding-window
+    /// counter of the same limits, and report what each let through.
+    Replay(ReplayArgs),
 }
 
 /// Flags of `sluice serve`.
@@ -88,4 +92,29 @@ pub struct CheckArgs {
     /// Exit 1 when any limited rule inherits its burst.
     #[arg(long)]
     pub strict: bool,
+}
+
+/// Flags of `sluice replay`.
+#[derive(Debug, Default, Args)]
+pub struct ReplayArgs {
+    /// Settings file (YAML), for its policy directory.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files (a scenario's own policy when omitted with `--scenario`).
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// The trace: JSON Lines of `POST /json` bodies with `"t"` (seconds), plain or gzip;
+    /// `-` for standard input.
+    #[arg(
+        value_name = "TRACE",
+        required_unless_present = "scenario",
+        conflicts_with = "scenario"
+    )]
+    pub trace: Option<PathBuf>,
+    /// A built-in scenario instead of a trace.
+    #[arg(long, value_enum)]
+    pub scenario: Option<crate::lab::Scenario>,
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
