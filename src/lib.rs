@@ -22,6 +22,8 @@
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
 //!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
 //!   comparisons. Never serves.
+//! - [`probe`]: `sluice probe`, a gRPC client that loads a running rate-limit service and
+//!   reports what it answered; the server never imports it.
 //! - [`pb`]: generated protobuf code.
 //!
 //! # Request flow
@@ -43,6 +45,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod pb;
 pub mod policy;
+pub mod probe;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub mod settings;

@@ -1,4 +1,5 @@
-//! The `sluice` binary: parse the command line, load settings, then serve, check or replay. Exit status: 0 clean, 1 runtime failure (or `check --strict` with a warning), 2
+//! The `sluice` binary: parse the command line, load settings, then serve, check, replay or
+//! probe. Exit status: 0 clean, 1 runtime failure (or `check --strict` with a warning), 2
 //! invalid settings, policies or input.
 
 use std::process::ExitCode;
@@ -7,7 +8,8 @@ use clap::Parser;
 use sluice::app::{self, App, AppError};
 use sluice::lab::{self, CheckReport, Source};
 use sluice::policy::PolicySet;
-use sluice::settings::{CheckArgs, Cli, Command, ReplayArgs, ServeArgs, Settings};
+use sluice::probe::{self, ProbeConfig};
+use sluice::settings::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs, Settings};
 use sluice::{shutdown, telemetry};
 
 fn main() -> ExitCode {
@@ -18,6 +20,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check(&args),
         Command::Serve(args) => serve(&args),
         Command::Replay(args) => replay(&args),
+        Command::Probe(args) => probe(&args),
     }
 }
 
@@ -88,6 +91,51 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         print!("{}", lab::render(&report));
     }
     ExitCode::SUCCESS
+}
+
+fn probe(args: &ProbeArgs) -> ExitCode {
+    let descriptors = match args
+        .descriptors
+        .iter()
+        .map(|d| probe::parse_descriptor(d))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(d) => d,
+        Err(e) => return fail(&e, ExitCode::from(2)),
+    };
+    let by_time = (f64::from(args.rate) * args.duration).ceil() as u64;
+    let config = ProbeConfig {
+        endpoint: probe::endpoint(&args.addr),
+        request: sluice::pb::RateLimitRequest {
+            domain: args.domain.clone(),
+            descriptors,
+            hits_addend: args.hits_addend,
+        },
+        rate: args.rate,
+        concurrency: args.concurrency,
+        duration: std::time::Duration::from_secs_f64(args.duration),
+        calls: args.requests.map_or(by_time, |n| n.min(by_time)),
+        timeout: std::time::Duration::from_millis(args.timeout_ms),
+        progress: !args.json || std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => return fail(&e, ExitCode::FAILURE),
+    };
+    match runtime.block_on(probe::run(config)) {
+        Ok(report) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+            } else {
+                print!("{}", report.render());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, ExitCode::FAILURE),
+    }
 }
 
 fn serve(args: &ServeArgs) -> ExitCode {

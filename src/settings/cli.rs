@@ -34,6 +34,9 @@ pub enum Command {
     /// code on the trace's clock, beside a fixed window, a sliding log and a sliding-window
     /// counter of the same limits, and report what each let through.
     Replay(ReplayArgs),
+    /// Drive a running rate-limit service with real `ShouldRateLimit` calls and report a
+    /// per-second timeline of its answers, call latency and the rate-limit headers it sent.
+    Probe(ProbeArgs),
 }
 
 /// Flags of `sluice serve`.
@@ -117,4 +120,52 @@ pub struct ReplayArgs {
     /// Print one JSON document instead of tables.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `sluice probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The rate-limit service: `HOST:PORT` or an `http://` URL.
+    #[arg(value_name = "ADDR")]
+    pub addr: String,
+    /// The request's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// A descriptor, `key=value[,key=value…]`; repeat for several.
+    #[arg(long = "descriptor", value_name = "KEY=VALUE,...", required = true)]
+    pub descriptors: Vec<String>,
+    /// Calls per second, over all workers.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rate: u32,
+    /// Calls in flight at most.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    pub concurrency: u32,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_duration)]
+    pub duration: f64,
+    /// Stop after this many calls (default: rate × duration).
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
+    /// `hits_addend` of each call (0: the server's default of 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits_addend: u32,
+    /// Per-call timeout, in milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    pub timeout_ms: u64,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A run length in seconds: more than 0, at most an hour.
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if secs > 0.0 && secs <= 3_600.0 {
+        Ok(secs)
+    } else {
+        Err(format!("{s} must be more than 0 and at most 3600 seconds"))
+    }
 }

@@ -1,5 +1,6 @@
 //! The stampede lab: `sluice check`'s guarantees, `sluice replay`'s built-in scenarios and
-//! traces against numbers worked out by hand, and replay against the running server.
+//! traces against numbers worked out by hand, replay against the running server, and `sluice
+//! probe` against a server started here.
 
 use std::process::{Command, Output};
 
@@ -359,4 +360,79 @@ async fn replay_answers_as_the_running_server_does() {
     // And the answers are not trivial: some of each.
     assert!(from_server.iter().any(|(ok, _)| *ok));
     assert!(from_server.iter().any(|(ok, r)| !*ok && *r > 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_drives_a_server_and_reports_what_it_saw() {
+    let policy = "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let server = TestServer::start_with(&[("p.yaml", policy)], |s| {
+        s.response_headers = sluice::decision::HeaderMode::Legacy;
+    })
+    .await;
+    // The server's clock stands still: the bucket of 5 never refills, so of 40 calls exactly
+    // 5 are OK and 35 OVER_LIMIT.
+    let addr = server.grpc.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        sluice(&[
+            "probe",
+            &addr,
+            "--domain",
+            "p",
+            "--descriptor",
+            "k=v",
+            "--rate",
+            "400",
+            "--concurrency",
+            "4",
+            "--duration",
+            "5",
+            "--requests",
+            "40",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    let r = json(&out);
+    assert_eq!(r["calls"], 40);
+    assert_eq!(r["ok"], 5);
+    assert_eq!(r["over_limit"], 35);
+    assert_eq!(r["errors"], 0);
+    let timeline = r["timeline"].as_array().unwrap();
+    let sum = |f: &str| timeline.iter().map(|s| s[f].as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("ok"), sum("over_limit")), (5, 35));
+    assert!(r["latency"]["max_us"].as_u64().unwrap() >= r["latency"]["p50_us"].as_u64().unwrap());
+    assert!(r["latency"]["max_us"].as_u64().unwrap() > 0);
+    // The legacy headers, on every answer.
+    assert_eq!(
+        r["headers"]["RateLimit-Limit"]["count"], 40,
+        "{}",
+        r["headers"]
+    );
+    assert_eq!(r["headers"]["RateLimit-Remaining"]["first"], "4");
+
+    // The text form: the timeline, the latency line, the headers.
+    let addr = server.grpc.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        sluice(&[
+            "probe",
+            &addr,
+            "--domain",
+            "p",
+            "--descriptor",
+            "k=v",
+            "--rate",
+            "100",
+            "--duration",
+            "0.2",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("utc "), "{text}");
+    assert!(text.contains("over_limit 20"), "{text}");
+    assert!(text.contains("latency: p50 "), "{text}");
+    assert!(text.contains("RateLimit-Remaining: 0"), "{text}");
 }
