@@ -21,7 +21,7 @@
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
 //!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
-//!   comparisons. Never serves.
+//!   comparisons, with the SVG chart. Never serves.
 //! - [`probe`]: `sluice probe`, a gRPC client that loads a running rate-limit service and
 //!   reports what it answered; the server never imports it.
 //! - [`pb`]: generated protobuf code.

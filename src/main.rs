@@ -73,9 +73,12 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             Err(code) => return code,
         },
     };
-    let source = match (args.scenario, &args.trace) {
-        (Some(s), _) => Source::Scenario(s),
-        (None, Some(path)) => Source::Trace(path),
+    let (source, title) = match (args.scenario, &args.trace) {
+        (Some(s), _) => (Source::Scenario(s), s.command().to_string()),
+        (None, Some(path)) => (
+            Source::Trace(path),
+            format!("sluice replay {}", path.display()),
+        ),
         (None, None) => return fail(&"give a trace or --scenario", ExitCode::from(2)),
     };
     let report = match lab::replay(set, source) {
@@ -89,6 +92,11 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         );
     } else {
         print!("{}", lab::render(&report));
+    }
+    if let Some(svg) = &args.svg
+        && let Err(e) = lab::svg::draw(&report, svg, &title)
+    {
+        return fail(&e, ExitCode::FAILURE);
     }
     ExitCode::SUCCESS
 }

@@ -9,6 +9,7 @@
 //! - `replay`: the server's own [`crate::decision::Decider`] on a hand-driven clock, beside
 //!   the comparison counters, tallied per rule.
 //! - `scenario`: the built-in traces and the retry-storm loop.
+//! - `svg`: the per-100 ms timeline as a chart.
 //!
 //! The lab never serves and never touches a network; it reaches the server only for the
 //! `/json` body parser, so a trace line means exactly what the admin port would take it to.
@@ -17,6 +18,7 @@ pub mod algorithms;
 pub mod guarantee;
 pub mod replay;
 pub mod scenario;
+pub mod svg;
 pub mod trace;
 
 use std::fmt::Write as _;
@@ -51,6 +53,9 @@ pub enum LabError {
     /// The built-in scenario failed.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+    /// The chart could not be drawn or written.
+    #[error("{0}")]
+    Svg(String),
 }
 
 /// Replays a whole trace through every algorithm, showing progress on stderr.

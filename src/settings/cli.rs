@@ -120,6 +120,9 @@ pub struct ReplayArgs {
     /// Print one JSON document instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Also draw admitted per 100 ms for each algorithm into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
 }
 
 /// Flags of `sluice probe`.
