@@ -17,13 +17,27 @@ use std::collections::{HashMap, VecDeque};
 
 /// A counter deciding requests for one rule, keyed by the descriptor's values.
 pub trait Counter {
-    /// Decides `cost` at `t` for `key`: `Ok(())` when admitted (and counted), else `Err` with
-    /// the nanoseconds until the same request would be admitted.
+    /// Whether `cost` more fits at `t` for `key`, counting nothing: `Ok(())`, or `Err` with
+    /// the nanoseconds until the same request would fit.
     ///
     /// # Errors
     ///
     /// The wait, when the request is over the limit.
-    fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64>;
+    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64>;
+
+    /// Counts `cost` admitted at `t` for `key` (after a [`Counter::check`] that fitted).
+    fn charge(&mut self, key: &str, t: u64, cost: u64);
+
+    /// [`Counter::check`], then [`Counter::charge`] when it fits.
+    ///
+    /// # Errors
+    ///
+    /// The wait, when the request is over the limit; nothing is counted then.
+    fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+        self.check(key, t, cost)?;
+        self.charge(key, t, cost);
+        Ok(())
+    }
 }
 
 /// Epoch-aligned fixed windows.
@@ -45,22 +59,29 @@ impl FixedWindow {
             keys: HashMap::new(),
         }
     }
+
+    /// The count of `key`'s window at `t`.
+    fn count(&self, key: &str, t: u64) -> u64 {
+        match self.keys.get(key) {
+            Some(&(w, count)) if w == t / self.period => count,
+            _ => 0,
+        }
+    }
 }
 
 impl Counter for FixedWindow {
-    fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
-        let window = t / self.period;
-        let (w, count) = self.keys.entry(key.to_string()).or_insert((window, 0));
-        if *w != window {
-            (*w, *count) = (window, 0);
-        }
-        if *count + cost <= self.limit {
-            *count += cost;
+    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+        if self.count(key, t) + cost <= self.limit {
             Ok(())
         } else {
             // The next window resets the count (a cost above L never fits; the same wait).
-            Err((window + 1) * self.period - t)
+            Err((t / self.period + 1) * self.period - t)
         }
+    }
+
+    fn charge(&mut self, key: &str, t: u64, cost: u64) {
+        let count = self.count(key, t) + cost;
+        self.keys.insert(key.to_string(), (t / self.period, count));
     }
 }
 
@@ -69,7 +90,7 @@ impl Counter for FixedWindow {
 pub struct SlidingLog {
     limit: u64,
     period: u64,
-    /// Key → (admitted (time, cost) in the last period, oldest first; their total cost).
+    /// Key → (admitted (time, cost), oldest first; their total cost).
     keys: HashMap<String, (VecDeque<(u64, u64)>, u64)>,
 }
 
@@ -83,36 +104,57 @@ impl SlidingLog {
             keys: HashMap::new(),
         }
     }
+
+    /// Whether an entry made at `at` still counts at `t`: it is in `(t − P, t]`.
+    fn live(&self, at: u64, t: u64) -> bool {
+        at + self.period > t
+    }
 }
 
 impl Counter for SlidingLog {
-    fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
-        let (log, sum) = self.keys.entry(key.to_string()).or_default();
-        // Keep what is in (t − P, t].
-        while let Some(&(at, c)) = log.front() {
-            if at + self.period > t {
-                break;
-            }
-            log.pop_front();
-            *sum -= c;
-        }
-        if *sum + cost <= self.limit {
-            log.push_back((t, cost));
-            *sum += cost;
+    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+        let Some((log, sum)) = self.keys.get(key) else {
+            return if cost <= self.limit {
+                Ok(())
+            } else {
+                Err(self.period)
+            };
+        };
+        let expired: u64 = log
+            .iter()
+            .take_while(|&&(at, _)| !self.live(at, t))
+            .map(|&(_, c)| c)
+            .sum();
+        let sum = sum - expired;
+        if sum + cost <= self.limit {
             return Ok(());
         }
         if cost > self.limit {
             return Err(self.period);
         }
-        // Wait until enough of the oldest entries fall out: each leaves at its time + P.
-        let mut need = *sum + cost - self.limit;
-        for &(at, c) in log.iter() {
+        // Wait until enough of the oldest live entries fall out: each leaves at its time + P.
+        let mut need = sum + cost - self.limit;
+        for &(at, c) in log.iter().filter(|&&(at, _)| self.live(at, t)) {
             if c >= need {
                 return Err(at + self.period - t);
             }
             need -= c;
         }
         Err(self.period)
+    }
+
+    fn charge(&mut self, key: &str, t: u64, cost: u64) {
+        let period = self.period;
+        let (log, sum) = self.keys.entry(key.to_string()).or_default();
+        while let Some(&(at, c)) = log.front() {
+            if at + period > t {
+                break;
+            }
+            log.pop_front();
+            *sum -= c;
+        }
+        log.push_back((t, cost));
+        *sum += cost;
     }
 }
 
@@ -144,6 +186,10 @@ impl SlidingWindow {
         u128::from(previous) * (p - u128::from(elapsed)) + u128::from(current + cost) * p
             <= u128::from(self.limit) * p
     }
+
+    fn state(&self, key: &str, t: u64) -> (u64, u64, u64) {
+        *self.keys.get(key).unwrap_or(&(t / self.period, 0, 0))
+    }
 }
 
 /// `(current, previous)` counts as seen from window `now`.
@@ -156,13 +202,9 @@ fn roll((window, current, previous): (u64, u64, u64), now: u64) -> (u64, u64) {
 }
 
 impl Counter for SlidingWindow {
-    fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
-        let now = t / self.period;
-        let state = *self.keys.get(key).unwrap_or(&(now, 0, 0));
+    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+        let state = self.state(key, t);
         if self.fits(state, t, cost) {
-            let (current, previous) = roll(state, now);
-            self.keys
-                .insert(key.to_string(), (now, current + cost, previous));
             return Ok(());
         }
         if cost > self.limit {
@@ -180,6 +222,13 @@ impl Counter for SlidingWindow {
             }
         }
         Err(hi)
+    }
+
+    fn charge(&mut self, key: &str, t: u64, cost: u64) {
+        let now = t / self.period;
+        let (current, previous) = roll(self.state(key, t), now);
+        self.keys
+            .insert(key.to_string(), (now, current + cost, previous));
     }
 }
 
@@ -276,6 +325,22 @@ mod tests {
         assert!(sw.admit("k", 13 * S, 1).is_ok());
         // Two windows later both counts are gone.
         assert_eq!(run(&mut sw, &[30 * S; 11]), 10);
+    }
+
+    #[test]
+    fn check_counts_nothing() {
+        let mut counters: [Box<dyn Counter>; 3] = [
+            Box::new(FixedWindow::new(2, 10 * S)),
+            Box::new(SlidingLog::new(2, 10 * S)),
+            Box::new(SlidingWindow::new(2, 10 * S)),
+        ];
+        for c in &mut counters {
+            for _ in 0..5 {
+                assert_eq!(c.check("k", S, 2), Ok(()));
+            }
+            assert_eq!(c.admit("k", S, 2), Ok(()));
+            assert!(c.check("k", S, 1).is_err());
+        }
     }
 
     #[test]

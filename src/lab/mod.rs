@@ -158,7 +158,13 @@ impl Progress {
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
     for rule in &report.rules {
-        let period = guarantee::duration(rule.period_seconds * NANOS_PER_SEC);
+        let period = match rule.period_seconds {
+            1 => "second".to_string(),
+            60 => "minute".to_string(),
+            3_600 => "hour".to_string(),
+            86_400 => "day".to_string(),
+            s => guarantee::duration(s * NANOS_PER_SEC),
+        };
         let name = if rule.name.is_empty() {
             String::new()
         } else {
@@ -174,13 +180,8 @@ pub fn render(report: &Report) -> String {
         );
         let _ = writeln!(
             out,
-            "  {:<15} {:>9} {:>9} {:>9} {:>10} {:>14}",
-            "algorithm",
-            "admitted",
-            "denied",
-            "worst 1s",
-            format!("worst {period}"),
-            "offered in 1s"
+            "  {:<15} {:>9} {:>9} {:>9} {:>13} {:>14}",
+            "algorithm", "admitted", "denied", "worst 1s", "worst period", "offered in 1s"
         );
         for a in Algorithm::ALL {
             let Some(t) = rule.algorithms.get(a) else {
@@ -188,7 +189,7 @@ pub fn render(report: &Report) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<15} {:>9} {:>9} {:>9} {:>10} {:>14}",
+                "  {:<15} {:>9} {:>9} {:>9} {:>13} {:>14}",
                 a.name(),
                 t.admitted,
                 t.denied,

@@ -3,11 +3,10 @@
 //! awaits), and, for comparison, through the three counters of [`super::algorithms`] with
 //! each matched rule's limit. What each let through is tallied per rule.
 //!
-//! Each rule is compared on its own: a comparison counter decides a descriptor whatever the
-//! request's other descriptors got, while GCRA answers the whole request at once, as the server
-//! does (all or nothing). For one-descriptor requests the two are the same. A rule's tally
-//! counts hits (a request's cost, 1 unless `hitsAddend` says otherwise), over all of its keys
-//! together: what the service behind it receives.
+//! Every algorithm answers a whole request as the server does, all or nothing: it goes through
+//! only when each of its counted descriptors fits, and only then is each charged. A rule's
+//! tally counts hits (a request's cost, 1 unless `hitsAddend` says otherwise) of the requests
+//! that reached it, over all of its keys together: what the service behind it receives.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -284,7 +283,6 @@ pub struct Lab {
     index: HashMap<u128, usize>,
     comparisons: Vec<Comparisons>,
     report: Report,
-    key: String,
 }
 
 impl std::fmt::Debug for Lab {
@@ -314,7 +312,6 @@ impl Lab {
             index: HashMap::new(),
             comparisons: Vec::new(),
             report: Report::default(),
-            key: String::new(),
         }
     }
 
@@ -339,19 +336,8 @@ impl Lab {
             .filter_map(|s| s.reset_seconds)
             .max()
             .unwrap_or(0);
-        let mut verdicts: Vec<Verdict> = self
-            .algorithms
-            .iter()
-            .map(|&algorithm| Verdict {
-                algorithm,
-                admitted: algorithm != Algorithm::Gcra || gcra_admitted,
-                retry_after: if algorithm == Algorithm::Gcra {
-                    gcra_retry
-                } else {
-                    0
-                },
-            })
-            .collect();
+        // The counted descriptors: (rule slot, counter key, cost).
+        let mut counted: Vec<(usize, String, u64)> = Vec::with_capacity(req.descriptors.len());
         for (i, status) in decision.statuses.iter().enumerate() {
             let Some(rule) = status.limit.as_ref().and_then(|l| l.rule.as_ref()) else {
                 continue;
@@ -359,32 +345,53 @@ impl Lab {
             if req.descriptors[i].is_negative_hits {
                 continue;
             }
-            let cost = req.cost(i);
-            let slot = self.rule_slot(&req.domain, rule);
-            self.key.clear();
+            let mut key = String::new();
             for e in &req.descriptors[i].entries {
-                self.key.push_str(&e.key);
-                self.key.push('\u{1f}');
-                self.key.push_str(&e.value);
-                self.key.push('\u{1e}');
+                key.push_str(&e.key);
+                key.push('\u{1f}');
+                key.push_str(&e.value);
+                key.push('\u{1e}');
             }
-            for v in &mut verdicts {
-                let admitted = match self.comparisons[slot].counter(v.algorithm) {
-                    None => gcra_admitted,
-                    Some(counter) => match counter.admit(&self.key, t, cost) {
-                        Ok(()) => true,
-                        Err(wait) => {
-                            v.admitted = false;
-                            v.retry_after = v.retry_after.max(wait.div_ceil(NANOS_PER_SEC));
-                            false
+            counted.push((self.rule_slot(&req.domain, rule), key, req.cost(i)));
+        }
+        let mut verdicts = Vec::with_capacity(self.algorithms.len());
+        for &algorithm in &self.algorithms {
+            let (admitted, retry_after) = if algorithm == Algorithm::Gcra {
+                (gcra_admitted, gcra_retry)
+            } else {
+                // All or nothing, as the server decides: admitted only when every counted
+                // descriptor fits, and then charged to every one of them.
+                let mut wait: Option<u64> = None;
+                for (slot, key, cost) in &counted {
+                    if let Some(Err(w)) = self.comparisons[*slot]
+                        .counter(algorithm)
+                        .map(|c| c.check(key, t, *cost))
+                    {
+                        wait = Some(wait.unwrap_or(0).max(w));
+                    }
+                }
+                if wait.is_none() {
+                    for (slot, key, cost) in &counted {
+                        if let Some(c) = self.comparisons[*slot].counter(algorithm) {
+                            c.charge(key, t, *cost);
                         }
-                    },
-                };
-                let rule_report = &mut self.report.rules[slot];
-                if let Some(tally) = rule_report.algorithms.slot(v.algorithm) {
-                    tally.count(t, cost, admitted);
+                    }
+                }
+                (
+                    wait.is_none(),
+                    wait.map_or(0, |w| w.div_ceil(NANOS_PER_SEC)),
+                )
+            };
+            for (slot, _, cost) in &counted {
+                if let Some(tally) = self.report.rules[*slot].algorithms.slot(algorithm) {
+                    tally.count(t, *cost, admitted);
                 }
             }
+            verdicts.push(Verdict {
+                algorithm,
+                admitted,
+                retry_after,
+            });
         }
         Ok(verdicts)
     }
@@ -465,6 +472,35 @@ mod tests {
             let t = rule.algorithms.get(a).unwrap();
             // 2 per second, 4 at once: 2 admitted, 2 denied, by every algorithm.
             assert_eq!((t.admitted, t.denied, t.worst_second), (2, 2, 2), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_request_is_all_or_nothing_for_every_algorithm() {
+        let set = load_str(&[(
+            "p.yaml",
+            "domain: d\ndescriptors:\n  - key: tight\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: wide\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        )])
+        .unwrap();
+        let mut lab = Lab::new(set, &Algorithm::ALL);
+        let both = Request::from_entries("d", &[&[("tight", "x")], &[("wide", "y")]]);
+        let wide = Request::from_entries("d", &[&[("wide", "y")]]);
+        let s = NANOS_PER_SEC;
+        // The first takes tight's only hit and one of wide's two; the second is refused for
+        // tight, so wide is not charged, and a lone wide request still fits.
+        assert!(lab.offer(s, &both).unwrap().iter().all(|v| v.admitted));
+        assert!(lab.offer(s, &both).unwrap().iter().all(|v| !v.admitted));
+        let v = lab.offer(s, &wide).unwrap();
+        assert!(v.iter().all(|v| v.admitted), "{v:?}");
+        let report = lab.finish();
+        for a in Algorithm::ALL {
+            let wide = report
+                .rule("d", "d.wide")
+                .unwrap()
+                .algorithms
+                .get(a)
+                .unwrap();
+            assert_eq!((wide.admitted, wide.denied), (2, 1), "{a:?}");
         }
     }
 }
