@@ -5,8 +5,7 @@
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use sluice::decision::Request;
-use sluice::lab::{Algorithm, Lab};
+use sluice::lab::{Algorithm, Lab, TraceReader};
 use sluice::policy::load_str;
 
 use crate::helpers::{TestServer, descriptor, request};
@@ -328,8 +327,9 @@ async fn replay_answers_as_the_running_server_does() {
         load_str(&[("same.yaml", SAME_PATH)]).unwrap(),
         &[Algorithm::Gcra],
     );
+    // The same requests, as the server gets them over gRPC and as a trace file has them.
     let mut from_server = Vec::new();
-    let mut from_lab = Vec::new();
+    let mut trace = String::new();
     for (ms, entries, hits) in &schedule {
         let t = ms * 1_000_000;
         server.clock.set(base + t);
@@ -350,10 +350,25 @@ async fn replay_answers_as_the_running_server_does() {
             .unwrap_or(0);
         from_server.push((!over, retry));
 
-        let pairs: Vec<&[(&str, &str)]> = entries.iter().map(std::slice::from_ref).collect();
-        let mut lab_req = Request::from_entries("same", &pairs);
-        lab_req.hits_addend = *hits;
-        let v = lab.offer(t, &lab_req).unwrap();
+        let descriptors: Vec<Value> = entries
+            .iter()
+            .map(|(k, v)| serde_json::json!({"entries": [{"key": k, "value": v}]}))
+            .collect();
+        let line = serde_json::json!({
+            "t": *ms as f64 / 1000.0,
+            "domain": "same",
+            "descriptors": descriptors,
+            "hitsAddend": hits,
+        });
+        trace.push_str(&format!("{line}\n"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("same.jsonl");
+    std::fs::write(&path, trace).unwrap();
+    let mut from_lab = Vec::new();
+    for event in TraceReader::open(&path).unwrap() {
+        let event = event.unwrap();
+        let v = lab.offer(event.t, &event.request).unwrap();
         from_lab.push((v[0].admitted, v[0].retry_after));
     }
     assert_eq!(from_lab, from_server);
