@@ -255,7 +255,11 @@ impl Peak {
 
     /// Adds `cost` admitted at `t` (never earlier than the last `t`).
     pub fn add(&mut self, t: u64, cost: u64) {
-        self.window.push_back((t, cost));
+        // Hits at the same instant share one entry, so a burst costs one slot.
+        match self.window.back_mut() {
+            Some((at, c)) if *at == t => *c += cost,
+            _ => self.window.push_back((t, cost)),
+        }
         self.sum += cost;
         while let Some(&(at, c)) = self.window.front() {
             if t - at <= self.span {

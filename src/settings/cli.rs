@@ -27,15 +27,20 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (the default).
     Serve(ServeArgs),
-    /// Validate settings and policies, print each limited rule's guarantee and a summary, and
-    /// exit 0 (valid), 1 (valid, but `--strict` and a burst is inherited) or 2 (invalid).
+    /// Validate settings and policies; print each limited rule's guarantee and a summary.
+    ///
+    /// Exits 0 when valid, 1 when valid but `--strict` and a burst is inherited, 2 when invalid.
     Check(CheckArgs),
-    /// Run a trace (or a built-in scenario) through the policies with sluice's own decision
-    /// code on the trace's clock, beside a fixed window, a sliding log and a sliding-window
-    /// counter of the same limits, and report what each let through.
+    /// Replay a trace or a built-in scenario: what GCRA and three other counters let through.
+    ///
+    /// The requests run through the policies with sluice's own decision code on the trace's
+    /// clock, beside an epoch-aligned fixed window, a sliding log and a sliding-window counter
+    /// of the same limits.
     Replay(ReplayArgs),
-    /// Drive a running rate-limit service with real `ShouldRateLimit` calls and report a
-    /// per-second timeline of its answers, call latency and the rate-limit headers it sent.
+    /// Load a running rate-limit service and report what it answered.
+    ///
+    /// Real `ShouldRateLimit` calls, paced and bounded in count and time; at the end a
+    /// per-second timeline of OK and OVER_LIMIT, call latency and the rate-limit headers seen.
     Probe(ProbeArgs),
 }
 
