@@ -1,6 +1,7 @@
 //! Generated protobuf and gRPC code for Envoy's rate-limit API (see `proto/README.md`).
 //!
-//! Only `server/` (and tests) speak these types; the rest of the crate works on domain types.
+//! Only `server/` and the `probe` client (and tests) speak these types; the rest of the crate
+//! works on domain types.
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
 pub mod codec;
