@@ -424,7 +424,14 @@ async fn probe_drives_a_server_and_reports_what_it_saw() {
         "{}",
         r["headers"]
     );
-    assert_eq!(r["headers"]["RateLimit-Remaining"]["first"], "4");
+    // Four workers race, so which call the server decided first is not fixed; every value
+    // is one of the bucket's 4..0 left.
+    let first: u64 = r["headers"]["RateLimit-Remaining"]["first"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(first <= 4, "{first}");
 
     // The text form: the timeline, the latency line, the headers.
     let addr = server.grpc.to_string();
