@@ -17,7 +17,7 @@ use crate::limiter::{
     Backend, BackendError, Clock, MemoryStore, MonotonicClock, RedisStore, RedisTime,
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
-use crate::policy::{self, PolicyError, PolicyHandle, Summary};
+use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
 use crate::server::listener::{self, Incoming};
@@ -73,13 +73,16 @@ impl From<std::convert::Infallible> for ServeError {
     }
 }
 
-/// Validates the policies named by `settings` without serving.
+/// Loads and validates the policies named by `settings` without serving.
 ///
 /// # Errors
 ///
 /// [`AppError::Policy`] listing every problem.
-pub fn check(settings: &Settings) -> Result<Summary, AppError> {
-    Ok(policy::load_dir_with(&settings.policies, load_options(settings))?.summary())
+pub fn check(settings: &Settings) -> Result<PolicySet, AppError> {
+    Ok(policy::load_dir_with(
+        &settings.policies,
+        load_options(settings),
+    )?)
 }
 
 fn load_options(settings: &Settings) -> policy::LoadOptions {

@@ -19,6 +19,11 @@
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
+//! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
+//!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
+//!   comparisons, with the SVG chart. Never serves.
+//! - [`probe`]: `sluice probe`, a gRPC client that loads a running rate-limit service and
+//!   reports what it answered; the server never imports it.
 //! - [`pb`]: generated protobuf code.
 //! - `client` (feature `client`): the other side of the wire, for services that ask sluice: a
 //!   typed client with a deadline and a failure policy, jittered backoff, a tower layer, and an
@@ -40,10 +45,12 @@ pub mod app;
 pub mod client;
 pub mod decision;
 pub(crate) mod histogram;
+pub mod lab;
 pub mod limiter;
 pub mod metrics;
 pub mod pb;
 pub mod policy;
+pub mod probe;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub mod settings;

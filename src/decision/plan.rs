@@ -83,12 +83,11 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
                 .any(|other| other.replaces.iter().any(|n| n == name))
         })
     };
-    let request_cost = u64::from(req.hits_addend.max(1));
     let mut plan = Plan {
         slots: Vec::with_capacity(req.descriptors.len()),
         ops: Vec::new(),
     };
-    for (desc, (rule, counted)) in req.descriptors.iter().zip(&matched) {
+    for (index, (desc, (rule, counted))) in req.descriptors.iter().zip(&matched).enumerate() {
         let slot = match (rule, counted) {
             (Some(rule), _) if replaced(rule) => Slot::None,
             (Some(_), None) => Slot::Unlimited,
@@ -103,7 +102,7 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
                 plan.ops.push(Op {
                     key: *key,
                     quota: rate.quota,
-                    cost: desc.hits_addend.unwrap_or(request_cost),
+                    cost: req.cost(index),
                     refund: desc.is_negative_hits,
                     mode,
                 });

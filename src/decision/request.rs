@@ -38,6 +38,17 @@ impl Request {
             hits_addend: 0,
         }
     }
+
+    /// What descriptor `index` costs: its own `hits_addend` when set (0 = a check that consumes
+    /// nothing), else the request's, where 0 means 1.
+    #[must_use]
+    pub fn cost(&self, index: usize) -> u64 {
+        let request_cost = u64::from(self.hits_addend.max(1));
+        self.descriptors
+            .get(index)
+            .and_then(|d| d.hits_addend)
+            .unwrap_or(request_cost)
+    }
 }
 
 /// One descriptor of a request.

@@ -334,6 +334,7 @@ impl Compiler<'_> {
             unit,
             unit_multiplier: u32::try_from(multiplier).ok()?,
             burst: u32::try_from(burst).ok()?,
+            burst_set: r.burst.is_some(),
             quota,
         })
     }

@@ -102,6 +102,8 @@ pub struct Rate {
     pub unit_multiplier: u32,
     /// `burst`: the bucket capacity (defaults to `requests_per_unit`).
     pub burst: u32,
+    /// Whether `burst` was written in the policy (false: inherited from `requests_per_unit`).
+    pub burst_set: bool,
     /// The compiled quota.
     pub quota: Quota,
 }
@@ -119,6 +121,7 @@ impl Rate {
             unit,
             unit_multiplier: 1,
             burst: requests_per_unit,
+            burst_set: false,
             quota,
         }
     }

@@ -182,12 +182,17 @@ descriptors:
         panic!("limited")
     };
     assert_eq!((a.burst, a.unit_multiplier, a.unit), (10, 5, Unit::Minute));
+    assert!(a.burst_set);
     assert_eq!(a.quota.interval(), 3 * NANOS_PER_SEC);
     assert_eq!(a.quota.burst(), 10);
     let Limit::Limited(b) = d.resolve([("b", "x")]).unwrap().rule.limit else {
         panic!("limited")
     };
     assert_eq!((b.unit, b.burst), (Unit::Week, 7));
+    assert!(
+        !b.burst_set,
+        "no burst written: inherited from requests_per_unit"
+    );
     let Limit::Limited(c) = d.resolve([("c", "x")]).unwrap().rule.limit else {
         panic!("limited")
     };

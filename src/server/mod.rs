@@ -6,7 +6,7 @@
 
 pub(crate) mod admin;
 mod content_type;
-mod json;
+pub(crate) mod json;
 pub(crate) mod listener;
 pub(crate) mod rls;
 

@@ -27,8 +27,21 @@ pub struct Cli {
 pub enum Command {
     /// Run the server (the default).
     Serve(ServeArgs),
-    /// Validate settings and policies, print a summary, and exit 0 (valid) or 2 (invalid).
+    /// Validate settings and policies; print each limited rule's guarantee and a summary.
+    ///
+    /// Exits 0 when valid, 1 when valid but `--strict` and a burst is inherited, 2 when invalid.
     Check(CheckArgs),
+    /// Replay a trace or a built-in scenario: what GCRA and three other counters let through.
+    ///
+    /// The requests run through the policies with sluice's own decision code on the trace's
+    /// clock, beside an epoch-aligned fixed window, a sliding log and a sliding-window counter
+    /// of the same limits.
+    Replay(ReplayArgs),
+    /// Load a running rate-limit service and report what it answered.
+    ///
+    /// Real `ShouldRateLimit` calls, paced and bounded in count and time; at the end a
+    /// per-second timeline of OK and OVER_LIMIT, call latency and the rate-limit headers seen.
+    Probe(ProbeArgs),
 }
 
 /// Flags of `sluice serve`.
@@ -81,4 +94,86 @@ pub struct CheckArgs {
     /// Directory of policy files (same as `--policies`).
     #[arg(value_name = "PATH", conflicts_with = "policies")]
     pub path: Option<PathBuf>,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit 1 when any limited rule inherits its burst.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// Flags of `sluice replay`.
+#[derive(Debug, Default, Args)]
+pub struct ReplayArgs {
+    /// Settings file (YAML), for its policy directory.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory of policy files (a scenario's own policy when omitted with `--scenario`).
+    #[arg(long, value_name = "DIR")]
+    pub policies: Option<PathBuf>,
+    /// The trace: JSON Lines of `POST /json` bodies with `"t"` (seconds), plain or gzip;
+    /// `-` for standard input.
+    #[arg(
+        value_name = "TRACE",
+        required_unless_present = "scenario",
+        conflicts_with = "scenario"
+    )]
+    pub trace: Option<PathBuf>,
+    /// A built-in scenario instead of a trace.
+    #[arg(long, value_enum)]
+    pub scenario: Option<crate::lab::Scenario>,
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw admitted per 100 ms for each algorithm into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+}
+
+/// Flags of `sluice probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The rate-limit service: `HOST:PORT` or an `http://` URL.
+    #[arg(value_name = "ADDR")]
+    pub addr: String,
+    /// The request's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// A descriptor, `key=value[,key=value…]`; repeat for several.
+    #[arg(long = "descriptor", value_name = "KEY=VALUE,...", required = true)]
+    pub descriptors: Vec<String>,
+    /// Calls per second, over all workers.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rate: u32,
+    /// Calls in flight at most.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_024))]
+    pub concurrency: u32,
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_duration)]
+    pub duration: f64,
+    /// Stop after this many calls (default: rate × duration).
+    #[arg(long, value_name = "N")]
+    pub requests: Option<u64>,
+    /// `hits_addend` of each call (0: the server's default of 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits_addend: u32,
+    /// Per-call timeout, in milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    pub timeout_ms: u64,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A run length in seconds: more than 0, at most an hour.
+fn parse_duration(s: &str) -> Result<f64, String> {
+    let secs: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if secs > 0.0 && secs <= 3_600.0 {
+        Ok(secs)
+    } else {
+        Err(format!("{s} must be more than 0 and at most 3600 seconds"))
+    }
 }

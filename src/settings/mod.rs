@@ -17,7 +17,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-pub use cli::{CheckArgs, Cli, Command, ServeArgs};
+pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
 
 use crate::decision::{self, Caps, HeaderOptions};

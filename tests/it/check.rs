@@ -304,6 +304,12 @@ fn shipped_config_is_valid() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.starts_with("config/policies: "), "{stdout}");
-    assert!(stdout.trim_end().ends_with(": ok"), "{stdout}");
+    // Each limited rule's guarantee, then the one-line summary.
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("config/policies: "), "{stdout}");
+    assert!(summary.ends_with(": ok"), "{stdout}");
+    assert!(
+        stdout.contains("edge.remote_address (per_ip)\n"),
+        "{stdout}"
+    );
 }

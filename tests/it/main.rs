@@ -6,6 +6,7 @@ mod conn;
 mod gcra;
 mod headers;
 mod helpers;
+mod lab;
 mod memory;
 mod ops;
 mod redis;

@@ -1,0 +1,332 @@
+//! What each limited rule promises, in numbers: GCRA admits at most `B` at once after idling,
+//! then one every `T`, so at most `B + floor(W / T)` in any span of `W` (both ends included;
+//! `src/limiter/gcra.rs`). Beside it, what a fixed window of the same limit `L` lets through in
+//! its worst second: `2L`, `L` at the end of one window and `L` at the start of the next.
+//!
+//! Pure arithmetic over a [`PolicySet`]; nothing here counts or reads a clock.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::policy::{Limit, PolicySet, Rate};
+
+/// One limited rule's guarantee.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Guarantee {
+    /// The domain.
+    pub domain: String,
+    /// The rule's stats key, as `/rlconfig` writes it.
+    pub path: String,
+    /// `rate_limit.name`, empty when it has none.
+    pub name: String,
+    /// `requests_per_unit` (`L`).
+    pub requests_per_unit: u32,
+    /// The unit's name (`SECOND`..`YEAR`).
+    pub unit: &'static str,
+    /// `unit_multiplier`.
+    pub unit_multiplier: u32,
+    /// The period `P` in seconds.
+    pub period_seconds: u64,
+    /// The bucket `B`.
+    pub burst: u32,
+    /// False when the burst is inherited from `requests_per_unit`.
+    pub burst_set: bool,
+    /// The emission interval `T = ceil(P / L)` in nanoseconds.
+    pub interval_ns: u64,
+    /// The most admitted in any 1 s: `B + floor(1 s / T)`.
+    pub worst_second: u64,
+    /// The most admitted in any span of the period: `B + floor(P / T)`.
+    pub worst_period: u64,
+    /// The most a fixed window of `L` per period admits in any 1 s: `2L`.
+    pub fixed_window_worst_second: u64,
+}
+
+impl Guarantee {
+    /// The guarantee of `rate` for the rule `path` of `domain`; `None` for a ban.
+    #[must_use]
+    pub fn of(domain: &str, path: &str, name: &str, rate: &Rate) -> Option<Self> {
+        let q = rate.quota;
+        if q.is_ban() {
+            return None;
+        }
+        let (b, t) = (q.burst(), q.interval());
+        Some(Self {
+            domain: domain.to_string(),
+            path: path.to_string(),
+            name: name.to_string(),
+            requests_per_unit: rate.requests_per_unit,
+            unit: rate.unit.name(),
+            unit_multiplier: rate.unit_multiplier,
+            period_seconds: q.period() / NANOS_PER_SEC,
+            burst: rate.burst,
+            burst_set: rate.burst_set,
+            interval_ns: t,
+            worst_second: most_in_span(b, t, NANOS_PER_SEC),
+            worst_period: most_in_span(b, t, q.period()),
+            fixed_window_worst_second: 2 * u64::from(rate.requests_per_unit),
+        })
+    }
+
+    /// Whether the rule deserves a warning: its burst is inherited.
+    #[must_use]
+    pub fn warns(&self) -> bool {
+        !self.burst_set
+    }
+
+    /// The warning for an inherited burst, `None` when the burst was chosen.
+    #[must_use]
+    pub fn warning(&self) -> Option<String> {
+        self.warns().then(|| {
+            format!(
+                "{}: burst inherited from requests_per_unit ({}): {} may arrive at once, \
+                 and {} in one {}, as many as a fixed window lets through; set `burst` to what \
+                 the service behind it takes at once",
+                self.label(),
+                self.requests_per_unit,
+                self.burst,
+                self.worst_period,
+                self.period_name()
+            )
+        })
+    }
+
+    /// The period in words: `second`, `minute`, `5 minutes`.
+    #[must_use]
+    pub fn period_name(&self) -> String {
+        let unit = self.unit.to_ascii_lowercase();
+        if self.unit_multiplier == 1 {
+            unit
+        } else {
+            format!("{} {unit}s", self.unit_multiplier)
+        }
+    }
+
+    /// `path (name)`, or `path` alone.
+    #[must_use]
+    pub fn label(&self) -> String {
+        if self.name.is_empty() {
+            self.path.clone()
+        } else {
+            format!("{} ({})", self.path, self.name)
+        }
+    }
+
+    /// The human form: three or four indented lines.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let period = self.period_name();
+        let _ = writeln!(out, "{}", self.label());
+        let _ = writeln!(
+            out,
+            "  rate {} per {period}, burst {} ({})",
+            self.requests_per_unit,
+            self.burst,
+            if self.burst_set { "set" } else { "inherited" }
+        );
+        let _ = write!(
+            out,
+            "  guarantee: at most {} at once after idling, then one every {}; at most {} in any second",
+            self.burst,
+            duration(self.interval_ns),
+            self.worst_second,
+        );
+        if self.period_seconds > 1 {
+            let _ = write!(out, ", {} in any {period}", self.worst_period);
+        }
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "  a fixed window of {} per {period} lets {} through in its worst second (L at the end \
+             of one window, L at the start of the next)",
+            self.requests_per_unit, self.fixed_window_worst_second
+        );
+        if !self.burst_set {
+            let _ = writeln!(
+                out,
+                "  the burst is inherited (B = L): the worst {period} is {} ({}·L), as with a \
+                 fixed window; only a chosen burst bounds the worst second",
+                self.worst_period,
+                ratio(self.worst_period, u64::from(self.requests_per_unit))
+            );
+        }
+        out
+    }
+}
+
+/// What `sluice check` reports: the one-line summary and every limited rule's guarantee.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    /// The policy directory, as given.
+    pub policies: String,
+    /// The one-line summary (`N files, N domains, N rules (…)`).
+    pub summary: String,
+    /// Per limited rule.
+    pub rules: Vec<Guarantee>,
+    /// One per rule whose burst is inherited.
+    pub warnings: Vec<String>,
+}
+
+impl CheckReport {
+    /// The report for `set`, loaded from `policies`.
+    #[must_use]
+    pub fn new(policies: &str, set: &PolicySet) -> Self {
+        let rules = guarantees(set);
+        let warnings = rules.iter().filter_map(Guarantee::warning).collect();
+        Self {
+            policies: policies.to_string(),
+            summary: set.summary().to_string(),
+            rules,
+            warnings,
+        }
+    }
+
+    /// The human form: each rule's guarantee, then the summary line `DIR: SUMMARY: ok`.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for g in &self.rules {
+            out.push_str(&g.render());
+        }
+        let _ = writeln!(out, "{}: {}: ok", self.policies, self.summary);
+        out
+    }
+
+    /// The machine form, one JSON document.
+    #[must_use]
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+/// Every limited rule of `set` (bans and unlimited rules have no rate to rate), by domain and
+/// then file order.
+#[must_use]
+pub fn guarantees(set: &PolicySet) -> Vec<Guarantee> {
+    set.domains()
+        .into_iter()
+        .flat_map(|d| {
+            d.rules().filter_map(move |r| match r.limit {
+                Limit::Limited(rate) => Guarantee::of(
+                    d.name(),
+                    &r.stats_key,
+                    r.name.as_deref().unwrap_or(""),
+                    &rate,
+                ),
+                Limit::Unlimited => None,
+            })
+        })
+        .collect()
+}
+
+/// `B + floor(W / T)`: the most a GCRA bucket admits in a closed span of `w` nanoseconds.
+#[must_use]
+pub fn most_in_span(burst: u64, interval: u64, w: u64) -> u64 {
+    burst + w.checked_div(interval).unwrap_or(0)
+}
+
+/// `a / b` with at most two decimals, e.g. `2` or `1.02`.
+fn ratio(a: u64, b: u64) -> String {
+    if b == 0 {
+        return "0".into();
+    }
+    let hundredths = (u128::from(a) * 100 + u128::from(b) / 2) / u128::from(b);
+    trim(format!("{}.{:02}", hundredths / 100, hundredths % 100))
+}
+
+/// A duration in the largest unit that reads well: `1s`, `1.5s`, `12ms`, `333.334ms`, `250µs`.
+#[must_use]
+pub fn duration(ns: u64) -> String {
+    let (unit, per) = match ns {
+        n if n >= NANOS_PER_SEC => ("s", NANOS_PER_SEC),
+        n if n >= 1_000_000 => ("ms", 1_000_000),
+        n if n >= 1_000 => ("µs", 1_000),
+        _ => return format!("{ns}ns"),
+    };
+    let whole = ns / per;
+    let thousandths = (ns % per) * 1_000 / per;
+    trim(format!("{whole}.{thousandths:03}")) + unit
+}
+
+fn trim(s: String) -> String {
+    let t = s.trim_end_matches('0').trim_end_matches('.');
+    t.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::load_str;
+
+    const POLICY: &str = r"
+domain: db
+descriptors:
+  - key: inherited
+    rate_limit: {unit: minute, requests_per_unit: 5000}
+  - key: chosen
+    rate_limit: {name: paced, unit: minute, requests_per_unit: 5000, burst: 100}
+  - key: banned
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+    #[test]
+    fn numbers_for_an_inherited_and_a_chosen_burst() {
+        let set = load_str(&[("db.yaml", POLICY)]).unwrap();
+        let g = guarantees(&set);
+        assert_eq!(g.len(), 2, "bans and unlimited rules have no guarantee");
+        // T = 60 s / 5000 = 12 ms; floor(1 s / 12 ms) = 83; floor(60 s / 12 ms) = 5000.
+        let (inh, cho) = (&g[0], &g[1]);
+        assert_eq!(inh.path, "db.inherited");
+        assert_eq!(inh.interval_ns, 12_000_000);
+        assert_eq!((inh.burst, inh.burst_set), (5000, false));
+        assert_eq!(inh.worst_second, 5000 + 83);
+        assert_eq!(inh.worst_period, 5000 + 5000);
+        assert_eq!(inh.fixed_window_worst_second, 10_000);
+        assert!(inh.warning().unwrap().contains("burst inherited"));
+        assert_eq!(
+            (cho.name.as_str(), cho.burst, cho.burst_set),
+            ("paced", 100, true)
+        );
+        assert_eq!(cho.worst_second, 100 + 83);
+        assert_eq!(cho.worst_period, 100 + 5000);
+        assert_eq!(cho.warning(), None);
+        let text = inh.render();
+        assert!(text.contains("then one every 12ms"), "{text}");
+        assert!(text.contains("the worst minute is 10000 (2·L)"), "{text}");
+        assert!(!cho.render().contains("only a chosen burst"));
+    }
+
+    #[test]
+    fn the_check_report_ends_with_the_summary_and_warns_once_per_inherited_burst() {
+        let set = load_str(&[("db.yaml", POLICY)]).unwrap();
+        let report = CheckReport::new("dir", &set);
+        assert_eq!(report.warnings.len(), 1);
+        assert!(report.warnings[0].starts_with("db.inherited: burst inherited"));
+        let text = report.render();
+        assert_eq!(
+            text.lines().last(),
+            Some("dir: 1 files, 1 domains, 4 rules (2 limited, 1 bans, 1 unlimited): ok")
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.json()).unwrap();
+        assert_eq!(json["rules"][1]["path"], "db.chosen");
+        assert_eq!(json["rules"][1]["burst_set"], true);
+        assert_eq!(json["rules"][0]["worst_period"], 10_000);
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(duration(NANOS_PER_SEC), "1s");
+        assert_eq!(duration(60 * NANOS_PER_SEC), "60s");
+        assert_eq!(duration(1_500_000_000), "1.5s");
+        assert_eq!(duration(12_000_000), "12ms");
+        assert_eq!(duration(333_333_334), "333.333ms");
+        assert_eq!(duration(250_000), "250µs");
+        assert_eq!(duration(7), "7ns");
+        assert_eq!(ratio(10_000, 5_000), "2");
+        assert_eq!(ratio(5_100, 5_000), "1.02");
+    }
+}

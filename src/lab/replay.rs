@@ -1,0 +1,506 @@
+//! The replay engine: requests at given times through the server's own [`Decider::decide`]
+//! on a [`ManualClock`] set to each request's time (the in-memory backend, which never
+//! awaits), and, for comparison, through the three counters of [`super::algorithms`] with
+//! each matched rule's limit. What each let through is tallied per rule.
+//!
+//! Every algorithm answers a whole request as the server does, all or nothing: it goes through
+//! only when each of its counted descriptors fits, and only then is each charged. A rule's
+//! tally counts hits (a request's cost, 1 unless `hitsAddend` says otherwise) of the requests
+//! that reached it, over all of its keys together: what the service behind it receives.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use serde::Serialize;
+
+use crate::decision::{Code, DecideError, Decider, Options, Request};
+use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::limiter::{Backend, ManualClock, MemoryStore};
+use crate::metrics::Metrics;
+use crate::policy::{Limit, PolicyHandle, PolicySet, Rule};
+
+use super::algorithms::{Counter, FixedWindow, Peak, SlidingLog, SlidingWindow};
+
+/// Where the decider's clock stands at a trace's time 0, so that no request is ever decided
+/// at time 0 (a TAT of 0 means a fresh key). GCRA does not depend on the origin; the
+/// comparison windows use the trace's own times.
+const ORIGIN: u64 = 1_000_000 * NANOS_PER_SEC;
+
+/// The width of one bin of the per-rule timeline.
+pub const BIN_NS: u64 = 100_000_000;
+
+/// A counting algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Algorithm {
+    /// sluice's GCRA, through the real decider.
+    Gcra,
+    /// Epoch-aligned fixed windows.
+    FixedWindow,
+    /// A log of admitted timestamps.
+    SlidingLog,
+    /// The weighted two-window counter.
+    SlidingWindow,
+}
+
+impl Algorithm {
+    /// All four, GCRA first.
+    pub const ALL: [Self; 4] = [
+        Self::Gcra,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::SlidingWindow,
+    ];
+
+    /// The name reports use.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Gcra => "gcra",
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingLog => "sliding_log",
+            Self::SlidingWindow => "sliding_window",
+        }
+    }
+}
+
+/// What one algorithm said to one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Whether the whole request went through.
+    pub admitted: bool,
+    /// When refused, the `Retry-After` a client would be given, in whole seconds (rounded up).
+    pub retry_after: u64,
+}
+
+/// Why a replay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The decider refused the request (the server would answer 400).
+    #[error("{0}")]
+    Request(#[from] DecideError),
+    /// The in-memory decision awaited, which it never does.
+    #[error("the in-memory decision did not complete without waiting")]
+    Pending,
+}
+
+/// One algorithm's tally for one rule.
+#[derive(Debug, Serialize)]
+pub struct Tally {
+    /// Hits admitted.
+    pub admitted: u64,
+    /// Hits refused.
+    pub denied: u64,
+    /// The most admitted in any 1 s.
+    pub worst_second: u64,
+    /// The most admitted in any span of the rule's period.
+    pub worst_period: u64,
+    /// The most offered (admitted or not) in any 1 s.
+    pub offered_worst_second: u64,
+    /// Admitted per [`BIN_NS`], by bin index (time / `BIN_NS`).
+    #[serde(skip)]
+    pub bins: BTreeMap<u64, u64>,
+    #[serde(skip)]
+    second: Peak,
+    #[serde(skip)]
+    period: Peak,
+    #[serde(skip)]
+    offered: Peak,
+}
+
+impl Tally {
+    fn new(period: u64) -> Self {
+        Self {
+            admitted: 0,
+            denied: 0,
+            worst_second: 0,
+            worst_period: 0,
+            offered_worst_second: 0,
+            bins: BTreeMap::new(),
+            second: Peak::new(NANOS_PER_SEC),
+            period: Peak::new(period),
+            offered: Peak::new(NANOS_PER_SEC),
+        }
+    }
+
+    fn count(&mut self, t: u64, cost: u64, admitted: bool) {
+        self.offered.add(t, cost);
+        self.offered_worst_second = self.offered.max();
+        if admitted {
+            self.admitted += cost;
+            self.second.add(t, cost);
+            self.period.add(t, cost);
+            self.worst_second = self.second.max();
+            self.worst_period = self.period.max();
+            *self.bins.entry(t / BIN_NS).or_default() += cost;
+        } else {
+            self.denied += cost;
+        }
+    }
+}
+
+/// The four tallies of one rule (only those that ran).
+#[derive(Debug, Default, Serialize)]
+pub struct Algorithms {
+    /// sluice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gcra: Option<Tally>,
+    /// Fixed window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed_window: Option<Tally>,
+    /// Sliding log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_log: Option<Tally>,
+    /// Sliding window counter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<Tally>,
+}
+
+impl Algorithms {
+    /// The tally of `a`, if it ran.
+    #[must_use]
+    pub fn get(&self, a: Algorithm) -> Option<&Tally> {
+        match a {
+            Algorithm::Gcra => self.gcra.as_ref(),
+            Algorithm::FixedWindow => self.fixed_window.as_ref(),
+            Algorithm::SlidingLog => self.sliding_log.as_ref(),
+            Algorithm::SlidingWindow => self.sliding_window.as_ref(),
+        }
+    }
+
+    fn slot(&mut self, a: Algorithm) -> &mut Option<Tally> {
+        match a {
+            Algorithm::Gcra => &mut self.gcra,
+            Algorithm::FixedWindow => &mut self.fixed_window,
+            Algorithm::SlidingLog => &mut self.sliding_log,
+            Algorithm::SlidingWindow => &mut self.sliding_window,
+        }
+    }
+
+    /// Moves the tallies of `other` that ran into this one.
+    pub fn merge(&mut self, other: Self) {
+        let Self {
+            gcra,
+            fixed_window,
+            sliding_log,
+            sliding_window,
+        } = other;
+        for (a, t) in [
+            (Algorithm::Gcra, gcra),
+            (Algorithm::FixedWindow, fixed_window),
+            (Algorithm::SlidingLog, sliding_log),
+            (Algorithm::SlidingWindow, sliding_window),
+        ] {
+            if t.is_some() {
+                *self.slot(a) = t;
+            }
+        }
+    }
+}
+
+/// One rule's results.
+#[derive(Debug, Serialize)]
+pub struct RuleReport {
+    /// The domain.
+    pub domain: String,
+    /// The rule's stats key, as `/rlconfig` writes it.
+    pub path: String,
+    /// `rate_limit.name`, empty when none.
+    pub name: String,
+    /// `requests_per_unit`.
+    pub limit: u32,
+    /// The period in seconds.
+    pub period_seconds: u64,
+    /// The bucket.
+    pub burst: u32,
+    /// Whether the burst was written in the policy.
+    pub burst_set: bool,
+    /// Per algorithm.
+    pub algorithms: Algorithms,
+}
+
+/// The results of a replay, rules in the order they were first matched.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    /// Requests decided.
+    pub requests: u64,
+    /// Per rule.
+    pub rules: Vec<RuleReport>,
+}
+
+impl Report {
+    /// The rule `path` of `domain`.
+    #[must_use]
+    pub fn rule(&self, domain: &str, path: &str) -> Option<&RuleReport> {
+        self.rules
+            .iter()
+            .find(|r| r.domain == domain && r.path == path)
+    }
+
+    /// Moves the tallies of `other`'s rules into the same rules of this report (adding the
+    /// rules this one lacks), for runs of one algorithm each.
+    pub fn merge(&mut self, other: Self) {
+        self.requests = self.requests.max(other.requests);
+        for rule in other.rules {
+            match self
+                .rules
+                .iter_mut()
+                .find(|r| r.domain == rule.domain && r.path == rule.path)
+            {
+                Some(mine) => mine.algorithms.merge(rule.algorithms),
+                None => self.rules.push(rule),
+            }
+        }
+    }
+}
+
+/// The comparison counters of one rule.
+struct Comparisons {
+    fixed_window: FixedWindow,
+    sliding_log: SlidingLog,
+    sliding_window: SlidingWindow,
+}
+
+impl Comparisons {
+    fn counter(&mut self, a: Algorithm) -> Option<&mut dyn Counter> {
+        match a {
+            Algorithm::Gcra => None,
+            Algorithm::FixedWindow => Some(&mut self.fixed_window),
+            Algorithm::SlidingLog => Some(&mut self.sliding_log),
+            Algorithm::SlidingWindow => Some(&mut self.sliding_window),
+        }
+    }
+}
+
+/// A running replay.
+pub struct Lab {
+    decider: Decider,
+    clock: Arc<ManualClock>,
+    algorithms: Vec<Algorithm>,
+    /// Rule id → index into `report.rules` and `comparisons`.
+    index: HashMap<u128, usize>,
+    comparisons: Vec<Comparisons>,
+    report: Report,
+}
+
+impl std::fmt::Debug for Lab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lab")
+            .field("algorithms", &self.algorithms)
+            .field("requests", &self.report.requests)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lab {
+    /// A lab over `policies` running `algorithms`.
+    #[must_use]
+    pub fn new(policies: PolicySet, algorithms: &[Algorithm]) -> Self {
+        let clock = Arc::new(ManualClock::new(ORIGIN));
+        let decider = Decider::new(
+            PolicyHandle::new(policies),
+            Backend::memory(MemoryStore::new(), clock.clone()),
+            Arc::new(Metrics::install(100)),
+            Options::default(),
+        );
+        Self {
+            decider,
+            clock,
+            algorithms: algorithms.to_vec(),
+            index: HashMap::new(),
+            comparisons: Vec::new(),
+            report: Report::default(),
+        }
+    }
+
+    /// Decides `req` at `t` (nanoseconds on the trace's clock, never earlier than the last).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError`] when the request is malformed.
+    pub fn offer(&mut self, t: u64, req: &Request) -> Result<Vec<Verdict>, ReplayError> {
+        self.clock.set(ORIGIN + t);
+        let decision = self
+            .decider
+            .decide(req)
+            .now_or_never()
+            .ok_or(ReplayError::Pending)??;
+        self.report.requests += 1;
+        let gcra_admitted = decision.overall == Code::Ok;
+        let gcra_retry = decision
+            .statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit)
+            .filter_map(|s| s.reset_seconds)
+            .max()
+            .unwrap_or(0);
+        // The counted descriptors: (rule slot, counter key, cost).
+        let mut counted: Vec<(usize, String, u64)> = Vec::with_capacity(req.descriptors.len());
+        for (i, status) in decision.statuses.iter().enumerate() {
+            let Some(rule) = status.limit.as_ref().and_then(|l| l.rule.as_ref()) else {
+                continue;
+            };
+            if req.descriptors[i].is_negative_hits {
+                continue;
+            }
+            let mut key = String::new();
+            for e in &req.descriptors[i].entries {
+                key.push_str(&e.key);
+                key.push('\u{1f}');
+                key.push_str(&e.value);
+                key.push('\u{1e}');
+            }
+            counted.push((self.rule_slot(&req.domain, rule), key, req.cost(i)));
+        }
+        let mut verdicts = Vec::with_capacity(self.algorithms.len());
+        for &algorithm in &self.algorithms {
+            let (admitted, retry_after) = if algorithm == Algorithm::Gcra {
+                (gcra_admitted, gcra_retry)
+            } else {
+                // All or nothing, as the server decides: admitted only when every counted
+                // descriptor fits, and then charged to every one of them.
+                let mut wait: Option<u64> = None;
+                for (slot, key, cost) in &counted {
+                    if let Some(Err(w)) = self.comparisons[*slot]
+                        .counter(algorithm)
+                        .map(|c| c.check(key, t, *cost))
+                    {
+                        wait = Some(wait.unwrap_or(0).max(w));
+                    }
+                }
+                if wait.is_none() {
+                    for (slot, key, cost) in &counted {
+                        if let Some(c) = self.comparisons[*slot].counter(algorithm) {
+                            c.charge(key, t, *cost);
+                        }
+                    }
+                }
+                (
+                    wait.is_none(),
+                    wait.map_or(0, |w| w.div_ceil(NANOS_PER_SEC)),
+                )
+            };
+            for (slot, _, cost) in &counted {
+                if let Some(tally) = self.report.rules[*slot].algorithms.slot(algorithm) {
+                    tally.count(t, *cost, admitted);
+                }
+            }
+            verdicts.push(Verdict {
+                algorithm,
+                admitted,
+                retry_after,
+            });
+        }
+        Ok(verdicts)
+    }
+
+    /// The slot of `rule`, made on first sight.
+    fn rule_slot(&mut self, domain: &str, rule: &Rule) -> usize {
+        if let Some(&i) = self.index.get(&rule.id) {
+            return i;
+        }
+        let (limit, period, burst, burst_set) = match rule.limit {
+            Limit::Limited(r) => (r.requests_per_unit, r.quota.period(), r.burst, r.burst_set),
+            Limit::Unlimited => (u32::MAX, NANOS_PER_SEC, u32::MAX, false),
+        };
+        let mut algorithms = Algorithms::default();
+        for &a in &self.algorithms {
+            *algorithms.slot(a) = Some(Tally::new(period));
+        }
+        self.report.rules.push(RuleReport {
+            domain: domain.to_string(),
+            path: rule.stats_key.clone(),
+            name: rule.name.clone().unwrap_or_default(),
+            limit,
+            period_seconds: period / NANOS_PER_SEC,
+            burst,
+            burst_set,
+            algorithms,
+        });
+        let l = u64::from(limit);
+        self.comparisons.push(Comparisons {
+            fixed_window: FixedWindow::new(l, period),
+            sliding_log: SlidingLog::new(l, period),
+            sliding_window: SlidingWindow::new(l, period),
+        });
+        self.index.insert(rule.id, self.report.rules.len() - 1);
+        self.report.rules.len() - 1
+    }
+
+    /// The results so far.
+    #[must_use]
+    pub fn finish(self) -> Report {
+        self.report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::load_str;
+
+    #[test]
+    fn every_algorithm_is_tallied_for_the_matched_rule() {
+        let set = load_str(&[(
+            "p.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+        )])
+        .unwrap();
+        let mut lab = Lab::new(set, &Algorithm::ALL);
+        let req = Request::from_entries("d", &[&[("k", "v")]]);
+        for _ in 0..3 {
+            lab.offer(5 * NANOS_PER_SEC, &req).unwrap();
+        }
+        let v = lab.offer(5 * NANOS_PER_SEC, &req).unwrap();
+        assert!(v.iter().all(|v| !v.admitted), "{v:?}");
+        // GCRA waits T = 0.5 s, the windows 1 s; the weighted estimate 2 · (1 − e) + 1 ≤ 2
+        // needs e ≥ 0.5 s into the next window: 1.5 s. Retry-After rounds each up.
+        let retry: Vec<u64> = v.iter().map(|v| v.retry_after).collect();
+        assert_eq!(retry, [1, 1, 1, 2]);
+        // Unmatched requests are decided but tallied nowhere.
+        lab.offer(
+            6 * NANOS_PER_SEC,
+            &Request::from_entries("d", &[&[("x", "y")]]),
+        )
+        .unwrap();
+        let report = lab.finish();
+        assert_eq!(report.requests, 5);
+        let rule = report.rule("d", "d.k").unwrap();
+        for a in Algorithm::ALL {
+            let t = rule.algorithms.get(a).unwrap();
+            // 2 per second, 4 at once: 2 admitted, 2 denied, by every algorithm.
+            assert_eq!((t.admitted, t.denied, t.worst_second), (2, 2, 2), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_request_is_all_or_nothing_for_every_algorithm() {
+        let set = load_str(&[(
+            "p.yaml",
+            "domain: d\ndescriptors:\n  - key: tight\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: wide\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+        )])
+        .unwrap();
+        let mut lab = Lab::new(set, &Algorithm::ALL);
+        let both = Request::from_entries("d", &[&[("tight", "x")], &[("wide", "y")]]);
+        let wide = Request::from_entries("d", &[&[("wide", "y")]]);
+        let s = NANOS_PER_SEC;
+        // The first takes tight's only hit and one of wide's two; the second is refused for
+        // tight, so wide is not charged, and a lone wide request still fits.
+        assert!(lab.offer(s, &both).unwrap().iter().all(|v| v.admitted));
+        assert!(lab.offer(s, &both).unwrap().iter().all(|v| !v.admitted));
+        let v = lab.offer(s, &wide).unwrap();
+        assert!(v.iter().all(|v| v.admitted), "{v:?}");
+        let report = lab.finish();
+        for a in Algorithm::ALL {
+            let wide = report
+                .rule("d", "d.wide")
+                .unwrap()
+                .algorithms
+                .get(a)
+                .unwrap();
+            assert_eq!((wide.admitted, wide.denied), (2, 1), "{a:?}");
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The replay as a chart: admitted per 100 ms for each algorithm on one time axis, one panel
+//! per rule, with the rule's limit marked as its average per 100 ms (and its burst when it
+//! was chosen). Drawn with plotters' SVG backend, text as SVG text (no font files).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::LabError;
+use super::replay::{Algorithm, BIN_NS, Report};
+use crate::limiter::gcra::NANOS_PER_SEC;
+
+/// Most points per line; longer traces are drawn with wider bins.
+const MAX_BINS: u64 = 4_000;
+
+fn colour(a: Algorithm) -> RGBColor {
+    match a {
+        Algorithm::Gcra => RGBColor(0, 114, 178),
+        Algorithm::FixedWindow => RGBColor(213, 94, 0),
+        Algorithm::SlidingLog => RGBColor(0, 158, 115),
+        Algorithm::SlidingWindow => RGBColor(204, 121, 167),
+    }
+}
+
+/// Draws `report` into the SVG file `path`, titled `title`.
+///
+/// # Errors
+///
+/// [`LabError::Svg`] when there is nothing to draw or the file cannot be written.
+pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
+    let err = |e: &dyn std::fmt::Display| LabError::Svg(format!("{}: {e}", path.display()));
+    let bins = || {
+        report
+            .rules
+            .iter()
+            .flat_map(|r| {
+                Algorithm::ALL
+                    .into_iter()
+                    .filter_map(|a| r.algorithms.get(a))
+            })
+            .flat_map(|t| t.bins.keys().copied())
+    };
+    let (Some(first), Some(last)) = (bins().min(), bins().max()) else {
+        return Err(err(&"nothing was admitted, so there is nothing to draw"));
+    };
+    // Bins of `width` × 100 ms, so that a line has at most MAX_BINS points.
+    let width = (last - first + 1).div_ceil(MAX_BINS).max(1);
+    // One empty bin either side, so the first rise and the last fall show.
+    let (first, last) = ((first / width).saturating_sub(1), last / width + 1);
+    let bin_ns = BIN_NS * width;
+    let secs = |bin: u64| (bin * bin_ns) as f64 / NANOS_PER_SEC as f64;
+    let (x0, x1) = (secs(first), secs(last + 1));
+    let per = if width == 1 {
+        "100 ms".to_string()
+    } else {
+        format!("{} ms", bin_ns / 1_000_000)
+    };
+
+    let panels = report.rules.len();
+    let height = u32::try_from(60 + 300 * panels).unwrap_or(u32::MAX);
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root
+        .titled(title, ("sans-serif", 22))
+        .map_err(|e| err(&e))?;
+    for (rule, area) in report.rules.iter().zip(root.split_evenly((panels, 1))) {
+        let lines: Vec<(Algorithm, Vec<(f64, f64)>)> = Algorithm::ALL
+            .into_iter()
+            .filter_map(|a| {
+                let tally = rule.algorithms.get(a)?;
+                let mut dense = vec![0u64; usize::try_from(last - first + 1).unwrap_or(0)];
+                for (&bin, &n) in &tally.bins {
+                    if let Some(slot) = usize::try_from(bin / width - first)
+                        .ok()
+                        .and_then(|i| dense.get_mut(i))
+                    {
+                        *slot += n;
+                    }
+                }
+                // Steps: each bin flat from its start to its end.
+                let points = dense
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, &n)| {
+                        let b = first + i as u64;
+                        [(secs(b), n as f64), (secs(b + 1), n as f64)]
+                    })
+                    .collect();
+                Some((a, points))
+            })
+            .collect();
+        let limit = f64::from(rule.limit) * bin_ns as f64
+            / (rule.period_seconds.max(1) * NANOS_PER_SEC) as f64;
+        let top = lines
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+            .fold(limit, f64::max)
+            .max(1.0)
+            * 1.12;
+        let caption = format!(
+            "{}{}: {} per {} s, burst {} ({})",
+            rule.path,
+            if rule.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rule.name)
+            },
+            rule.limit,
+            rule.period_seconds,
+            rule.burst,
+            if rule.burst_set { "set" } else { "inherited" }
+        );
+        let mut chart = ChartBuilder::on(&area)
+            .caption(caption, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(x0..x1, 0f64..top)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("time (s)")
+            .y_desc(format!("admitted per {per}"))
+            .light_line_style(RGBColor(238, 238, 238))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .x_label_formatter(&|x| {
+                if x1 - x0 > 10.0 {
+                    format!("{x:.0}")
+                } else {
+                    format!("{x:.1}")
+                }
+            })
+            .draw()
+            .map_err(|e| err(&e))?;
+        // The window boundaries (multiples of the period) a fixed window resets at.
+        let period = rule.period_seconds.max(1) as f64;
+        let boundaries: Vec<f64> = ((x0 / period).ceil() as u64..=(x1 / period).floor() as u64)
+            .map(|k| k as f64 * period)
+            .take(200)
+            .collect();
+        for (i, &b) in boundaries.iter().enumerate() {
+            let series = chart
+                .draw_series(DashedLineSeries::new(
+                    [(b, 0.0), (b, top)],
+                    3,
+                    3,
+                    RGBColor(150, 150, 150).stroke_width(1),
+                ))
+                .map_err(|e| err(&e))?;
+            if i == 0 {
+                series.label("window boundary").legend(|(x, y)| {
+                    PathElement::new([(x, y), (x + 18, y)], RGBColor(150, 150, 150))
+                });
+            }
+        }
+        // Thickest first, GCRA last and thinnest, so lines that coincide stay visible as bands.
+        let order = [
+            (Algorithm::FixedWindow, 8),
+            (Algorithm::SlidingLog, 5),
+            (Algorithm::SlidingWindow, 3),
+            (Algorithm::Gcra, 2),
+        ];
+        for (a, w) in order {
+            let Some((_, points)) = lines.iter().find(|(b, _)| *b == a) else {
+                continue;
+            };
+            let c = colour(a);
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(w)))
+                .map_err(|e| err(&e))?
+                .label(a.name())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(w)));
+        }
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x0, limit), (x1, limit)],
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?
+            .label(format!("limit: {} per {per} on average", round(limit)))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::MiddleRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+fn round(x: f64) -> String {
+    let s = format!("{x:.1}");
+    s.strip_suffix(".0").map(str::to_string).unwrap_or(s)
+}

@@ -1,0 +1,282 @@
+//! Traces: JSON Lines, one request per line, optionally gzip-compressed (recognised by its
+//! magic bytes, whatever the file is called).
+//!
+//! Each line is the body `POST /json` takes (a proto3-JSON `RateLimitRequest`, read by the
+//! admin port's own parser) plus `"t"`: when the request arrived, in seconds (a number, may be
+//! fractional) from any origin, e.g. Unix time. Lines must be in time order; blank lines and
+//! lines starting with `#` are skipped.
+//!
+//! ```text
+//! {"t": 59.9, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}]}
+//! {"t": 60.1, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}], "hitsAddend": 2}
+//! ```
+//!
+//! A bad line is an error naming its line number; reading stops there.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::decision::Request;
+use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::server::json;
+
+/// One request of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// When it arrived, in nanoseconds from the trace's origin.
+    pub t: u64,
+    /// The request.
+    pub request: Request,
+}
+
+/// Why a trace cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file cannot be opened or read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A line is not a request with a time.
+    #[error("{}:{line}: {message}", path.display())]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// The line number, from 1.
+        line: u64,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Reads a trace line by line.
+pub struct TraceReader {
+    path: PathBuf,
+    input: Box<dyn BufRead>,
+    line: u64,
+    last: u64,
+    buf: String,
+}
+
+impl std::fmt::Debug for TraceReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceReader")
+            .field("path", &self.path)
+            .field("line", &self.line)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceReader {
+    /// Opens `path` (`-` for standard input), gzip or plain.
+    ///
+    /// # Errors
+    ///
+    /// [`TraceError::Io`] when it cannot be opened.
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        let io_err = |source| TraceError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let raw: Box<dyn Read> = if path == Path::new("-") {
+            Box::new(io::stdin())
+        } else {
+            Box::new(File::open(path).map_err(io_err)?)
+        };
+        let mut raw = BufReader::new(raw);
+        let gzip = raw.fill_buf().map_err(io_err)?.starts_with(&[0x1f, 0x8b]);
+        let input: Box<dyn BufRead> = if gzip {
+            Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(raw)))
+        } else {
+            Box::new(raw)
+        };
+        Ok(Self::new(path, input))
+    }
+
+    /// A reader over `input`, reported as `path`.
+    #[must_use]
+    pub fn new(path: &Path, input: Box<dyn BufRead>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            input,
+            line: 0,
+            last: 0,
+            buf: String::new(),
+        }
+    }
+
+    /// The trace's name.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Lines read so far.
+    #[must_use]
+    pub fn lines_read(&self) -> u64 {
+        self.line
+    }
+
+    fn bad(&self, message: impl Into<String>) -> TraceError {
+        TraceError::Line {
+            path: self.path.clone(),
+            line: self.line,
+            message: message.into(),
+        }
+    }
+}
+
+impl Iterator for TraceReader {
+    type Item = Result<Event, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            self.buf.clear();
+            self.line += 1;
+            match self.input.read_line(&mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(Err(self.bad(e.to_string()))),
+            }
+            let text = self.buf.trim();
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            let event = parse_line(text).map_err(|m| self.bad(m));
+            return Some(event.and_then(|e| {
+                if e.t < self.last {
+                    return Err(self.bad(format!(
+                        "t = {} s is earlier than the line before ({} s); a trace must be in \
+                         time order",
+                        seconds(e.t),
+                        seconds(self.last)
+                    )));
+                }
+                self.last = e.t;
+                Ok(e)
+            }));
+        }
+    }
+}
+
+/// One line: a `/json` body with `"t"`.
+///
+/// # Errors
+///
+/// What is wrong with it, for [`TraceError::Line`].
+pub fn parse_line(text: &str) -> Result<Event, String> {
+    let mut value: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Some(object) = value.as_object_mut() else {
+        return Err("expected a JSON object (a RateLimitRequest with \"t\")".into());
+    };
+    let t = match object.remove("t") {
+        None => return Err("missing \"t\" (seconds)".into()),
+        Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+        Some(other) => return Err(format!("\"t\" must be a number of seconds, found {other}")),
+    };
+    // 2^64 ns is about 584 years; anything at or beyond it cannot be a time here.
+    if !(0.0..1.8e10).contains(&t) {
+        return Err(format!("\"t\" = {t} is not a time in seconds ≥ 0"));
+    }
+    // Rounded to the nanosecond: 59.9 is 59 900 000 000 ns, not 59 899 999 999.
+    let t = (t * NANOS_PER_SEC as f64).round() as u64;
+    let body = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
+    let request = json::parse(&body).map_err(|e| e.to_string())?;
+    Ok(Event { t, request })
+}
+
+/// `ns` as seconds, e.g. `59.9`.
+#[must_use]
+pub fn seconds(ns: u64) -> String {
+    let s = format!("{}.{:09}", ns / NANOS_PER_SEC, ns % NANOS_PER_SEC);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Vec<Result<Event, TraceError>> {
+        TraceReader::new(
+            Path::new("t.jsonl"),
+            Box::new(io::Cursor::new(text.as_bytes().to_vec())),
+        )
+        .collect()
+    }
+
+    const LINE: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]"#;
+
+    #[test]
+    fn reads_times_and_requests() {
+        let text = format!("# a comment\n{LINE},\"t\":59.9}}\n\n{LINE},\"t\":60.1}}\n");
+        let events: Vec<Event> = read(&text).into_iter().map(Result::unwrap).collect();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].t, 59_900_000_000);
+        assert_eq!(events[1].t, 60_100_000_000);
+        assert_eq!(events[1].request.descriptors[0].entries[0].value, "v");
+    }
+
+    #[test]
+    fn a_bad_line_names_its_number() {
+        let cases = [
+            (
+                format!("{LINE},\"t\":1}}\nnot json\n"),
+                "t.jsonl:2: invalid JSON",
+            ),
+            (format!("{LINE}}}\n"), "t.jsonl:1: missing \"t\""),
+            (
+                format!("{LINE},\"t\":\"1\"}}\n"),
+                "t.jsonl:1: \"t\" must be a number",
+            ),
+            (
+                format!("{LINE},\"t\":-1}}\n"),
+                "t.jsonl:1: \"t\" = -1 is not a time",
+            ),
+            (
+                format!("{LINE},\"t\":2}}\n{LINE},\"t\":1}}\n"),
+                "t.jsonl:2: t = 1 s is earlier than the line before (2 s)",
+            ),
+            (
+                "{\"t\":1,\"domain\":\"d\",\"descriptor\":[]}\n".into(),
+                "t.jsonl:1: invalid request body: unknown field `descriptor`",
+            ),
+            ("[1]\n".into(), "t.jsonl:1: expected a JSON object"),
+        ];
+        for (text, expected) in cases {
+            let err = read(&text)
+                .into_iter()
+                .find_map(Result::err)
+                .unwrap_or_else(|| panic!("no error for {text:?}"));
+            assert!(err.to_string().starts_with(expected), "{err} / {expected}");
+        }
+    }
+
+    #[test]
+    fn gzip_is_recognised_by_its_magic() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.jsonl.gz");
+        let mut gz = flate2::write::GzEncoder::new(
+            File::create(&path).unwrap(),
+            flate2::Compression::fast(),
+        );
+        for t in [1, 2, 3] {
+            writeln!(gz, "{LINE},\"t\":{t}}}").unwrap();
+        }
+        gz.finish().unwrap();
+        let events: Vec<Event> = TraceReader::open(&path)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            events.iter().map(|e| e.t).collect::<Vec<_>>(),
+            [1_000_000_000, 2_000_000_000, 3_000_000_000]
+        );
+    }
+}
