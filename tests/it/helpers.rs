@@ -264,3 +264,29 @@ pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> (String, String) {
         field(&trailers, "grpc-message").unwrap_or_default(),
     )
 }
+
+/// Whether a test that needs `redis-server` and `redis-cli` must skip: they are not installed
+/// and this is not CI. On CI (`CI` set, as `.ci/run` runs) a missing Redis fails the test
+/// instead, so the Redis tests cannot silently stop running there.
+pub fn redis_missing(test: &str) -> bool {
+    use std::io::Write;
+    let installed = ["redis-server", "redis-cli"].iter().all(|bin| {
+        std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if installed {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: redis-server and redis-cli are required on CI (Debian: apt-get install redis-server redis-tools)"
+    );
+    // Straight to stderr, past the test harness's capture, so the skip is seen.
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: redis-server or redis-cli is not installed (Debian: apt-get install redis-server redis-tools)"
+    );
+    true
+}

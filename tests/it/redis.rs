@@ -1,8 +1,11 @@
 //! The Redis backend against real `redis-server` processes started on free loopback ports in
-//! temporary directories: decisions identical to the in-memory store's (P17 of `docs/gcra-properties.md`), one budget shared
-//! by two servers, one round trip per request, and fast, configured answers while Redis is down.
+//! temporary directories: decisions identical to the in-memory store's (P17 of
+//! `docs/gcra-properties.md`), one budget shared by two servers, one round trip per request, and
+//! fast, configured answers while Redis is down.
 //!
-//! Needs `redis-server` on the PATH (`.ci/run` installs Debian's package).
+//! Needs `redis-server` and `redis-cli` on the PATH. Without them each test prints a notice and
+//! skips, except on CI (`CI` set), where they are required; `.ci/run` installs Debian's
+//! packages.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -18,7 +21,7 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
-use crate::helpers::{TestServer, descriptor, eventually, metric, request, single};
+use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request, single};
 
 const SEC: u64 = NANOS_PER_SEC;
 
@@ -213,6 +216,9 @@ impl Lcg {
 /// and periods long enough that nanosecond times exceed a double's exact range.
 #[tokio::test]
 async fn same_schedule_same_decisions_as_memory() {
+    if redis_missing("same_schedule_same_decisions_as_memory") {
+        return;
+    }
     let redis = RedisProcess::start();
     let clock = Arc::new(ManualClock::new(0));
     let store = open_at(config(&redis.url()), &clock);
@@ -230,6 +236,9 @@ async fn same_schedule_same_decisions_as_memory() {
 /// the memory store's all-or-nothing decisions.
 #[tokio::test]
 async fn cluster_same_schedule_same_decisions_as_memory() {
+    if redis_missing("cluster_same_schedule_same_decisions_as_memory") {
+        return;
+    }
     let cluster = RedisCluster::start();
     let mut config = config("");
     config.urls = cluster.urls();
@@ -245,6 +254,9 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
 /// long one is replaced by a 30-day one), so every call goes to `gcra_lean.lua`.
 #[tokio::test]
 async fn the_lean_script_gives_the_same_decisions_as_memory() {
+    if redis_missing("the_lean_script_gives_the_same_decisions_as_memory") {
+        return;
+    }
     let redis = RedisProcess::start();
     let clock = Arc::new(ManualClock::new(0));
     let mut config = config(&redis.url());
@@ -370,6 +382,9 @@ async fn redis_server_with(url: &str, cluster: bool, on_error: OnBackendError) -
 
 #[tokio::test]
 async fn two_servers_share_one_budget() {
+    if redis_missing("two_servers_share_one_budget") {
+        return;
+    }
     let redis = RedisProcess::start();
     let a = redis_server(&redis.url(), OnBackendError::Error).await;
     let b = redis_server(&redis.url(), OnBackendError::Error).await;
@@ -389,6 +404,9 @@ async fn two_servers_share_one_budget() {
 
 #[tokio::test]
 async fn one_round_trip_per_request() {
+    if redis_missing("one_round_trip_per_request") {
+        return;
+    }
     let redis = RedisProcess::start();
     let mut config = config(&redis.url());
     config.key_prefix = "rt:".into();
@@ -437,6 +455,9 @@ async fn one_round_trip_per_request() {
 
 #[tokio::test]
 async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
+    if redis_missing("redis_down_answers_fast_with_the_configured_answer_and_recovers") {
+        return;
+    }
     let mut redis = RedisProcess::start();
     let port = redis.port;
     let allow = redis_server(&redis.url(), OnBackendError::Allow).await;
@@ -519,6 +540,9 @@ async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
 
 #[tokio::test]
 async fn two_servers_share_one_cluster_budget_across_slots() {
+    if redis_missing("two_servers_share_one_cluster_budget_across_slots") {
+        return;
+    }
     let cluster = RedisCluster::start();
     let urls = cluster.urls().join(",");
     let a = redis_server_with(&urls, true, OnBackendError::Error).await;
@@ -548,6 +572,9 @@ async fn two_servers_share_one_cluster_budget_across_slots() {
 /// can fit again.
 #[tokio::test]
 async fn local_cache_answers_repeat_offenders_exactly() {
+    if redis_missing("local_cache_answers_repeat_offenders_exactly") {
+        return;
+    }
     let redis = RedisProcess::start();
     let mut cached = config(&redis.url());
     cached.deny_cache_keys = 100;
@@ -587,6 +614,9 @@ async fn local_cache_answers_repeat_offenders_exactly() {
 /// admitted at once, exactly as with the cache off.
 #[tokio::test]
 async fn a_refund_is_not_hidden_by_the_local_cache() {
+    if redis_missing("a_refund_is_not_hidden_by_the_local_cache") {
+        return;
+    }
     let redis = RedisProcess::start();
     let clock = Arc::new(ManualClock::new(1_800_000_000 * SEC));
     let admitted_after_refund = |deny_cache_keys: usize, key: u128| {
