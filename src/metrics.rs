@@ -52,6 +52,8 @@ pub const STORE_EVICTIONS: &str = "sluice_store_evictions_total";
 pub const POLICY_RELOADS: &str = "sluice_policy_reloads_total";
 /// Script calls sent to Redis.
 pub const REDIS_ROUND_TRIPS: &str = "sluice_redis_round_trips_total";
+/// Requests sent to Redis, alone or coalesced with others in one call.
+pub const REDIS_REQUESTS: &str = "sluice_redis_requests_total";
 /// Failed Redis calls by kind.
 pub const REDIS_ERRORS: &str = "sluice_redis_errors_total";
 /// Requests refused from the local over-limit cache.
@@ -75,7 +77,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 20] = [
+const FAMILIES: [(&str, Kind, &str); 21] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -129,6 +131,11 @@ const FAMILIES: [(&str, Kind, &str); 20] = [
         REDIS_ROUND_TRIPS,
         Kind::Counter,
         "Script calls sent to Redis.",
+    ),
+    (
+        REDIS_REQUESTS,
+        Kind::Counter,
+        "Requests sent to Redis; per round trip, more than one when coalesced.",
     ),
     (REDIS_ERRORS, Kind::Counter, "Failed Redis calls by kind."),
     (
@@ -506,6 +513,7 @@ fn render_store(out: &mut String, store: &StoreStats) {
 
 fn render_redis(out: &mut String, redis: &RedisFigures) {
     family(out, REDIS_ROUND_TRIPS, &plain(redis.round_trips));
+    family(out, REDIS_REQUESTS, &plain(redis.requests));
     let errors: Vec<(String, String)> = redis
         .errors
         .iter()

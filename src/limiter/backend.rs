@@ -136,7 +136,7 @@ impl ErrorKind {
 }
 
 /// Why a backend could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum BackendError {
     /// No answer within the deadline.
     #[error("redis did not answer within {0:?}")]

@@ -1,4 +1,4 @@
--- sluice: GCRA for one request's counters, all or nothing, inside Redis: the lean form.
+-- sluice: GCRA for a batch of requests, each all or nothing, inside Redis: the lean form.
 --
 -- The same decisions as gcra.lua and the in-memory store, to the nanosecond, for requests whose
 -- every counter has B*T + T below 2^52 ns (about 52 days); the caller sends the others to
@@ -7,15 +7,20 @@
 -- no pairs and no tables per value. Only reading a stored TAT and writing one back go through
 -- seconds and nanoseconds.
 --
--- KEYS and ARGV exactly as gcra.lua:
--- KEYS[i]  the counter of op i (a decimal TAT in nanoseconds, with a TTL of TAT - now)
+-- One call carries one request or several (concurrent requests coalesced by the caller). They
+-- are decided one after the other in their order, each all or nothing on its own, each seeing
+-- what the ones before it charged: the same as separate calls in that order.
+--
+-- KEYS     the counters of every op of every request, in order (a decimal TAT in nanoseconds,
+--          with a TTL of TAT - now)
 -- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME; an injected time is for tests, and then
 --          keys get no TTL
--- ARGV[2]  1 when the whole request is decided here, 0 for one hash-slot group of a cluster
---          request (whether all quota-mode ops are over is then for the caller to judge)
--- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund),
---          period (ns, the wait reported by a ban)
--- Returns { blocked, 0, then per op: admitted (0/1), remaining, wait (ns) }.
+-- ARGV[2]  the number of requests
+-- then per request: whole (1 when the whole request is decided here, 0 for one hash-slot group
+--          of a cluster request, whose quota-mode verdict is the caller's), its number of ops,
+--          then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota;
+--          +4 refund), period (ns, the wait reported by a ban)
+-- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns).
 
 local G = 1000000000
 local floor = math.floor
@@ -34,17 +39,18 @@ else
   local t = redis.call('TIME')
   now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
 end
-local whole = ARGV[2] == '1'
 
--- One charge (Envoy's usual request): straight-line, nothing allocated but the reply. A denial
--- writes nothing, so deciding it is the whole plan, as in the store's one-op path.
-if #KEYS == 1 and tonumber(ARGV[7]) < 4 then
-  local mode = tonumber(ARGV[7])
-  local burst = tonumber(ARGV[5])
+-- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
+-- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
+-- path.
+if ARGV[2] == '1' and #KEYS == 1 and tonumber(ARGV[9]) < 4 then
+  local whole = ARGV[3] == '1'
+  local mode = tonumber(ARGV[9])
+  local burst = tonumber(ARGV[7])
   if burst == 0 then
-    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, 0, ARGV[8] }
+    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, ARGV[10] }
   end
-  local T, tol, c = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+  local T, tol, c = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
   local key = KEYS[1]
   local d = 0
   local v = redis.call('GET', key)
@@ -63,7 +69,7 @@ if #KEYS == 1 and tonumber(ARGV[7]) < 4 then
     if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
     local w = new - tol
     if c > burst then w = d end
-    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, q, w }
+    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w }
   end
   if c > 0 and new > 0 then
     local s = now_s + floor(new / G)
@@ -79,7 +85,7 @@ if #KEYS == 1 and tonumber(ARGV[7]) < 4 then
   end
   local q = floor((tol - new) / T)
   if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
-  return { 0, 0, 1, q, new }
+  return { 0, 1, q, new }
 end
 
 -- The debt (TAT - now) of a stored TAT, 0 for none: exact while below 2^53; beyond, only its
@@ -91,9 +97,17 @@ local function debt_of(v)
   return (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
 end
 
+-- Every counter of the batch read in one call; `cur` then follows the batch's own writes.
+local stored = redis.call('MGET', unpack(KEYS))
+local cur = {}
+for i = 1, #KEYS do
+  if cur[KEYS[i]] == nil then cur[KEYS[i]] = debt_of(stored[i]) end
+end
+
 -- Writes TAT = now + debt, with a TTL of debt (rounded up to milliseconds); a debt of 0 is a
 -- full bucket, the same as no key.
 local function write(key, debt)
+  cur[key] = debt
   if debt <= 0 then
     redis.call('DEL', key)
     return
@@ -118,106 +132,103 @@ local function quot(a, t)
   return q
 end
 
-local n = #KEYS
-local T, tol, burst, cost, mode, refund, period = {}, {}, {}, {}, {}, {}, {}
-for i = 1, n do
-  local a = 2 + (i - 1) * 6
-  local kind = tonumber(ARGV[a + 5])
-  T[i], tol[i], burst[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  cost[i], mode[i], refund[i], period[i] = tonumber(ARGV[a + 4]), kind % 4, kind >= 4, ARGV[a + 6]
-end
+local reply = {}
+local k = 0 -- KEYS before this request's
+local a = 3 -- this request's first ARGV
+for _ = 1, tonumber(ARGV[2]) do
+  local whole = ARGV[a] == '1'
+  local n = tonumber(ARGV[a + 1])
+  local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
+  for i = 1, n do
+    local o = a + 2 + (i - 1) * 6
+    local kind = tonumber(ARGV[o + 4])
+    T[i], tol[i], burst[i] = tonumber(ARGV[o]), tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2])
+    cost[i], mode[i], refund[i], period[i] = tonumber(ARGV[o + 3]), kind % 4, kind >= 4, ARGV[o + 5]
+    key[i] = KEYS[k + i]
+  end
+  k, a = k + n, a + 2 + 6 * n
 
--- Per op: admitted, remaining, wait.
-local ok, rem, wait = {}, {}, {}
+  -- The in-memory store's gcra::decide on a debt d (may be negative: no debt).
+  local function decide(i, d, c)
+    if burst[i] == 0 then return false, d, 0, period[i] end
+    local base = d
+    if base > tol[i] then base = tol[i] end
+    if base < 0 then base = 0 end
+    if c > burst[i] then return false, d, quot(tol[i] - base, T[i]), base end
+    local new = base + c * T[i]
+    if new <= tol[i] then return true, new, quot(tol[i] - new, T[i]), new end
+    return false, d, quot(tol[i] - base, T[i]), new - tol[i]
+  end
 
--- Every counter read in one call; `cur` then follows this script's own writes (refunds).
-local stored = redis.call('MGET', unpack(KEYS))
-local cur = {}
-for i = 1, n do
-  if cur[KEYS[i]] == nil then cur[KEYS[i]] = debt_of(stored[i]) end
-end
+  -- Per op: admitted, remaining, wait.
+  local ok, rem, wait = {}, {}, {}
 
--- The in-memory store's gcra::decide on a debt d (may be negative: no debt).
-local function decide(i, d, c)
-  if burst[i] == 0 then return false, d, 0, period[i] end
-  local base = d
-  if base > tol[i] then base = tol[i] end
-  if base < 0 then base = 0 end
-  if c > burst[i] then return false, d, quot(tol[i] - base, T[i]), base end
-  local new = base + c * T[i]
-  if new <= tol[i] then return true, new, quot(tol[i] - new, T[i]), new end
-  return false, d, quot(tol[i] - base, T[i]), new - tol[i]
-end
-
--- Refunds first, exactly once, whatever the outcome.
-for i = 1, n do
-  if refund[i] then
-    local d = cur[KEYS[i]]
-    if burst[i] == 0 then
-      ok[i], rem[i], wait[i] = false, 0, period[i]
-    else
-      local back = d
-      if back > tol[i] then back = tol[i] end
-      if cost[i] >= burst[i] then back = 0 else back = back - cost[i] * T[i] end
-      if back < 0 then back = 0 end
-      if back ~= d then
-        write(KEYS[i], back)
-        cur[KEYS[i]] = back
+  -- Refunds first, exactly once, whatever the outcome.
+  for i = 1, n do
+    if refund[i] then
+      local d = cur[key[i]]
+      if burst[i] == 0 then
+        ok[i], rem[i], wait[i] = false, 0, period[i]
+      else
+        local back = d
+        if back > tol[i] then back = tol[i] end
+        if cost[i] >= burst[i] then back = 0 else back = back - cost[i] * T[i] end
+        if back < 0 then back = 0 end
+        if back ~= d then write(key[i], back) end
+        ok[i], rem[i], wait[i] = true, quot(tol[i] - back, T[i]), back
       end
-      ok[i], rem[i], wait[i] = true, quot(tol[i] - back, T[i]), back
     end
   end
-end
 
--- Plan the charges in order, as if each admitted one had been applied.
-local overlay, before = {}, {}
-for i = 1, n do
-  if not refund[i] then
-    local d = overlay[KEYS[i]]
-    if d == nil then d = cur[KEYS[i]] end
-    before[i] = d
-    local admitted, new, r, w = decide(i, d, cost[i])
-    ok[i], rem[i], wait[i] = admitted, r, w
-    if admitted then overlay[KEYS[i]] = new end
-  end
-end
-
-local blocked = false
-local quota_ops, quota_denied = 0, 0
-for i = 1, n do
-  if not refund[i] then
-    if mode[i] == 2 then
-      quota_ops = quota_ops + 1
-      if not ok[i] then quota_denied = quota_denied + 1 end
-    elseif mode[i] == 0 and not ok[i] then
-      blocked = true
-    end
-  end
-end
-if whole and quota_ops > 0 and quota_denied == quota_ops then blocked = true end
-
-if blocked then
-  -- Nothing is charged: an op that fit reports the state it found.
+  -- Plan the charges in order, as if each admitted one had been applied.
+  local overlay, before = {}, {}
   for i = 1, n do
-    if not refund[i] and ok[i] then
-      local admitted, _, r, w = decide(i, before[i], 0)
+    if not refund[i] then
+      local d = overlay[key[i]]
+      if d == nil then d = cur[key[i]] end
+      before[i] = d
+      local admitted, new, r, w = decide(i, d, cost[i])
       ok[i], rem[i], wait[i] = admitted, r, w
+      if admitted then overlay[key[i]] = new end
     end
   end
-else
-  for i = 1, n do
-    local key = KEYS[i]
-    if not refund[i] and ok[i] and cost[i] > 0 and overlay[key] then
-      write(key, overlay[key])
-      overlay[key] = nil
-    end
-  end
-end
 
-local reply = { blocked and 1 or 0, 0 }
-for i = 1, n do
-  reply[#reply + 1] = ok[i] and 1 or 0
-  reply[#reply + 1] = rem[i]
-  reply[#reply + 1] = wait[i]
+  local blocked = false
+  local quota_ops, quota_denied = 0, 0
+  for i = 1, n do
+    if not refund[i] then
+      if mode[i] == 2 then
+        quota_ops = quota_ops + 1
+        if not ok[i] then quota_denied = quota_denied + 1 end
+      elseif mode[i] == 0 and not ok[i] then
+        blocked = true
+      end
+    end
+  end
+  if whole and quota_ops > 0 and quota_denied == quota_ops then blocked = true end
+
+  if blocked then
+    -- Nothing is charged: an op that fit reports the state it found.
+    for i = 1, n do
+      if not refund[i] and ok[i] then
+        local admitted, _, r, w = decide(i, before[i], 0)
+        ok[i], rem[i], wait[i] = admitted, r, w
+      end
+    end
+  else
+    for i = 1, n do
+      if not refund[i] and ok[i] and cost[i] > 0 and overlay[key[i]] then
+        write(key[i], overlay[key[i]])
+        overlay[key[i]] = nil
+      end
+    end
+  end
+
+  reply[#reply + 1] = blocked and 1 or 0
+  for i = 1, n do
+    reply[#reply + 1] = ok[i] and 1 or 0
+    reply[#reply + 1] = rem[i]
+    reply[#reply + 1] = wait[i]
+  end
 end
 return reply

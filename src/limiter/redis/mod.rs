@@ -24,6 +24,7 @@
 
 mod breaker;
 mod cache;
+mod coalesce;
 mod stats;
 
 use std::sync::Arc;
@@ -124,6 +125,10 @@ pub struct RedisStore {
     /// [`RedisTime::Clock`].
     clock: Arc<dyn Clock>,
     time: RedisTime,
+    /// Requests for the lean script on a single node, coalesced by [`RedisStore::connect`].
+    queue: tokio::sync::mpsc::UnboundedSender<coalesce::Pending>,
+    /// The queue's receiving end, until the connection loop takes it.
+    queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<coalesce::Pending>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -148,7 +153,10 @@ impl RedisStore {
         clock: Arc<dyn Clock>,
         time: RedisTime,
     ) -> Result<Arc<Self>, BackendError> {
+        let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
         Ok(Arc::new(Self {
+            queue,
+            queued: std::sync::Mutex::new(Some(queued)),
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config)?,
             script: Script::new(include_str!("gcra.lua")),
@@ -173,7 +181,8 @@ impl RedisStore {
     }
 
     /// Connects, retrying with back-off (100 ms doubling to 5 s) until it succeeds; the
-    /// connection then reconnects by itself. The caller owns this future and drops it to stop.
+    /// connection then reconnects by itself. On a single node it goes on to send the coalesced
+    /// requests for as long as it runs. The caller owns this future and drops it to stop.
     pub async fn connect(&self) {
         let urls = self.config.redacted_urls();
         let mut delay = Duration::from_millis(100);
@@ -181,7 +190,16 @@ impl RedisStore {
             match self.connector.connect().await {
                 Ok(conn) => {
                     tracing::info!(redis = %urls, "connected to redis");
+                    let single = matches!(conn, Conn::Single(_));
                     self.conn.store(Some(Arc::new(conn)));
+                    let queued = self
+                        .queued
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take();
+                    if let (true, Some(queued)) = (single, queued) {
+                        self.coalesce(queued).await;
+                    }
                     return;
                 }
                 Err(e) => {
@@ -226,6 +244,7 @@ impl RedisStore {
             RedisTime::Server => None,
             RedisTime::Clock => Some(local_now),
         };
+        self.stats.request();
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.config.timeout, self.run(ops, now)).await {
             Ok(r) => r,
@@ -259,6 +278,21 @@ impl RedisStore {
             return Err(BackendError::NotConnected);
         };
         match &*conn {
+            Conn::Single(_) if fits_lean(ops) => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let pending = coalesce::Pending {
+                    ops: ops.to_vec(),
+                    now,
+                    reply,
+                };
+                self.queue
+                    .send(pending)
+                    .map_err(|_| BackendError::NotConnected)?;
+                // A dropped answer: the sending loop stopped (shutdown).
+                let (blocked, outcomes) =
+                    answer.await.map_err(|_| BackendError::NotConnected)??;
+                Ok(Batch { blocked, outcomes })
+            }
             Conn::Single(c) => {
                 let all: Vec<usize> = (0..ops.len()).collect();
                 let (blocked, outcomes) = self.invoke(&mut c.clone(), ops, &all, true, now).await?;
@@ -268,7 +302,7 @@ impl RedisStore {
         }
     }
 
-    /// One round trip: the script over `ops[idx]`.
+    /// One round trip: the script over `ops[idx]`, alone.
     async fn invoke(
         &self,
         conn: &mut impl redis::aio::ConnectionLike,
@@ -277,14 +311,42 @@ impl RedisStore {
         whole: bool,
         now: Option<u64>,
     ) -> Result<(bool, Vec<Outcome>), BackendError> {
-        let script = if fits_lean(idx.iter().map(|&i| &ops[i])) {
-            &self.lean
-        } else {
-            &self.script
-        };
+        let lean = fits_lean(idx.iter().map(|&i| &ops[i]));
+        let script = if lean { &self.lean } else { &self.script };
         let mut call = script.prepare_invoke();
-        call.arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(if whole { "1" } else { "0" });
+        call.arg(now.map(|n| n.to_string()).unwrap_or_default());
+        if lean {
+            call.arg(1);
+        }
+        self.push_request(&mut call, ops, idx, whole, lean);
+        self.stats.round_trip();
+        let reply: Vec<Value> = call
+            .invoke_async(conn)
+            .await
+            .map_err(|e| classify(e, self.config.timeout))?;
+        if lean {
+            parse_lean(&reply, &[idx.len()])?
+                .pop()
+                .ok_or_else(|| BackendError::Reply(format!("{reply:?}")))
+        } else {
+            parse(&reply, idx.len())
+        }
+    }
+
+    /// Adds one request's keys and arguments (`whole`, for the lean script its op count, then
+    /// six per op) to a script call.
+    fn push_request(
+        &self,
+        call: &mut redis::ScriptInvocation<'_>,
+        ops: &[Op],
+        idx: &[usize],
+        whole: bool,
+        lean: bool,
+    ) {
+        call.arg(if whole { "1" } else { "0" });
+        if lean {
+            call.arg(idx.len());
+        }
         for &i in idx {
             let op = &ops[i];
             let mode = match op.mode {
@@ -300,12 +362,6 @@ impl RedisStore {
                 .arg(mode + if op.refund { 4 } else { 0 })
                 .arg(op.quota.period());
         }
-        self.stats.round_trip();
-        let reply: Vec<Value> = call
-            .invoke_async(conn)
-            .await
-            .map_err(|e| classify(e, self.config.timeout))?;
-        parse(&reply, idx.len())
     }
 
     async fn run_cluster(
@@ -452,32 +508,55 @@ fn classify(e: RedisError, timeout: Duration) -> BackendError {
 }
 
 /// Reads the script's reply: `{blocked, now, then per op: admitted, remaining, wait}`.
+/// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`.
 fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError> {
     let bad = || BackendError::Reply(format!("{reply:?}"));
     if reply.len() != 2 + 3 * n {
         return Err(bad());
     }
-    let int = |v: &Value| match v {
+    let blocked = int(&reply[0]).ok_or_else(bad)? == 1;
+    Ok((blocked, outcomes(&reply[2..], n).ok_or_else(bad)?))
+}
+
+/// Reads `gcra_lean.lua`'s reply to a batch of requests of `sizes` ops each: per request,
+/// `blocked, then per op: admitted, remaining, wait`.
+fn parse_lean(reply: &[Value], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>, BackendError> {
+    let bad = || BackendError::Reply(format!("{reply:?}"));
+    if reply.len() != sizes.iter().map(|n| 1 + 3 * n).sum::<usize>() {
+        return Err(bad());
+    }
+    let mut at = 0;
+    let mut out = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let blocked = int(&reply[at]).ok_or_else(bad)? == 1;
+        out.push((blocked, outcomes(&reply[at + 1..], n).ok_or_else(bad)?));
+        at += 1 + 3 * n;
+    }
+    Ok(out)
+}
+
+/// `n` outcomes from `admitted, remaining, wait` triples.
+fn outcomes(values: &[Value], n: usize) -> Option<Vec<Outcome>> {
+    (0..n)
+        .map(|k| {
+            Some(Outcome {
+                admitted: int(&values[3 * k])? == 1,
+                remaining: int(&values[3 * k + 1])?,
+                wait: int(&values[3 * k + 2])?,
+                ..Outcome::NONE
+            })
+        })
+        .collect()
+}
+
+/// A non-negative integer reply value (Lua numbers arrive as integers, strings as bulk strings).
+fn int(v: &Value) -> Option<u64> {
+    match v {
         Value::Int(i) => u64::try_from(*i).ok(),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
         Value::SimpleString(s) => s.parse().ok(),
         _ => None,
-    };
-    let blocked = int(&reply[0]).ok_or_else(bad)? == 1;
-    let mut outcomes = Vec::with_capacity(n);
-    for k in 0..n {
-        let at = 2 + 3 * k;
-        let admitted = int(&reply[at]).ok_or_else(bad)? == 1;
-        let remaining = int(&reply[at + 1]).ok_or_else(bad)?;
-        let wait = int(&reply[at + 2]).ok_or_else(bad)?;
-        outcomes.push(Outcome {
-            admitted,
-            remaining,
-            wait,
-            ..Outcome::NONE
-        });
     }
-    Ok((blocked, outcomes))
 }
 
 /// Redis Cluster's hash slot of a key: CRC16 (XMODEM) of the key, or of its `{hash tag}`.

@@ -12,6 +12,7 @@ use crate::limiter::ErrorKind;
 #[derive(Debug, Default)]
 pub(super) struct RedisStats {
     round_trips: AtomicU64,
+    requests: AtomicU64,
     cache_hits: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     latency: LatencyHistogram,
@@ -22,6 +23,8 @@ pub(super) struct RedisStats {
 pub struct RedisFigures {
     /// Script calls sent.
     pub round_trips: u64,
+    /// Requests those calls decided (more than one per call when coalesced).
+    pub requests: u64,
     /// Requests refused from the local over-limit cache.
     pub cache_hits: u64,
     /// Failed calls of each kind.
@@ -39,6 +42,11 @@ impl RedisStats {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A request sent to Redis (alone or coalesced with others in one call).
+    pub(super) fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(super) fn cache_hit(&self) {
         self.cache_hits.fetch_add(1, Ordering::Relaxed);
     }
@@ -54,6 +62,7 @@ impl RedisStats {
     pub(super) fn figures(&self, connected: bool, breaker: BreakerState) -> RedisFigures {
         RedisFigures {
             round_trips: self.round_trips.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
             errors: ErrorKind::ALL.map(|k| (k, self.errors[k.index()].load(Ordering::Relaxed))),
             connected,
