@@ -61,11 +61,20 @@ pub(super) fn add(decision: &mut Decision, options: &HeaderOptions) {
 fn extras(resp: &Decision, options: &HeaderOptions, jitter: f64) -> Extras {
     let mut out = Extras::default();
     let limited: Vec<&Status> = resp.statuses.iter().filter(|s| s.limit.is_some()).collect();
-    // The most constrained limit: the fewest remaining, the first on a tie (as Envoy picks).
+    // The most constrained limit, ranked as a descriptor's own limits are: over the limit
+    // first, then the fewest remaining (as Envoy picks), then the longest wait; the first on a
+    // tie.
+    let rank = |s: &Status| {
+        (
+            s.code == Code::OverLimit,
+            std::cmp::Reverse(s.remaining),
+            s.reset_seconds,
+        )
+    };
     let tightest = limited
         .iter()
         .copied()
-        .reduce(|a, b| if b.remaining < a.remaining { b } else { a });
+        .reduce(|a, b| if rank(b) > rank(a) { b } else { a });
     if let Some(s) = tightest {
         let Some(limit) = &s.limit else { return out };
         let window = limit.rate.unit.seconds() * u64::from(limit.rate.unit_multiplier);
