@@ -183,6 +183,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_over_limit_status_wins_the_headers_over_one_with_fewer_left() {
+        use crate::decision::AppliedLimit;
+        use crate::policy::{Rate, Unit};
+        let status = |code, rpu, remaining, reset| Status {
+            code,
+            limit: Some(AppliedLimit {
+                rate: Rate::per_unit(rpu, Unit::Minute),
+                rule: None,
+            }),
+            remaining,
+            reset_seconds: Some(reset),
+        };
+        let legacy = HeaderOptions {
+            mode: HeaderMode::Legacy,
+            ..HeaderOptions::default()
+        };
+        let limit = |statuses: Vec<Status>, overall| {
+            let d = Decision {
+                overall,
+                statuses,
+                headers: Vec::new(),
+                body: Vec::new(),
+            };
+            let e = extras(&d, &legacy, 0.0);
+            e.headers
+                .iter()
+                .find(|(n, _)| n == "RateLimit-Limit")
+                .map(|(_, v)| v.clone())
+        };
+        // A cost of 5 with 3 left is refused, though another limit has only 1 left.
+        let refused = status(Code::OverLimit, 10, 3, 2);
+        let tight = status(Code::Ok, 5, 1, 30);
+        assert_eq!(
+            limit(vec![tight.clone(), refused], Code::OverLimit).as_deref(),
+            Some("10")
+        );
+        // Equal remaining: the longer wait; equal all through: the first.
+        let long = status(Code::Ok, 7, 1, 90);
+        assert_eq!(
+            limit(vec![tight.clone(), long], Code::Ok).as_deref(),
+            Some("7")
+        );
+        let twin = status(Code::Ok, 8, 1, 30);
+        assert_eq!(limit(vec![tight, twin], Code::Ok).as_deref(), Some("5"));
+    }
+
+    #[test]
     fn sf_strings_are_escaped_and_ascii() {
         assert_eq!(sf_string("per-ip"), "\"per-ip\"");
         assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");

@@ -559,4 +559,38 @@ descriptors:
         search.descriptors[0].entries[0].value = "c".into();
         assert_eq!(first(&now(d.decide(&search)).unwrap()).2, 10);
     }
+
+    #[test]
+    fn replaces_drops_one_entry_of_several_and_an_entry_can_replace() {
+        let policy = r"
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: tight, unit: minute, requests_per_unit: 2}
+      - {name: loose, unit: minute, requests_per_unit: 9, replaces: [{name: other}]}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 50, replaces: [{name: tight}]}
+  - key: other
+    rate_limit: {name: other, unit: minute, requests_per_unit: 1}
+";
+        let set = load_str(&[("p.yaml", policy)]).unwrap();
+        let d = Decider::new(
+            PolicyHandle::new(set),
+            memory(),
+            Arc::new(Metrics::install(10)),
+            Options::default(),
+        );
+        // With vip, `tight` is dropped: `loose` alone is charged and reported.
+        // (9 a minute: full again one interval, 6.67 s rounded up to the ns, per request later.)
+        for (left, full) in [(8, 7), (7, 14), (6, 21)] {
+            let r = now(d.decide(&req(&[&[("user", "u")], &[("vip", "x")]]))).unwrap();
+            assert_eq!(first(&r), (Code::Ok, "loose".into(), left, Some(full)));
+        }
+        // Without it, `tight` was never charged: it has both of its 2.
+        let r = now(d.decide(&req(&[&[("user", "u")], &[("other", "o")]]))).unwrap();
+        assert_eq!(first(&r), (Code::Ok, "tight".into(), 1, Some(30)));
+        // `loose` replaced `other`, so that was not charged either.
+        assert_eq!(r.statuses[1].limit, None);
+    }
 }

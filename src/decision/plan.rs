@@ -138,20 +138,26 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
             let cost = hits.saturating_mul(resolved.cost);
             let counted =
                 |rule: &Rule| matches!(rule.limit, Limit::Limited(_)) && !replaced(&matched, rule);
+            // The last rule counted takes the walk's key state; the rest copy it. One
+            // `replaces` scan per rule in the common one-rule case.
             let last = rules.iter().rposition(|r| counted(r));
             let mut resolved = Some(resolved);
             for (j, rule) in rules.iter().enumerate() {
-                let Limit::Limited(rate) = rule.limit else {
-                    unlimited |= !replaced(&matched, rule);
-                    continue;
-                };
-                if !counted(rule) {
-                    continue;
-                }
-                let key = if Some(j) == last {
-                    resolved.take().map(|r| r.into_key(rule))
-                } else {
-                    resolved.as_ref().map(|r| r.key(rule))
+                let (rate, key) = match rule.limit {
+                    Limit::Limited(rate) if Some(j) == last => {
+                        (rate, resolved.take().map(|r| r.into_key(rule)))
+                    }
+                    Limit::Limited(rate)
+                        if last.is_some_and(|l| j < l) && !replaced(&matched, rule) =>
+                    {
+                        (rate, resolved.as_ref().map(|r| r.key(rule)))
+                    }
+                    // Replaced (every limited rule after `last` is).
+                    Limit::Limited(_) => continue,
+                    Limit::Unlimited => {
+                        unlimited |= !replaced(&matched, rule);
+                        continue;
+                    }
                 };
                 let Some(key) = key else { continue };
                 plan.ops.push(op(key, rate, cost, desc, mode(Some(rule))));

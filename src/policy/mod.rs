@@ -139,7 +139,8 @@ pub struct Rule {
     /// Stable identity: a hash of the domain and the descriptor path (keys and configured
     /// values). Unchanged across reloads while the path is unchanged, so counters survive.
     pub id: u128,
-    /// Where it is in its file, e.g. `descriptors[1].descriptors[0]`.
+    /// Where it is in its file, e.g. `descriptors[1].descriptors[0]`, or for an entry of
+    /// `rate_limits` e.g. `descriptors[1].rate_limits[0]`.
     pub path: String,
     /// The reference's stats key, e.g. `edge.generic_key_api.api_key`.
     pub stats_key: String,
