@@ -458,7 +458,22 @@ impl Metrics {
 /// (`key_value` for exact or wildcard levels, `key` for key-only ones).
 fn rule_labels(rule: &Rule) -> (String, String) {
     let level = |i: usize| rule.levels.get(i).cloned().unwrap_or_default();
-    (level(0), level(1))
+    entry_labels(rule, (level(0), level(1)))
+}
+
+/// One of several limits of a node (`rate_limits`) shares its levels with its siblings, so its
+/// name, in brackets, goes on its last label (`key2`, or `key1` when that is empty) to keep the
+/// series apart: `key1="user", key2="route_search[per_day]"`.
+fn entry_labels(rule: &Rule, (mut key1, mut key2): (String, String)) -> (String, String) {
+    if let Some(name) = &rule.entry {
+        let last = if key2.is_empty() {
+            &mut key1
+        } else {
+            &mut key2
+        };
+        last.push_str(&format!("[{name}]"));
+    }
+    (key1, key2)
 }
 
 /// `key1`/`key2` showing request values: every level's with `detailed_metric`, the rule's own
@@ -470,15 +485,16 @@ fn detailed_labels(hit: &RuleHit<'_>) -> (String, String) {
             .unwrap_or_default()
     };
     if hit.rule.detailed_metric {
-        return (value(0), value(1));
+        return entry_labels(hit.rule, (value(0), value(1)));
     }
-    let (mut key1, mut key2) = rule_labels(hit.rule);
+    let level = |i: usize| hit.rule.levels.get(i).cloned().unwrap_or_default();
+    let (mut key1, mut key2) = (level(0), level(1));
     match hit.depth {
         1 => key1 = value(0),
         2 => key2 = value(1),
         _ => {}
     }
-    (key1, key2)
+    entry_labels(hit.rule, (key1, key2))
 }
 
 /// Writes one family rendered from figures: its `# HELP` and `# TYPE` from [`FAMILIES`], then

@@ -61,11 +61,20 @@ pub(super) fn add(decision: &mut Decision, options: &HeaderOptions) {
 fn extras(resp: &Decision, options: &HeaderOptions, jitter: f64) -> Extras {
     let mut out = Extras::default();
     let limited: Vec<&Status> = resp.statuses.iter().filter(|s| s.limit.is_some()).collect();
-    // The most constrained limit: the fewest remaining, the first on a tie (as Envoy picks).
+    // The most constrained limit, ranked as a descriptor's own limits are: over the limit
+    // first, then the fewest remaining (as Envoy picks), then the longest wait; the first on a
+    // tie.
+    let rank = |s: &Status| {
+        (
+            s.code == Code::OverLimit,
+            std::cmp::Reverse(s.remaining),
+            s.reset_seconds,
+        )
+    };
     let tightest = limited
         .iter()
         .copied()
-        .reduce(|a, b| if b.remaining < a.remaining { b } else { a });
+        .reduce(|a, b| if rank(b) > rank(a) { b } else { a });
     if let Some(s) = tightest {
         let Some(limit) = &s.limit else { return out };
         let window = limit.rate.unit.seconds() * u64::from(limit.rate.unit_multiplier);
@@ -172,6 +181,53 @@ fn sf_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_over_limit_status_wins_the_headers_over_one_with_fewer_left() {
+        use crate::decision::AppliedLimit;
+        use crate::policy::{Rate, Unit};
+        let status = |code, rpu, remaining, reset| Status {
+            code,
+            limit: Some(AppliedLimit {
+                rate: Rate::per_unit(rpu, Unit::Minute),
+                rule: None,
+            }),
+            remaining,
+            reset_seconds: Some(reset),
+        };
+        let legacy = HeaderOptions {
+            mode: HeaderMode::Legacy,
+            ..HeaderOptions::default()
+        };
+        let limit = |statuses: Vec<Status>, overall| {
+            let d = Decision {
+                overall,
+                statuses,
+                headers: Vec::new(),
+                body: Vec::new(),
+            };
+            let e = extras(&d, &legacy, 0.0);
+            e.headers
+                .iter()
+                .find(|(n, _)| n == "RateLimit-Limit")
+                .map(|(_, v)| v.clone())
+        };
+        // A cost of 5 with 3 left is refused, though another limit has only 1 left.
+        let refused = status(Code::OverLimit, 10, 3, 2);
+        let tight = status(Code::Ok, 5, 1, 30);
+        assert_eq!(
+            limit(vec![tight.clone(), refused], Code::OverLimit).as_deref(),
+            Some("10")
+        );
+        // Equal remaining: the longer wait; equal all through: the first.
+        let long = status(Code::Ok, 7, 1, 90);
+        assert_eq!(
+            limit(vec![tight.clone(), long], Code::Ok).as_deref(),
+            Some("7")
+        );
+        let twin = status(Code::Ok, 8, 1, 30);
+        assert_eq!(limit(vec![tight, twin], Code::Ok).as_deref(), Some("5"));
+    }
 
     #[test]
     fn sf_strings_are_escaped_and_ascii() {

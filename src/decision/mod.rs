@@ -219,33 +219,38 @@ impl Decider {
             Code::OverLimit => RequestOutcome::OverLimit,
         });
         for (desc, slot) in req.descriptors.iter().zip(&plan.slots) {
-            let Slot::Counted {
-                rate,
-                rule: Some(rule),
-                op,
-            } = *slot
-            else {
+            let Slot::Counted { start, end } = *slot else {
                 continue;
             };
-            let (op, outcome) = (&plan.ops[op], &batch.outcomes[op]);
-            if op.refund {
-                continue;
+            for i in start..end {
+                let (op, outcome) = (&plan.ops[i], &batch.outcomes[i]);
+                let plan::Applied {
+                    rate,
+                    rule: Some(rule),
+                } = plan.applied[i]
+                else {
+                    continue;
+                };
+                if op.refund {
+                    continue;
+                }
+                let value = |i: usize| {
+                    desc.entries
+                        .get(i)
+                        .map(|e| (e.key.as_str(), e.value.as_str()))
+                };
+                self.metrics.rule_hit(&RuleHit {
+                    domain: &req.domain,
+                    rule,
+                    values: [value(0), value(1)],
+                    // The rule's own depth: a cost node's request is deeper than its ancestor.
+                    depth: rule.levels.len(),
+                    hits: op.cost,
+                    denied: !outcome.admitted,
+                    remaining: outcome.remaining.min(u64::from(u32::MAX)),
+                    burst: u64::from(rate.burst),
+                });
             }
-            let value = |i: usize| {
-                desc.entries
-                    .get(i)
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-            };
-            self.metrics.rule_hit(&RuleHit {
-                domain: &req.domain,
-                rule,
-                values: [value(0), value(1)],
-                depth: desc.entries.len(),
-                hits: op.cost,
-                denied: !outcome.admitted,
-                remaining: outcome.remaining.min(u64::from(u32::MAX)),
-                burst: u64::from(rate.burst),
-            });
         }
     }
 }
@@ -253,6 +258,7 @@ impl Decider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::limiter::{ManualClock, MemoryStore, RedisConfig, RedisStore, RedisTime};
     use crate::policy::load_str;
 
@@ -413,5 +419,178 @@ descriptors:
             .await
             .unwrap();
         assert_eq!(unmatched.overall, Code::Ok);
+    }
+
+    const LAYERED: &str = r"
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 3}
+      - {name: per_day, unit: day, requests_per_unit: 4}
+  - key: acct
+    rate_limit: {name: budget, unit: minute, requests_per_unit: 100, burst: 20}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+      - key: route
+        value: item
+        cost: 1
+";
+
+    fn layered(options: Options) -> (Decider, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1 << 40));
+        let set = load_str(&[("p.yaml", LAYERED)]).unwrap();
+        let d = Decider::new(
+            PolicyHandle::new(set),
+            Backend::memory(MemoryStore::new(), clock.clone()),
+            Arc::new(Metrics::install(10)),
+            options,
+        );
+        (d, clock)
+    }
+
+    /// (code, limit name, remaining, reset seconds) of the first status.
+    fn first(decision: &Decision) -> (Code, String, u32, Option<u64>) {
+        let s = &decision.statuses[0];
+        (
+            s.code,
+            s.limit
+                .as_ref()
+                .map_or_else(String::new, |l| l.name().to_string()),
+            s.remaining,
+            s.reset_seconds,
+        )
+    }
+
+    fn header<'a>(decision: &'a Decision, name: &str) -> &'a str {
+        decision
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn several_limits_on_one_node_are_all_or_nothing_and_report_the_tightest() {
+        let (d, clock) = layered(Options {
+            headers: HeaderOptions {
+                mode: HeaderMode::Legacy,
+                ..HeaderOptions::default()
+            },
+            ..Options::default()
+        });
+        let user = req(&[&[("user", "u")]]);
+        // Three pass: per_second is the tighter one (fewer left) each time; it is full again
+        // a second after the last (a third of a second, rounded up, per request).
+        for (left, full) in [(2, 1), (1, 1), (0, 2)] {
+            let r = now(d.decide(&user)).unwrap();
+            assert_eq!(first(&r), (Code::Ok, "per_second".into(), left, Some(full)));
+        }
+        // The per-second limit refuses while the daily one still has room; the status and the
+        // headers name it.
+        let r = now(d.decide(&user)).unwrap();
+        assert_eq!(r.overall, Code::OverLimit);
+        assert_eq!(
+            first(&r),
+            (Code::OverLimit, "per_second".into(), 0, Some(1))
+        );
+        assert_eq!(header(&r, "RateLimit-Limit"), "3");
+        // A second later the per-second bucket is full again, and the daily one has exactly one
+        // left: the refusal charged it nothing. It is now the tighter.
+        clock.advance(NANOS_PER_SEC);
+        let r = now(d.decide(&user)).unwrap();
+        assert_eq!(r.overall, Code::Ok);
+        assert_eq!(first(&r), (Code::Ok, "per_day".into(), 0, Some(86_399)));
+        assert_eq!(header(&r, "RateLimit-Limit"), "4");
+        assert_eq!(header(&r, "RateLimit-Remaining"), "0");
+        // The daily one refuses though the per-second ones pass: it is the one reported, with
+        // its own wait (a quarter of a day after the first request, a second ago).
+        let r = now(d.decide(&user)).unwrap();
+        assert_eq!(r.overall, Code::OverLimit);
+        assert_eq!(
+            first(&r),
+            (Code::OverLimit, "per_day".into(), 0, Some(21_599))
+        );
+        assert_eq!(header(&r, "RateLimit-Limit"), "4");
+    }
+
+    #[test]
+    fn cost_nodes_share_the_ancestors_budget_at_their_cost() {
+        let (d, _clock) = layered(Options::default());
+        let search = || req(&[&[("acct", "a"), ("route", "search")]]);
+        let item = || req(&[&[("acct", "a"), ("route", "item")]]);
+        let acct = || req(&[&[("acct", "a")]]);
+        let left = |r: &Request| first(&now(d.decide(r)).unwrap());
+        assert_eq!(left(&search()), (Code::Ok, "budget".into(), 10, Some(6)));
+        assert_eq!(left(&item()).2, 9);
+        assert_eq!(left(&acct()).2, 8);
+        // Eight left, search costs ten: refused (two more come in 1.2 s), nothing charged.
+        assert_eq!(
+            left(&search()),
+            (Code::OverLimit, "budget".into(), 8, Some(2))
+        );
+        assert_eq!(left(&item()).2, 7);
+        // Another account has its own budget.
+        assert_eq!(left(&req(&[&[("acct", "b"), ("route", "search")]])).2, 10);
+        // A refund gives back the cost node's cost.
+        let mut refund = item();
+        refund.descriptors[0].is_negative_hits = true;
+        assert_eq!(left(&refund).0, Code::Ok);
+        assert_eq!(left(&acct()).2, 7);
+        // A descriptor's hits_addend of 0 checks only.
+        let mut check = search();
+        check.descriptors[0].hits_addend = Some(0);
+        assert_eq!(left(&check).2, 7);
+    }
+
+    #[test]
+    fn hits_addend_multiplies_a_cost() {
+        let (d, _clock) = layered(Options::default());
+        let mut search = req(&[&[("acct", "a"), ("route", "search")]]);
+        search.hits_addend = 2;
+        assert_eq!(first(&now(d.decide(&search)).unwrap()).2, 0);
+        let mut item = req(&[&[("acct", "b"), ("route", "item")]]);
+        item.descriptors[0].hits_addend = Some(3);
+        assert_eq!(first(&now(d.decide(&item)).unwrap()).2, 17);
+        // The request's hits_addend 0 means 1, times the cost.
+        search.hits_addend = 0;
+        search.descriptors[0].entries[0].value = "c".into();
+        assert_eq!(first(&now(d.decide(&search)).unwrap()).2, 10);
+    }
+
+    #[test]
+    fn replaces_drops_one_entry_of_several_and_an_entry_can_replace() {
+        let policy = r"
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: tight, unit: minute, requests_per_unit: 2}
+      - {name: loose, unit: minute, requests_per_unit: 9, replaces: [{name: other}]}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 50, replaces: [{name: tight}]}
+  - key: other
+    rate_limit: {name: other, unit: minute, requests_per_unit: 1}
+";
+        let set = load_str(&[("p.yaml", policy)]).unwrap();
+        let d = Decider::new(
+            PolicyHandle::new(set),
+            memory(),
+            Arc::new(Metrics::install(10)),
+            Options::default(),
+        );
+        // With vip, `tight` is dropped: `loose` alone is charged and reported.
+        // (9 a minute: full again one interval, 6.67 s rounded up to the ns, per request later.)
+        for (left, full) in [(8, 7), (7, 14), (6, 21)] {
+            let r = now(d.decide(&req(&[&[("user", "u")], &[("vip", "x")]]))).unwrap();
+            assert_eq!(first(&r), (Code::Ok, "loose".into(), left, Some(full)));
+        }
+        // Without it, `tight` was never charged: it has both of its 2.
+        let r = now(d.decide(&req(&[&[("user", "u")], &[("other", "o")]]))).unwrap();
+        assert_eq!(first(&r), (Code::Ok, "tight".into(), 1, Some(30)));
+        // `loose` replaced `other`, so that was not charged either.
+        assert_eq!(r.statuses[1].limit, None);
     }
 }

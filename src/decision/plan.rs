@@ -4,13 +4,17 @@
 //!
 //! Semantics, decided once here:
 //! - cost: the descriptor's `hits_addend` when set (0 = check only), else the request's, where
-//!   0 means 1; `is_negative_hits` refunds instead (refunds apply whatever the outcome);
+//!   0 means 1; times a cost node's `cost`; `is_negative_hits` refunds instead (refunds apply
+//!   whatever the outcome);
+//! - several rules on one node (`rate_limits`): one op each, charged all or nothing with the rest
+//!   of the request; the descriptor's status is the most constrained of them (see [`finish`]);
 //! - all or nothing: when an enforced descriptor is over, nothing of the request is charged
 //!   (the backend guarantees it);
 //! - `shadow_mode` rules are counted exactly as enforced ones but never refuse and report OK;
 //!   `quota_mode` rules refuse only when every quota rule of the request is over; global shadow
 //!   mode never refuses but keeps each status's OVER_LIMIT;
-//! - `replaces`: a matched rule named in another matched rule's `replaces` is dropped;
+//! - `replaces`: a matched rule named in another matched rule's `replaces` is dropped (each
+//!   entry of `rate_limits` on its own);
 //! - a request's `RateLimitOverride` replaces matching when its domain is known.
 
 use std::sync::Arc;
@@ -19,106 +23,175 @@ use super::request::{Descriptor, Request};
 use super::{AppliedLimit, Code, Status};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{Batch, Key, KeyBuilder, Mode, Op};
-use crate::policy::{Domain, Limit, Rate, Rule};
+use crate::policy::{Domain, Limit, Rate, Resolved, Rule};
 
 /// Seed of override counter keys, distinct from any rule identity's role.
 const OVERRIDE_SEED: u128 = 0x6f76_6572_7269_6465;
 
 /// What was matched for one descriptor.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Slot<'p> {
+pub(super) enum Slot {
     /// No rule applies.
     None,
-    /// An unlimited rule.
+    /// Only unlimited rules.
     Unlimited,
-    /// A limited rule (`None` for a request's override), counted by op `op`.
-    Counted {
-        rate: Rate,
-        rule: Option<&'p Arc<Rule>>,
-        op: usize,
-    },
+    /// Limited rules (or a request's override), counted by ops `start..end`.
+    Counted { start: usize, end: usize },
+}
+
+/// The limit an op counts for: its rate and rule (`None` for a request's override).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Applied<'p> {
+    pub(super) rate: Rate,
+    pub(super) rule: Option<&'p Arc<Rule>>,
 }
 
 /// A request matched against one domain's policies, ready to count.
 #[derive(Debug)]
 pub(super) struct Plan<'p> {
-    pub(super) slots: Vec<Slot<'p>>,
+    /// One per request descriptor.
+    pub(super) slots: Vec<Slot>,
+    /// The backend's ops.
     pub(super) ops: Vec<Op>,
+    /// One per op: what it counts for.
+    pub(super) applied: Vec<Applied<'p>>,
 }
 
-/// What matching found for one descriptor: the rule (if any), and the rate and counter when it
-/// is counted.
-type Matched<'p> = (Option<&'p Arc<Rule>>, Option<(Rate, Key)>);
+/// What matching found for one descriptor.
+enum Matched<'p> {
+    /// Nothing applies.
+    None,
+    /// A request's override: its rate and counter.
+    Override(Rate, Key),
+    /// Policy rules: the rules (kept for `replaces` after the match is taken) and the match.
+    Rules(&'p [Arc<Rule>], Option<Resolved<'p>>),
+}
+
+impl Matched<'_> {
+    fn rules(&self) -> &[Arc<Rule>] {
+        match self {
+            Self::Rules(rules, _) => rules,
+            _ => &[],
+        }
+    }
+}
+
+/// Whether a matched rule of the request names `rule` in its `replaces`.
+fn replaced(matched: &[Matched<'_>], rule: &Rule) -> bool {
+    rule.name.as_ref().is_some_and(|name| {
+        matched
+            .iter()
+            .flat_map(Matched::rules)
+            .any(|other| other.replaces.iter().any(|n| n == name))
+    })
+}
 
 /// Matches a (valid) request against its domain; `shadow_mode` is the global switch.
 pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> Plan<'p> {
     let mut matched: Vec<Matched<'p>> = Vec::with_capacity(req.descriptors.len());
     for desc in &req.descriptors {
         matched.push(match desc.limit {
-            Some(ov) => (
-                None,
-                Some((
-                    Rate::per_unit(ov.requests_per_unit, ov.unit),
-                    override_key(&req.domain, desc),
-                )),
+            Some(ov) => Matched::Override(
+                Rate::per_unit(ov.requests_per_unit, ov.unit),
+                override_key(&req.domain, desc),
             ),
             None => match domain.resolve(
                 desc.entries
                     .iter()
                     .map(|e| (e.key.as_str(), e.value.as_str())),
             ) {
-                None => (None, None),
-                Some(r) => match r.rule.limit {
-                    Limit::Unlimited => (Some(r.rule), None),
-                    Limit::Limited(rate) => (Some(r.rule), Some((rate, r.key))),
-                },
+                None => Matched::None,
+                Some(r) => Matched::Rules(r.rules, Some(r)),
             },
         });
     }
-    let replaced = |rule: &Rule| {
-        rule.name.as_ref().is_some_and(|name| {
-            matched
-                .iter()
-                .filter_map(|(r, _)| *r)
-                .any(|other| other.replaces.iter().any(|n| n == name))
-        })
-    };
     let mut plan = Plan {
         slots: Vec::with_capacity(req.descriptors.len()),
         ops: Vec::new(),
+        applied: Vec::new(),
     };
-    for (index, (desc, (rule, counted))) in req.descriptors.iter().zip(&matched).enumerate() {
-        let slot = match (rule, counted) {
-            (Some(rule), _) if replaced(rule) => Slot::None,
-            (Some(_), None) => Slot::Unlimited,
-            (None, None) => Slot::None,
-            (rule, Some((rate, key))) => {
-                let mode = match rule {
-                    _ if shadow_mode => Mode::Shadow,
-                    Some(r) if r.shadow_mode => Mode::Shadow,
-                    Some(r) if r.quota_mode => Mode::Quota,
-                    _ => Mode::Enforce,
-                };
-                plan.ops.push(Op {
-                    key: *key,
-                    quota: rate.quota,
-                    cost: req.cost(index),
-                    refund: desc.is_negative_hits,
-                    mode,
-                });
-                Slot::Counted {
+    let mode = |rule: Option<&Rule>| match rule {
+        _ if shadow_mode => Mode::Shadow,
+        Some(r) if r.shadow_mode => Mode::Shadow,
+        Some(r) if r.quota_mode => Mode::Quota,
+        _ => Mode::Enforce,
+    };
+    for (i, desc) in req.descriptors.iter().enumerate() {
+        let hits = req.cost(i);
+        let start = plan.ops.len();
+        let mut unlimited = false;
+        let resolved = match &mut matched[i] {
+            Matched::None => None,
+            Matched::Override(rate, key) => {
+                plan.ops.push(op(*key, *rate, hits, desc, mode(None)));
+                plan.applied.push(Applied {
                     rate: *rate,
-                    rule: *rule,
-                    op: plan.ops.len() - 1,
-                }
+                    rule: None,
+                });
+                None
             }
+            Matched::Rules(_, resolved) => resolved.take(),
         };
-        plan.slots.push(slot);
+        if let Some(resolved) = resolved {
+            let rules = resolved.rules;
+            let cost = hits.saturating_mul(resolved.cost);
+            let counted =
+                |rule: &Rule| matches!(rule.limit, Limit::Limited(_)) && !replaced(&matched, rule);
+            // The last rule counted takes the walk's key state; the rest copy it. One
+            // `replaces` scan per rule in the common one-rule case.
+            let last = rules.iter().rposition(|r| counted(r));
+            let mut resolved = Some(resolved);
+            for (j, rule) in rules.iter().enumerate() {
+                let (rate, key) = match rule.limit {
+                    Limit::Limited(rate) if Some(j) == last => {
+                        (rate, resolved.take().map(|r| r.into_key(rule)))
+                    }
+                    Limit::Limited(rate)
+                        if last.is_some_and(|l| j < l) && !replaced(&matched, rule) =>
+                    {
+                        (rate, resolved.as_ref().map(|r| r.key(rule)))
+                    }
+                    // Replaced (every limited rule after `last` is).
+                    Limit::Limited(_) => continue,
+                    Limit::Unlimited => {
+                        unlimited |= !replaced(&matched, rule);
+                        continue;
+                    }
+                };
+                let Some(key) = key else { continue };
+                plan.ops.push(op(key, rate, cost, desc, mode(Some(rule))));
+                plan.applied.push(Applied {
+                    rate,
+                    rule: Some(rule),
+                });
+            }
+        }
+        let end = plan.ops.len();
+        plan.slots.push(if end > start {
+            Slot::Counted { start, end }
+        } else if unlimited {
+            Slot::Unlimited
+        } else {
+            Slot::None
+        });
     }
     plan
 }
 
-/// The statuses and overall code of `plan` as decided by `batch`.
+fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
+    Op {
+        key,
+        quota: rate.quota,
+        cost,
+        refund: desc.is_negative_hits,
+        mode,
+    }
+}
+
+/// The statuses and overall code of `plan` as decided by `batch`. A descriptor counted on
+/// several limits reports the most constrained: one that refuses (denied, not shadow), else
+/// one denied in shadow, else the fewest remaining; ties go to the longest wait, then to the
+/// first in file order.
 pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code, Vec<Status>) {
     let statuses = plan
         .slots
@@ -129,8 +202,22 @@ pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code
                 remaining: u32::MAX,
                 ..Status::UNMATCHED
             },
-            Slot::Counted { rate, rule, op } => {
+            Slot::Counted { start, end } => {
+                let rank = |i: usize| {
+                    let o = &batch.outcomes[i];
+                    let shadow = plan.applied[i].rule.is_some_and(|r| r.shadow_mode);
+                    (
+                        !o.admitted && !shadow,
+                        !o.admitted,
+                        std::cmp::Reverse(o.remaining),
+                        o.wait,
+                    )
+                };
+                let op = (start..end)
+                    .reduce(|a, b| if rank(b) > rank(a) { b } else { a })
+                    .unwrap_or(start);
                 let outcome = batch.outcomes[op];
+                let Applied { rate, rule } = plan.applied[op];
                 let shadow = rule.is_some_and(|r| r.shadow_mode);
                 Status {
                     code: if outcome.admitted || shadow {

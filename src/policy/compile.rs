@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::matcher::{Group, Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
 use super::yaml::Pos;
-use super::{Domain, Limit, Problem, Rate, Rule, Unit};
+use super::{Cost, Domain, Limit, Problem, Rate, Rule, Unit};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{KeyBuilder, Quota, QuotaError};
 
@@ -52,7 +52,7 @@ pub(super) fn compile(file: &str, raw: RawPolicy, problems: &mut Vec<Problem>) -
             String::new()
         }
     };
-    let root = c.level(&name, &raw.descriptors, &[]);
+    let root = c.level(&name, &raw.descriptors, &[], None);
     let nodes = c.nodes;
     (problems.len() == before).then(|| Domain {
         name,
@@ -85,8 +85,15 @@ impl Compiler<'_> {
         });
     }
 
-    /// Compiles sibling descriptors into one level of the tree.
-    fn level(&mut self, domain: &str, raws: &[RawDescriptor], parents: &[Step]) -> Level {
+    /// Compiles sibling descriptors into one level of the tree; `ancestor` is the nearest node
+    /// above with a limit of its own (for cost nodes).
+    fn level(
+        &mut self,
+        domain: &str,
+        raws: &[RawDescriptor],
+        parents: &[Step],
+        ancestor: Option<usize>,
+    ) -> Level {
         let mut level = Level::default();
         let mut seen: HashMap<(String, Option<String>), String> = HashMap::new();
         for raw in raws {
@@ -120,7 +127,7 @@ impl Compiler<'_> {
                 key: key.clone(),
                 value: value.clone(),
             });
-            let id = self.node(domain, raw, &steps);
+            let id = self.node(domain, raw, &steps, ancestor);
             let group = level
                 .groups
                 .entry(key.into())
@@ -137,7 +144,13 @@ impl Compiler<'_> {
     }
 
     /// Compiles one descriptor and its children; returns its node index.
-    fn node(&mut self, domain: &str, raw: &RawDescriptor, steps: &[Step]) -> usize {
+    fn node(
+        &mut self,
+        domain: &str,
+        raw: &RawDescriptor,
+        steps: &[Step],
+        ancestor: Option<usize>,
+    ) -> usize {
         let is_pattern = steps
             .last()
             .and_then(|s| s.value.as_deref())
@@ -154,19 +167,153 @@ impl Compiler<'_> {
             Some(s) => s.value,
             None => false,
         };
-        let rule = raw
-            .rate_limit
-            .as_ref()
-            .and_then(|r| self.rule(domain, raw, r, steps));
+        let rules = self.rules(domain, raw, steps);
+        let cost = self.cost(domain, raw, steps, ancestor);
+        let limited = raw.rate_limit.is_some()
+            || raw
+                .rate_limits
+                .as_ref()
+                .is_some_and(|l| !l.value.is_empty());
         let index = self.nodes.len();
         self.nodes.push(TreeNode {
             children: Level::default(),
-            rule: rule.map(Arc::new),
+            rules: rules.into_iter().map(Arc::new).collect(),
+            cost,
             share_threshold,
         });
-        let children = self.level(domain, &raw.descriptors, steps);
+        let below = if limited { Some(index) } else { ancestor };
+        let children = self.level(domain, &raw.descriptors, steps, below);
         self.nodes[index].children = children;
         index
+    }
+
+    /// The node's rules: its `rate_limit`, or each entry of its `rate_limits`.
+    fn rules(&mut self, domain: &str, raw: &RawDescriptor, steps: &[Step]) -> Vec<Rule> {
+        let Some(list) = &raw.rate_limits else {
+            return raw
+                .rate_limit
+                .as_ref()
+                .and_then(|r| self.rule(domain, raw, r, steps, None))
+                .into_iter()
+                .collect();
+        };
+        let path = format!("{}.rate_limits", raw.path);
+        if raw.rate_limit.is_some() {
+            self.problem(
+                Some(list.pos),
+                &path,
+                "rate_limit and rate_limits cannot both be given (put every limit in rate_limits)"
+                    .into(),
+            );
+            return Vec::new();
+        }
+        if list.value.is_empty() {
+            self.problem(
+                Some(list.pos),
+                &path,
+                "rate_limits must not be empty".into(),
+            );
+            return Vec::new();
+        }
+        let several = list.value.len() > 1;
+        let mut names: HashMap<&str, &str> = HashMap::new();
+        let mut rules = Vec::new();
+        for (i, r) in list.value.iter().enumerate() {
+            let name = r.name.as_ref().filter(|n| !n.value.is_empty());
+            match name {
+                None if several => {
+                    self.problem(
+                        Some(r.pos),
+                        &r.path,
+                        "each of several rate_limits needs a name (it tells their counters, \
+                         metrics and statuses apart)"
+                            .into(),
+                    );
+                    continue;
+                }
+                Some(n) => {
+                    if let Some(first) = names.insert(&n.value, &r.path) {
+                        self.problem(
+                            Some(n.pos),
+                            &format!("{}.name", r.path),
+                            format!(
+                                "duplicate rate_limits name {:?} (already at {first})",
+                                n.value
+                            ),
+                        );
+                        continue;
+                    }
+                }
+                None => {}
+            }
+            // The entry's identity: its name, else its index (only a single entry has none).
+            let entry = name.map_or_else(|| i.to_string(), |n| n.value.clone());
+            rules.extend(self.rule(domain, raw, r, steps, Some(&entry)));
+        }
+        if several {
+            for rule in &mut rules {
+                rule.entry.clone_from(&rule.name);
+            }
+        }
+        rules
+    }
+
+    /// The node's `cost`, checked against its nearest limited ancestor.
+    fn cost(
+        &mut self,
+        domain: &str,
+        raw: &RawDescriptor,
+        steps: &[Step],
+        ancestor: Option<usize>,
+    ) -> Option<Cost> {
+        let c = raw.cost.as_ref()?;
+        let path = format!("{}.cost", raw.path);
+        if raw.rate_limit.is_some() || raw.rate_limits.is_some() {
+            self.problem(
+                Some(c.pos),
+                &path,
+                "cost is for a node without a limit of its own (it draws from an ancestor's)"
+                    .into(),
+            );
+            return None;
+        }
+        let n = self.bounded(Some(c), &path, 1, 0)?;
+        let Some(ancestor) = ancestor else {
+            self.problem(
+                Some(c.pos),
+                &path,
+                "cost needs an ancestor descriptor with a rate_limit to draw from".into(),
+            );
+            return None;
+        };
+        let rules = &self.nodes[ancestor].rules;
+        let of = rules.first().map(|r| r.stats_key.clone())?;
+        let smallest = rules
+            .iter()
+            .filter_map(|r| match r.limit {
+                Limit::Limited(rate) if rate.requests_per_unit > 0 => Some(rate.burst),
+                _ => None,
+            })
+            .min();
+        if let Some(burst) = smallest
+            && n > u64::from(burst)
+        {
+            self.problem(
+                Some(c.pos),
+                &path,
+                format!(
+                    "cost {n} is above the burst {burst} of {of}, so such a request could never pass"
+                ),
+            );
+            return None;
+        }
+        let (_, levels) = identity(domain, steps);
+        Some(Cost {
+            cost: n,
+            path: raw.path.clone(),
+            stats_key: format!("{domain}.{}", levels.join(".")),
+            of,
+        })
     }
 
     fn rule(
@@ -175,6 +322,7 @@ impl Compiler<'_> {
         raw: &RawDescriptor,
         r: &RawRateLimit,
         steps: &[Step],
+        entry: Option<&str>,
     ) -> Option<Rule> {
         let before = self.problems.len();
         let field = |name: &str| format!("{}.{name}", r.path);
@@ -238,26 +386,18 @@ impl Compiler<'_> {
         if self.problems.len() > before {
             return None;
         }
-        let mut id = KeyBuilder::new(0);
-        id.part(domain.as_bytes());
-        let mut levels = Vec::with_capacity(steps.len());
-        for s in steps {
-            id.part(s.key.as_bytes());
-            match &s.value {
-                Some(v) => {
-                    id.part(&[1]).part(v.as_bytes());
-                    levels.push(format!("{}_{}", s.key, v));
-                }
-                None => {
-                    id.part(&[0]);
-                    levels.push(s.key.clone());
-                }
-            }
+        let (mut id, levels) = identity(domain, steps);
+        if let Some(entry) = entry {
+            id.part(b"rate_limits").part(entry.as_bytes());
         }
         let stats_key = format!("{domain}.{}", levels.join("."));
         Some(Rule {
             id: id.finish(),
-            path: raw.path.clone(),
+            path: if entry.is_some() {
+                r.path.clone()
+            } else {
+                raw.path.clone()
+            },
             stats_key,
             levels,
             limit,
@@ -267,6 +407,7 @@ impl Compiler<'_> {
             quota_mode: raw.quota_mode,
             detailed_metric: raw.detailed_metric,
             value_to_metric: raw.value_to_metric,
+            entry: None,
         })
     }
 
@@ -355,4 +496,26 @@ impl Compiler<'_> {
         }
         Some(n.value)
     }
+}
+
+/// A descriptor path's identity (a hash of the domain and each level's key and configured
+/// value, unfinished so an entry of `rate_limits` can add its own) and its stats-key levels.
+fn identity(domain: &str, steps: &[Step]) -> (KeyBuilder, Vec<String>) {
+    let mut id = KeyBuilder::new(0);
+    id.part(domain.as_bytes());
+    let mut levels = Vec::with_capacity(steps.len());
+    for s in steps {
+        id.part(s.key.as_bytes());
+        match &s.value {
+            Some(v) => {
+                id.part(&[1]).part(v.as_bytes());
+                levels.push(format!("{}_{}", s.key, v));
+            }
+            None => {
+                id.part(&[0]);
+                levels.push(s.key.clone());
+            }
+        }
+    }
+    (id, levels)
 }

@@ -1,16 +1,19 @@
 //! Matching a request descriptor's entries against a domain's compiled tree, as
 //! envoyproxy/ratelimit does: one tree level per entry; at each level an exact value beats a
 //! wildcard (the first in file order), which beats a key-only rule; no backtracking; a limit
-//! applies only when the node reached by the last entry has one.
+//! applies only when the node reached by the last entry has one, or is a cost node (ours), which
+//! draws from the limits of its nearest limited ancestor.
 //!
 //! Lookups borrow the request's strings: matching allocates nothing. The counter key is built in
-//! the same walk from the rule's identity and the request's values (the pattern, for
-//! `share_threshold` levels, so every matching value shares one counter).
+//! the same walk from the request's values (the pattern, for `share_threshold` levels, so every
+//! matching value shares one counter) and then each rule's identity. A cost node's counters are
+//! its ancestor's: their key holds only the values of the levels down to that ancestor, so this
+//! rarer case walks the levels a second time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Domain, Rule};
+use super::{Cost, Domain, Rule};
 
 /// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
 /// domain and each entry's key and value here, and SipHash (std's default) cost more than the
@@ -54,7 +57,10 @@ impl Group {
 #[derive(Clone, Debug)]
 pub(crate) struct TreeNode {
     pub(crate) children: Level,
-    pub(crate) rule: Option<Arc<Rule>>,
+    /// `rate_limit`, or each entry of `rate_limits`; empty for none.
+    pub(crate) rules: Box<[Arc<Rule>]>,
+    /// Set for a cost node (which then has no rules).
+    pub(crate) cost: Option<Cost>,
     pub(crate) share_threshold: bool,
 }
 
@@ -93,27 +99,88 @@ impl Pattern {
     }
 }
 
-/// A descriptor's matched rule and counter.
-#[derive(Clone, Copy, Debug)]
+/// A descriptor's matched rules and the request values their counters are keyed by.
+#[derive(Clone)]
 pub struct Resolved<'p> {
-    /// The rule.
-    pub rule: &'p Arc<Rule>,
-    /// The counter this request value maps to.
-    pub key: Key,
+    /// The rules the descriptor is charged on, all or nothing: the node's own (`rate_limit`,
+    /// or each of `rate_limits`), or for a cost node its ancestor's. Never empty.
+    pub rules: &'p [Arc<Rule>],
+    /// Tokens per hit: 1, or a cost node's `cost`.
+    pub cost: u64,
+    /// The request values of the levels down to the node holding `rules`.
+    values: KeyBuilder,
+}
+
+impl std::fmt::Debug for Resolved<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("rules", &self.rules)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'p> Resolved<'p> {
+    /// The counter of `rule` (one of [`Self::rules`]) for this request.
+    #[must_use]
+    pub fn key(&self, rule: &Rule) -> Key {
+        let mut key = self.values.clone();
+        key.part(&rule.id.to_le_bytes());
+        key.finish()
+    }
+
+    /// The counter of `rule`, reusing the walk's key state instead of copying it: for the
+    /// last rule counted, so the common one-rule case costs what it did before nodes could
+    /// hold several.
+    #[must_use]
+    pub fn into_key(self, rule: &Rule) -> Key {
+        let mut key = self.values;
+        key.part(&rule.id.to_le_bytes());
+        key.finish()
+    }
 }
 
 impl Domain {
     /// Matches a descriptor's entries (key, value), in order. `None` when no rule applies: an
     /// entry finds no descriptor, the request is deeper than the tree, or the node reached has
-    /// no `rate_limit` (a whitelist).
+    /// no limit and is no cost node (a whitelist).
     pub fn resolve<'e, I>(&self, entries: I) -> Option<Resolved<'_>>
     where
-        I: IntoIterator<Item = (&'e str, &'e str)>,
+        I: IntoIterator<Item = (&'e str, &'e str)> + Clone,
     {
         let mut level = &self.root;
         let mut reached: Option<&TreeNode> = None;
+        // The deepest node with rules walked, and how many entries led to it.
+        let mut limited: Option<(&TreeNode, usize)> = None;
+        let mut depth = 0;
         let mut key = KeyBuilder::new(0);
-        for (k, v) in entries {
+        for (k, v) in entries.clone() {
+            let node = &self.nodes[level.groups.get(k)?.find(v)?];
+            key.part(if node.share_threshold {
+                b""
+            } else {
+                v.as_bytes()
+            });
+            depth += 1;
+            if !node.rules.is_empty() {
+                limited = Some((node, depth));
+            }
+            level = &node.children;
+            reached = Some(node);
+        }
+        let node = reached?;
+        if !node.rules.is_empty() {
+            return Some(Resolved {
+                rules: &node.rules,
+                cost: 1,
+                values: key,
+            });
+        }
+        let cost = node.cost.as_ref()?.cost;
+        let (ancestor, depth) = limited?;
+        let mut key = KeyBuilder::new(0);
+        let mut level = &self.root;
+        for (k, v) in entries.into_iter().take(depth) {
             let node = &self.nodes[level.groups.get(k)?.find(v)?];
             key.part(if node.share_threshold {
                 b""
@@ -121,13 +188,11 @@ impl Domain {
                 v.as_bytes()
             });
             level = &node.children;
-            reached = Some(node);
         }
-        let rule = reached?.rule.as_ref()?;
-        key.part(&rule.id.to_le_bytes());
         Some(Resolved {
-            rule,
-            key: key.finish(),
+            rules: &ancestor.rules,
+            cost,
+            values: key,
         })
     }
 }

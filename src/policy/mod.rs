@@ -1,5 +1,5 @@
-//! Policies: the envoyproxy/ratelimit YAML files (plus our `burst` and `unit_multiplier`),
-//! validated and compiled into an immutable [`PolicySet`] that matching reads without locks.
+//! Policies: the envoyproxy/ratelimit YAML files (plus our `burst`, `unit_multiplier`, and on a
+//! descriptor `rate_limits` and `cost`), validated and compiled into an immutable [`PolicySet`] that matching reads without locks.
 //!
 //! Loading is three steps, each in its own file: `yaml` (text → positioned tree), `model` (tree →
 //! raw structs, field and type errors), `compile` (raw → lookup tables, semantic errors).
@@ -142,7 +142,8 @@ pub struct Rule {
     /// Stable identity: a hash of the domain and the descriptor path (keys and configured
     /// values). Unchanged across reloads while the path is unchanged, so counters survive.
     pub id: u128,
-    /// Where it is in its file, e.g. `descriptors[1].descriptors[0]`.
+    /// Where it is in its file, e.g. `descriptors[1].descriptors[0]`, or for an entry of
+    /// `rate_limits` e.g. `descriptors[1].rate_limits[0]`.
     pub path: String,
     /// The reference's stats key, e.g. `edge.generic_key_api.api_key`.
     pub stats_key: String,
@@ -163,6 +164,35 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// `value_to_metric`.
     pub value_to_metric: bool,
+    /// For one of several limits of a node (`rate_limits` with two or more entries): the entry's
+    /// name, which sets its `/rlconfig` line and metric labels apart from its siblings'.
+    pub entry: Option<String>,
+}
+
+impl Rule {
+    /// The stats key, with the entry's name in brackets for one of several limits of a node,
+    /// e.g. `edge.user[user_day]`.
+    #[must_use]
+    pub fn qualified_key(&self) -> String {
+        match &self.entry {
+            Some(name) => format!("{}[{name}]", self.stats_key),
+            None => self.stats_key.clone(),
+        }
+    }
+}
+
+/// A cost node: a descriptor with `cost` and no limit of its own, drawing `cost` tokens per hit
+/// from the limits of its nearest ancestor that has any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cost {
+    /// Tokens per hit (at least 1, at most the ancestor's smallest burst).
+    pub cost: u64,
+    /// Where it is in its file.
+    pub path: String,
+    /// Its stats key, e.g. `edge.user.route_search`.
+    pub stats_key: String,
+    /// The stats key of the ancestor whose buckets it draws from, e.g. `edge.user`.
+    pub of: String,
 }
 
 /// One domain's compiled descriptor tree.
@@ -187,9 +217,16 @@ impl Domain {
         &self.file
     }
 
-    /// Every rule of the domain, in file order.
+    /// Every rule of the domain, in file order; each entry of a `rate_limits` is one.
     pub fn rules(&self) -> impl Iterator<Item = &Rule> {
-        self.nodes.iter().filter_map(|n| n.rule.as_deref())
+        self.nodes
+            .iter()
+            .flat_map(|n| n.rules.iter().map(Arc::as_ref))
+    }
+
+    /// Every cost node of the domain, in file order.
+    pub fn costs(&self) -> impl Iterator<Item = &Cost> {
+        self.nodes.iter().filter_map(|n| n.cost.as_ref())
     }
 }
 
@@ -223,6 +260,7 @@ impl PolicySet {
             domains: self.domains.len(),
             ..Summary::default()
         };
+        s.costs = self.domains.values().map(|d| d.costs().count()).sum();
         for rule in self.domains.values().flat_map(Domain::rules) {
             match rule.limit {
                 Limit::Unlimited => s.unlimited += 1,
@@ -247,6 +285,8 @@ pub struct Summary {
     pub bans: usize,
     /// Rules with `unlimited: true`.
     pub unlimited: usize,
+    /// Cost nodes (not rules: they draw from an ancestor's).
+    pub costs: usize,
 }
 
 impl fmt::Display for Summary {
@@ -260,7 +300,16 @@ impl fmt::Display for Summary {
             self.limited,
             self.bans,
             self.unlimited
-        )
+        )?;
+        if self.costs > 0 {
+            write!(
+                f,
+                ", {} cost node{}",
+                self.costs,
+                if self.costs == 1 { "" } else { "s" }
+            )?;
+        }
+        Ok(())
     }
 }
 

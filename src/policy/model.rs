@@ -3,7 +3,7 @@
 //! one load reports all of a file's problems). No semantics live here; `compile` does those.
 //!
 //! The schema is envoyproxy/ratelimit's, unchanged, plus `burst` and `unit_multiplier` inside
-//! `rate_limit`.
+//! `rate_limit`, and on a descriptor `rate_limits` (a list of `rate_limit` blocks) and `cost`.
 
 use super::Problem;
 use super::yaml::{Node, Pos, Value};
@@ -39,6 +39,11 @@ pub struct RawDescriptor {
     pub value: Option<Spanned<String>>,
     /// `rate_limit`.
     pub rate_limit: Option<RawRateLimit>,
+    /// `rate_limits` (ours): several limits on one node, each with its own counter; the
+    /// position is the list's.
+    pub rate_limits: Option<Spanned<Vec<RawRateLimit>>>,
+    /// `cost` (ours): tokens drawn per hit from the nearest limited ancestor's bucket.
+    pub cost: Option<Spanned<u64>>,
     /// `descriptors`: the next entry of the request.
     pub descriptors: Vec<RawDescriptor>,
     /// `shadow_mode`.
@@ -136,6 +141,8 @@ impl Reader<'_> {
             "key",
             "value",
             "rate_limit",
+            "rate_limits",
+            "cost",
             "descriptors",
             "shadow_mode",
             "detailed_metric",
@@ -154,6 +161,8 @@ impl Reader<'_> {
                 "key" => d.key = self.string(value, &field_path),
                 "value" => d.value = self.string(value, &field_path),
                 "rate_limit" => d.rate_limit = self.rate_limit(value, field_path),
+                "rate_limits" => d.rate_limits = self.rate_limits(value, &field_path),
+                "cost" => d.cost = self.uint(value, &field_path),
                 "descriptors" => d.descriptors = self.descriptors(value, &path),
                 "shadow_mode" => d.shadow_mode = self.flag(value, &field_path),
                 "detailed_metric" => d.detailed_metric = self.flag(value, &field_path),
@@ -204,6 +213,32 @@ impl Reader<'_> {
         }
         r.path = path;
         Some(r)
+    }
+
+    fn rate_limits(&mut self, node: &Node, path: &str) -> Option<Spanned<Vec<RawRateLimit>>> {
+        if node.is_null() {
+            return Some(Spanned {
+                value: Vec::new(),
+                pos: node.pos,
+            });
+        }
+        let Value::Seq(items) = &node.value else {
+            self.problem(
+                node.pos,
+                path,
+                format!("expected a list, found {}", node.kind()),
+            );
+            return None;
+        };
+        let value = items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| self.rate_limit(item, format!("{path}[{i}]")))
+            .collect();
+        Some(Spanned {
+            value,
+            pos: node.pos,
+        })
     }
 
     fn replaces(&mut self, node: &Node, path: &str) -> Vec<Spanned<String>> {

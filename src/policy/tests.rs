@@ -51,7 +51,7 @@ fn problems(text: &str) -> Vec<Problem> {
 fn rpu(set: &PolicySet, entries: &[(&str, &str)]) -> Option<u32> {
     let d = set.domain("test-domain").expect("domain");
     d.resolve(entries.iter().copied())
-        .map(|r| match r.rule.limit {
+        .map(|r| match r.rules[0].limit {
             Limit::Limited(rate) => rate.requests_per_unit,
             Limit::Unlimited => u32::MAX,
         })
@@ -136,7 +136,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 ");
     let d = s.domain("test-domain").unwrap();
-    let key = |k: &str, v: &str| d.resolve([(k, v)]).unwrap().key;
+    let key = |k: &str, v: &str| d.resolve([(k, v)]).map(|r| r.key(&r.rules[0])).unwrap();
     assert_ne!(key("ip", "1.1.1.1"), key("ip", "2.2.2.2"));
     assert_eq!(key("files", "files/a"), key("files", "files/b"));
     assert_ne!(key("other", "files/a"), key("other", "files/b"));
@@ -161,8 +161,8 @@ fn rule_identity_survives_a_reload_and_ignores_the_rate() {
         .unwrap()
         .resolve([("k", "v")])
         .unwrap();
-    assert_eq!(ka.key, kb.key);
-    assert_ne!(ka.rule.limit, kb.rule.limit);
+    assert_eq!(ka.key(&ka.rules[0]), kb.key(&kb.rules[0]));
+    assert_ne!(ka.rules[0].limit, kb.rules[0].limit);
 }
 
 #[test]
@@ -178,14 +178,14 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
 ");
     let d = s.domain("test-domain").unwrap();
-    let Limit::Limited(a) = d.resolve([("a", "x")]).unwrap().rule.limit else {
+    let Limit::Limited(a) = d.resolve([("a", "x")]).unwrap().rules[0].limit else {
         panic!("limited")
     };
     assert_eq!((a.burst, a.unit_multiplier, a.unit), (10, 5, Unit::Minute));
     assert!(a.burst_set);
     assert_eq!(a.quota.interval(), 3 * NANOS_PER_SEC);
     assert_eq!(a.quota.burst(), 10);
-    let Limit::Limited(b) = d.resolve([("b", "x")]).unwrap().rule.limit else {
+    let Limit::Limited(b) = d.resolve([("b", "x")]).unwrap().rules[0].limit else {
         panic!("limited")
     };
     assert_eq!((b.unit, b.burst), (Unit::Week, 7));
@@ -193,7 +193,7 @@ descriptors:
         !b.burst_set,
         "no burst written: inherited from requests_per_unit"
     );
-    let Limit::Limited(c) = d.resolve([("c", "x")]).unwrap().rule.limit else {
+    let Limit::Limited(c) = d.resolve([("c", "x")]).unwrap().rules[0].limit else {
         panic!("limited")
     };
     assert!(c.quota.is_ban());
@@ -421,4 +421,198 @@ fn a_directory_without_policies_is_refused_unless_allowed() {
     // Problems are reported first: an empty set is not the news when files are broken.
     std::fs::write(dir.path().join("x.yaml"), "domain: [").unwrap();
     assert!(matches!(load_dir(dir.path()), Err(PolicyError::Invalid(_))));
+}
+
+const SEVERAL: &str = r"
+domain: test-domain
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 10, burst: 20}
+      - {name: per_day, unit: day, requests_per_unit: 1000}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+      - key: route
+        value: item
+        cost: 1
+      - key: route
+        value: own
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: one
+    rate_limits:
+      - {unit: minute, requests_per_unit: 7}
+";
+
+#[test]
+fn rate_limits_are_rules_of_their_own() {
+    let s = set(SEVERAL);
+    let d = s.domain("test-domain").unwrap();
+    let r = d.resolve([("user", "u1")]).unwrap();
+    assert_eq!(r.cost, 1);
+    let names: Vec<_> = r.rules.iter().map(|r| r.name.as_deref().unwrap()).collect();
+    assert_eq!(names, ["per_second", "per_day"]);
+    // Distinct identities, counters and labels; one stats key, told apart by the name.
+    assert_ne!(r.rules[0].id, r.rules[1].id);
+    assert_ne!(r.key(&r.rules[0]), r.key(&r.rules[1]));
+    assert_eq!(r.rules[0].stats_key, "test-domain.user");
+    assert_eq!(r.rules[1].qualified_key(), "test-domain.user[per_day]");
+    assert_eq!(r.rules[0].path, "descriptors[0].rate_limits[0]");
+    // The key handed over last is the same as a copied one.
+    assert_eq!(r.key(&r.rules[1]), r.clone().into_key(&r.rules[1]));
+    // A single entry needs no name and its stats key stays plain.
+    let one = d.resolve([("one", "x")]).unwrap();
+    assert_eq!(one.rules.len(), 1);
+    assert_eq!(one.rules[0].qualified_key(), "test-domain.one");
+    // The summary counts each entry, and the cost nodes apart.
+    assert_eq!(
+        s.summary().to_string(),
+        "1 files, 1 domains, 4 rules (4 limited, 0 bans, 0 unlimited), 2 cost nodes"
+    );
+}
+
+#[test]
+fn rate_limits_ids_are_stable_and_tied_to_the_entry_name() {
+    let id = |text: &str| {
+        let s = set(text);
+        let d = s.domain("test-domain").unwrap();
+        let r = d.resolve([("k", "v")]).unwrap();
+        r.rules.iter().map(|r| r.id).collect::<Vec<_>>()
+    };
+    let a = id(
+        "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: second, requests_per_unit: 1}\n      - {name: b, unit: day, requests_per_unit: 9}\n",
+    );
+    // Reordered and re-rated: each name keeps its identity (its counter survives a reload).
+    let b = id(
+        "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: b, unit: day, requests_per_unit: 5}\n      - {name: a, unit: second, requests_per_unit: 2}\n",
+    );
+    assert_eq!((a[0], a[1]), (b[1], b[0]));
+    // `rate_limit` keeps the identity it always had, distinct from any entry's.
+    let single = id(
+        "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1}\n",
+    );
+    assert!(!a.contains(&single[0]));
+}
+
+#[test]
+fn cost_nodes_draw_from_the_ancestors_counters() {
+    let s = set(SEVERAL);
+    let d = s.domain("test-domain").unwrap();
+    let user = d.resolve([("user", "u1")]).unwrap();
+    let search = d.resolve([("user", "u1"), ("route", "search")]).unwrap();
+    let item = d.resolve([("user", "u1"), ("route", "item")]).unwrap();
+    assert_eq!((search.cost, item.cost), (10, 1));
+    for r in [&search, &item] {
+        assert!(std::ptr::eq(r.rules, user.rules));
+        for rule in r.rules {
+            assert_eq!(r.key(rule), user.key(rule));
+        }
+    }
+    // Another user has counters of its own.
+    let other = d.resolve([("user", "u2"), ("route", "search")]).unwrap();
+    assert_ne!(other.key(&other.rules[0]), user.key(&user.rules[0]));
+    // A node with its own limit under the user is a rule as before, not a cost node.
+    let own = d.resolve([("user", "u1"), ("route", "own")]).unwrap();
+    assert_eq!((own.rules.len(), own.cost), (1, 1));
+    // Deeper than the cost node, or a route with no node: not limited, as in the reference.
+    assert!(
+        d.resolve([("user", "u1"), ("route", "search"), ("x", "y")])
+            .is_none()
+    );
+    assert!(d.resolve([("user", "u1"), ("route", "other")]).is_none());
+    let costs: Vec<_> = d
+        .costs()
+        .map(|c| (c.stats_key.as_str(), c.cost, c.of.as_str()))
+        .collect();
+    assert_eq!(
+        costs,
+        [
+            ("test-domain.user.route_search", 10, "test-domain.user"),
+            ("test-domain.user.route_item", 1, "test-domain.user"),
+        ]
+    );
+}
+
+#[test]
+fn a_cost_node_under_a_key_only_node_with_share_threshold_above() {
+    // The ancestor's key is built from its levels only: the wildcard level above shares.
+    let s = set(r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 100}
+        descriptors:
+          - key: route
+            cost: 5
+");
+    let d = s.domain("test-domain").unwrap();
+    let a = d
+        .resolve([("path", "/api/a"), ("user", "u"), ("route", "r1")])
+        .unwrap();
+    let b = d.resolve([("path", "/api/b"), ("user", "u")]).unwrap();
+    assert_eq!(a.cost, 5);
+    assert_eq!(a.key(&a.rules[0]), b.key(&b.rules[0]));
+}
+
+#[test]
+fn rate_limits_and_cost_problems_are_positioned() {
+    let p = problems(
+        r"domain: test-domain
+descriptors:
+  - key: both
+    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limits: [{unit: second, requests_per_unit: 1}]
+  - key: empty
+    rate_limits: []
+  - key: unnamed
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {unit: day, requests_per_unit: 1}
+  - key: twice
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {name: a, unit: day, requests_per_unit: 1}
+  - key: user
+    rate_limits:
+      - {name: s, unit: second, requests_per_unit: 10, burst: 20}
+      - {name: d, unit: day, requests_per_unit: 100, burst: 15}
+    descriptors:
+      - key: zero
+        cost: 0
+      - key: big
+        cost: 16
+      - key: own
+        cost: 2
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: orphan
+    cost: 3
+  - key: bad
+    rate_limits: {unit: second}
+",
+    );
+    let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
+    let expect = [
+        "bad.yaml:5:18: descriptors[0].rate_limits: rate_limit and rate_limits cannot both be given",
+        "bad.yaml:7:18: descriptors[1].rate_limits: rate_limits must not be empty",
+        "bad.yaml:11:9: descriptors[2].rate_limits[1]: each of several rate_limits needs a name",
+        "bad.yaml:15:16: descriptors[3].rate_limits[1].name: duplicate rate_limits name \"a\" (already at descriptors[3].rate_limits[0])",
+        "bad.yaml:22:15: descriptors[4].descriptors[0].cost: must be between 1 and",
+        "bad.yaml:24:15: descriptors[4].descriptors[1].cost: cost 16 is above the burst 15 of test-domain.user, so such a request could never pass",
+        "bad.yaml:26:15: descriptors[4].descriptors[2].cost: cost is for a node without a limit of its own",
+        "bad.yaml:29:11: descriptors[5].cost: cost needs an ancestor descriptor with a rate_limit",
+        "bad.yaml:31:18: descriptors[6].rate_limits: expected a list, found a map",
+    ];
+    for e in expect {
+        assert!(
+            shown.iter().any(|s| s.contains(e)),
+            "missing {e:?} in:\n{}",
+            shown.join("\n")
+        );
+    }
+    assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
 }

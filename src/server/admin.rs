@@ -3,7 +3,8 @@
 //! - `GET /metrics`: Prometheus text exposition;
 //! - `POST /json`: a proto3-JSON `RateLimitRequest` decided like a gRPC call (200 OK, 429 over
 //!   limit, 400 with the reason for bad input);
-//! - `GET /rlconfig`: the loaded limits, one sorted line each.
+//! - `GET /rlconfig`: the loaded limits (each entry of a `rate_limits` its own line, its name in
+//!   brackets after the stats key) and cost nodes, one sorted line each.
 
 use std::sync::Arc;
 
@@ -104,12 +105,16 @@ async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
 
 async fn rlconfig(State(s): State<AdminState>) -> String {
     let set = s.policies.load();
-    let mut lines: Vec<String> = set
-        .domains()
-        .into_iter()
+    let domains = set.domains();
+    let costs = domains
+        .iter()
+        .flat_map(|d| d.costs())
+        .map(|c| format!("{}: cost={} of {}", c.stats_key, c.cost, c.of));
+    let mut lines: Vec<String> = domains
+        .iter()
         .flat_map(|d| d.rules())
         .map(|r| {
-            let mut line = format!("{}: ", r.stats_key);
+            let mut line = format!("{}: ", r.qualified_key());
             match r.limit {
                 Limit::Unlimited => line.push_str("unlimited"),
                 Limit::Limited(rate) => line.push_str(&format!(
@@ -129,6 +134,7 @@ async fn rlconfig(State(s): State<AdminState>) -> String {
             ));
             line
         })
+        .chain(costs)
         .collect();
     lines.sort();
     let mut out = lines.join("\n");

@@ -9,7 +9,7 @@ use sluice::pb::rate_limit_response::Code;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::helpers::{TestServer, eventually, http, http_get, metric, single};
+use crate::helpers::{TestServer, descriptor, eventually, http, http_get, metric, request, single};
 
 const RELOAD_WITHIN: Duration = Duration::from_secs(2);
 
@@ -462,6 +462,40 @@ async fn unchanged_rules_keep_their_counts_and_changed_rates_get_no_fresh_burst(
         b.statuses[0].duration_until_reset.as_ref().unwrap().seconds,
         1800
     );
+}
+
+#[tokio::test]
+async fn each_of_several_limits_and_a_cost_node_count_their_own_series() {
+    let s = TestServer::start(&[(
+        "m.yaml",
+        "domain: metrics-layered\ndescriptors:\n  - key: user\n    rate_limits:\n      - {name: short, unit: minute, requests_per_unit: 3}\n      - {name: long, unit: day, requests_per_unit: 100}\n    descriptors:\n      - key: route\n        value: search\n        cost: 2\n",
+    )])
+    .await;
+    s.ok(single("metrics-layered", "user", "u")).await;
+    s.ok(single("metrics-layered", "user", "u")).await;
+    // One left on `short`, and a search draws 2 from both: refused by `short`.
+    let r = s
+        .ok(request(
+            "metrics-layered",
+            vec![descriptor(&[("user", "u"), ("route", "search")])],
+        ))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // Each entry has its own series (its name on its last label); a cost node's hits are the
+    // tokens it drew, on its ancestor's rules. `long` had room, so its 2 are within its limit.
+    for (entry, name, value) in [
+        ("short", "total_hits", 4.0),
+        ("short", "within_limit", 2.0),
+        ("short", "over_limit", 2.0),
+        ("long", "total_hits", 4.0),
+        ("long", "within_limit", 4.0),
+        ("long", "over_limit", 0.0),
+    ] {
+        let series = format!(
+            "ratelimit_service_rate_limit_{name}{{domain=\"metrics-layered\",key1=\"user[{entry}]\",key2=\"\"}}"
+        );
+        assert_eq!(metric(s.admin, &series).await, Some(value), "{series}");
+    }
 }
 
 #[tokio::test]

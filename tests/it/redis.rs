@@ -763,3 +763,103 @@ async fn a_refund_is_not_hidden_by_the_local_cache() {
     assert_eq!(admitted_after_refund(0, 901).await, 10, "without the cache");
     assert_eq!(admitted_after_refund(100, 902).await, 10, "with the cache");
 }
+
+const LAYERED: &str = r"
+domain: layered
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_minute, unit: minute, requests_per_unit: 4}
+      - {name: per_day, unit: day, requests_per_unit: 6}
+  - key: acct
+    rate_limit: {name: budget, unit: hour, requests_per_unit: 100, burst: 20}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+      - key: route
+        value: item
+        cost: 1
+";
+
+#[tokio::test]
+async fn rate_limits_and_cost_nodes_decide_alike_in_memory_and_redis() {
+    if redis_missing("rate_limits_and_cost_nodes_decide_alike_in_memory_and_redis") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let on_redis = TestServer::start_with(&[("l.yaml", LAYERED)], move |settings| {
+        settings.backend = BackendKind::Redis;
+        settings.redis.url = url;
+        settings.redis.timeout_ms = 2_000;
+        settings.redis.connect_timeout_ms = 500;
+    })
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            on_redis.clock.advance(200_000_000);
+            on_redis
+                .call(single("layered", "acct", "warmup"))
+                .await
+                .is_ok()
+        })
+        .await,
+        "server never reached redis"
+    );
+    let in_memory = TestServer::start(&[("l.yaml", LAYERED)]).await;
+    in_memory.ok(single("layered", "acct", "warmup")).await;
+    // A fixed schedule mixing several limits on one node, cost nodes at two costs, the
+    // request's hits_addend, refunds and two-descriptor requests. The limits are per minute and
+    // longer, so the real time Redis counts in moves nothing across a whole token here.
+    let mut denied_by = std::collections::BTreeSet::new();
+    for i in 0..60usize {
+        let user = format!("u{}", i % 3);
+        let acct = format!("a{}", i % 2);
+        let route = if i % 3 == 0 { "search" } else { "item" };
+        let mut descs = vec![match i % 4 {
+            0 => descriptor(&[("user", &user)]),
+            _ => descriptor(&[("acct", &acct), ("route", route)]),
+        }];
+        if i % 5 == 0 {
+            descs.push(descriptor(&[("user", &user)]));
+        }
+        if i % 7 == 6 {
+            descs[0].is_negative_hits = true;
+        }
+        let mut req = request("layered", descs);
+        req.hits_addend = u32::try_from(i % 3).unwrap();
+        let (a, b) = (
+            in_memory.ok(req.clone()).await,
+            on_redis.ok(req.clone()).await,
+        );
+        assert_eq!(a.overall_code, b.overall_code, "step {i}: {req:?}");
+        for st in a
+            .statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit as i32)
+        {
+            denied_by.insert(st.current_limit.as_ref().map(|l| l.name.clone()));
+        }
+        assert_eq!(a.statuses.len(), b.statuses.len());
+        for (x, y) in a.statuses.iter().zip(&b.statuses) {
+            assert_eq!(
+                (x.code, &x.current_limit, x.limit_remaining),
+                (y.code, &y.current_limit, y.limit_remaining),
+                "step {i}: {req:?}"
+            );
+            let secs = |s: &sluice::pb::rate_limit_response::DescriptorStatus| {
+                s.duration_until_reset.as_ref().map_or(0, |d| d.seconds)
+            };
+            assert!(
+                (secs(x) - secs(y)).abs() <= 3,
+                "step {i}: reset {} vs {}",
+                secs(x),
+                secs(y)
+            );
+        }
+    }
+    // The schedule reaches refusals by one of several limits and by a cost node's draw.
+    let names: Vec<_> = denied_by.into_iter().flatten().collect();
+    assert_eq!(names, ["budget", "per_minute"]);
+}

@@ -538,3 +538,151 @@ async fn undecodable_requests_are_invalid_arguments() {
         Code::Ok as i32
     );
 }
+
+const LAYERED: &str = r"
+domain: layered
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 2}
+      - {name: per_day, unit: day, requests_per_unit: 3}
+  - key: acct
+    rate_limit: {name: budget, unit: hour, requests_per_unit: 100, burst: 20}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+      - key: route
+        value: item
+        cost: 1
+";
+
+async fn layered(mode: sluice::decision::HeaderMode) -> TestServer {
+    TestServer::start_with(&[("layered.yaml", LAYERED)], |s| {
+        s.response_headers = mode;
+    })
+    .await
+}
+
+fn header(r: &sluice::pb::RateLimitResponse, name: &str) -> String {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn rate_limits_charge_every_limit_of_a_node_all_or_nothing() {
+    let s = layered(sluice::decision::HeaderMode::Legacy).await;
+    let user = || single("layered", "user", "u");
+    let r = s.ok(user()).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 2, Unit::Second, "per_second", 1, 1)]
+    );
+    let r = s.ok(user()).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 2, Unit::Second, "per_second", 0, 1)]
+    );
+    // Per second refuses while the day has one left; nothing is charged.
+    let r = s.ok(user()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses,
+        vec![limited(
+            Code::OverLimit,
+            2,
+            Unit::Second,
+            "per_second",
+            0,
+            1
+        )]
+    );
+    assert_eq!(header(&r, "RateLimit-Limit"), "2");
+    s.clock.advance(SEC);
+    // The day still had one: the refusal took none of it. Now it is the tightest.
+    let r = s.ok(user()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 3, Unit::Day, "per_day", 0, 86_399)]
+    );
+    assert_eq!(header(&r, "RateLimit-Limit"), "3");
+    assert_eq!(header(&r, "RateLimit-Remaining"), "0");
+    // The day refuses after the per-second ones passed.
+    s.clock.advance(SEC);
+    let r = s.ok(user()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, 3, Unit::Day, "per_day", 0, 28_798)]
+    );
+    assert_eq!(header(&r, "RateLimit-Limit"), "3");
+    // A two-descriptor request refused by the day charges the other descriptor nothing.
+    let r = s
+        .ok(request(
+            "layered",
+            vec![descriptor(&[("user", "w")]), descriptor(&[("user", "u")])],
+        ))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let r = s.ok(single("layered", "user", "w")).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, 2, Unit::Second, "per_second", 1, 1)]
+    );
+}
+
+#[tokio::test]
+async fn cost_nodes_share_one_budget_at_their_costs() {
+    let s = layered(sluice::decision::HeaderMode::None).await;
+    let route = |r: &str| request("layered", vec![descriptor(&[("acct", "a"), ("route", r)])]);
+    let budget =
+        |code, remaining, reset| limited(code, 100, Unit::Hour, "budget", remaining, reset);
+    // 100 per hour is one per 36 s.
+    assert_eq!(
+        s.ok(route("search")).await.statuses,
+        vec![budget(Code::Ok, 10, 360)]
+    );
+    assert_eq!(
+        s.ok(route("item")).await.statuses,
+        vec![budget(Code::Ok, 9, 396)]
+    );
+    assert_eq!(
+        s.ok(single("layered", "acct", "a")).await.statuses,
+        vec![budget(Code::Ok, 8, 432)]
+    );
+    // Eight left, search costs ten: refused, nothing charged.
+    let r = s.ok(route("search")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses, vec![budget(Code::OverLimit, 8, 72)]);
+    // The request's hits_addend multiplies the cost: 3 items take 3.
+    let mut three = route("item");
+    three.hits_addend = 3;
+    assert_eq!(s.ok(three).await.statuses, vec![budget(Code::Ok, 5, 540)]);
+    // Refunding a search gives back its ten (15 left; the next plain hit leaves 14).
+    let mut refund = route("search");
+    refund.descriptors[0].is_negative_hits = true;
+    assert_eq!(s.ok(refund).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        s.ok(single("layered", "acct", "a")).await.statuses[0].limit_remaining,
+        14
+    );
+}
+
+#[tokio::test]
+async fn rlconfig_lists_each_limit_and_cost_node() {
+    let s = layered(sluice::decision::HeaderMode::None).await;
+    let (status, body) = http_get(s.admin, "/rlconfig").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "layered.acct.route_item: cost=1 of layered.acct\n\
+         layered.acct.route_search: cost=10 of layered.acct\n\
+         layered.acct: unit=HOUR unit_multiplier=1 requests_per_unit=100 burst=20 name=budget, shadow_mode: false, quota_mode: false\n\
+         layered.user[per_day]: unit=DAY unit_multiplier=1 requests_per_unit=3 burst=3 name=per_day, shadow_mode: false, quota_mode: false\n\
+         layered.user[per_second]: unit=SECOND unit_multiplier=1 requests_per_unit=2 burst=2 name=per_second, shadow_mode: false, quota_mode: false\n"
+    );
+}
