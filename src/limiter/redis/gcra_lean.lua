@@ -42,7 +42,8 @@ end
 
 -- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
 -- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
--- path.
+-- path. Its TAT write is `write` below, inlined: defining that function first (a closure per
+-- call) would cost this path about 5 % more Redis work.
 if ARGV[2] == '1' and #KEYS == 1 and tonumber(ARGV[9]) < 4 then
   local whole = ARGV[3] == '1'
   local mode = tonumber(ARGV[9])
@@ -135,9 +136,35 @@ end
 local reply = {}
 local k = 0 -- KEYS before this request's
 local a = 3 -- this request's first ARGV
+-- One charge of a batch: the straight path above, on the batch's view of its counter.
+local function one(whole, o, key)
+  local mode, burst = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 2])
+  local blocked = (mode == 0 or (mode == 2 and whole)) and 1 or 0
+  if burst == 0 then return blocked, 0, 0, ARGV[o + 5] end
+  local T, tol, c = tonumber(ARGV[o]), tonumber(ARGV[o + 1]), tonumber(ARGV[o + 3])
+  local d = cur[key]
+  if d > tol then d = tol elseif d < 0 then d = 0 end
+  local new = d + c * T
+  if c > burst or new > tol then
+    local w = new - tol
+    if c > burst then w = d end
+    return blocked, 0, quot(tol - d, T), w
+  end
+  if c > 0 then write(key, new) end
+  return 0, 1, quot(tol - new, T), new
+end
+
 for _ = 1, tonumber(ARGV[2]) do
   local whole = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
+  if n == 1 and tonumber(ARGV[a + 6]) < 4 then
+    local blocked, ok, rem, wait = one(whole, a + 2, KEYS[k + 1])
+    reply[#reply + 1] = blocked
+    reply[#reply + 1] = ok
+    reply[#reply + 1] = rem
+    reply[#reply + 1] = wait
+    k, a = k + 1, a + 8
+  else
   local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
   for i = 1, n do
     local o = a + 2 + (i - 1) * 6
@@ -229,6 +256,7 @@ for _ = 1, tonumber(ARGV[2]) do
     reply[#reply + 1] = ok[i] and 1 or 0
     reply[#reply + 1] = rem[i]
     reply[#reply + 1] = wait[i]
+  end
   end
 end
 return reply
