@@ -8,6 +8,7 @@ pub(crate) mod admin;
 mod content_type;
 mod json;
 pub(crate) mod listener;
+mod oversize;
 pub(crate) mod rls;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::pb::rate_limit_service_server::RateLimitServiceServer;
 use crate::policy::Unit;
 use crate::settings::GrpcLimits;
 use content_type::RequireGrpc;
+use oversize::OversizeIsExhausted;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -88,7 +90,8 @@ pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`, both refusing non-gRPC content types, on a server bounded by `limits`
+/// and `grpc.health.v1`, both refusing non-gRPC content types and answering a message over
+/// the size limit `RESOURCE_EXHAUSTED`, on a server bounded by `limits`
 /// (streams, headers, request time, keep-alive; `listener` bounds connections and idleness).
 pub(crate) fn grpc_router(
     handler: RateLimitHandler,
@@ -106,10 +109,10 @@ pub(crate) fn grpc_router(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-        .add_service(RequireGrpc(health))
-        .add_service(RequireGrpc(
+        .add_service(RequireGrpc(OversizeIsExhausted(health)))
+        .add_service(RequireGrpc(OversizeIsExhausted(
             RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-        ))
+        )))
 }
 
 /// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.
