@@ -85,6 +85,7 @@ pub fn check(settings: &Settings) -> Result<Summary, AppError> {
 fn load_options(settings: &Settings) -> policy::LoadOptions {
     policy::LoadOptions {
         allow_empty: settings.allow_empty_policies,
+        files: settings.policy_files,
     }
 }
 

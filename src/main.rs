@@ -27,6 +27,9 @@ fn check(args: &CheckArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(&e, ExitCode::from(2)),
     };
+    for warning in &settings.compat_warnings {
+        eprintln!("sluice: warning: {warning}");
+    }
     match app::check(&settings) {
         Ok(summary) => {
             println!("{}: {summary}: ok", settings.policies.display());
@@ -47,6 +50,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
         ?settings,
         "starting sluice"
     );
+    for warning in &settings.compat_warnings {
+        tracing::warn!(compat = "envoy-ratelimit", "{warning}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => return fail(&e, ExitCode::FAILURE),

@@ -8,6 +8,7 @@
 //! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
 
 mod cli;
+mod compat;
 mod raw;
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 pub use cli::{CheckArgs, Cli, Command, ServeArgs};
+pub use compat::{Compat, CompatError};
 pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
 
 use crate::decision::{self, Caps, HeaderOptions};
@@ -44,6 +46,8 @@ pub struct Settings {
     pub admin_addr: SocketAddr,
     /// Directory of policy files.
     pub policies: PathBuf,
+    /// Which of its entries are policy files.
+    pub policy_files: crate::policy::Files,
     /// Reload policies when files in the directory change (SIGHUP always reloads).
     pub watch_policies: bool,
     /// Accept a load that leaves no domain at all (otherwise refused, at startup and on reload).
@@ -68,6 +72,9 @@ pub struct Settings {
     pub grpc: GrpcLimits,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
+    /// Reference variables (`compat`) read but not acted on, each with why: logged at
+    /// startup as warnings.
+    pub compat_warnings: Vec<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold.
@@ -119,6 +126,9 @@ pub enum SettingsError {
     /// The layered sources could not be read or did not fit the schema.
     #[error("invalid settings: {0}")]
     Load(#[from] config::ConfigError),
+    /// A reference variable (`compat`) that cannot be used.
+    #[error(transparent)]
+    Compat(#[from] CompatError),
     /// A value that must be positive is 0.
     #[error("invalid settings: {setting} must be at least 1")]
     Zero {
@@ -232,6 +242,7 @@ impl RawSettings {
             grpc_addr: self.grpc_addr,
             admin_addr: self.admin_addr,
             policies: self.policies,
+            policy_files: self.policy_files,
             watch_policies: self.watch_policies,
             allow_empty_policies: self.allow_empty_policies,
             log_format: self.log_format,
@@ -270,6 +281,7 @@ impl RawSettings {
                 max_connections: self.admin.max_connections,
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
+            compat_warnings: self.compat_warnings,
         })
     }
 }
