@@ -120,7 +120,10 @@ impl App {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
-        let metrics = Arc::new(Metrics::install(settings.max_detailed_series));
+        let metrics = Arc::new(
+            Metrics::install(settings.max_detailed_series)
+                .with_near_limit_ratio(settings.near_limit_ratio),
+        );
         let set = policy::load_dir_with(&settings.policies, load_options(&settings)).inspect_err(
             |_| {
                 metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
@@ -215,7 +218,7 @@ impl App {
             policies.clone(),
             backend.clone(),
             Arc::clone(&metrics),
-            settings.decision,
+            settings.decision.clone(),
         );
         let admin_state = AdminState {
             health: health.clone(),

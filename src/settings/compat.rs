@@ -447,8 +447,8 @@ fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
     Ok((urls.join(","), cluster))
 }
 
-/// `SHADOW_MODE`, `QUOTA_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
-/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
+/// `SHADOW_MODE`, `QUOTA_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` and the header names,
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `RESPONSE_DYNAMIC_METADATA`, `NEAR_LIMIT_RATIO`.
 fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     if let Some(shadow) = env.bool("SHADOW_MODE")? {
         m.set("shadow_mode", json!(shadow));
@@ -466,17 +466,14 @@ fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
             json!(if enabled { "legacy" } else { "none" }),
         );
     }
-    if env.any_set(&[
-        "LIMIT_LIMIT_HEADER",
-        "LIMIT_REMAINING_HEADER",
-        "LIMIT_RESET_HEADER",
-    ]) {
-        m.warn(
-            "LIMIT_LIMIT_HEADER/LIMIT_REMAINING_HEADER/LIMIT_RESET_HEADER: custom header names \
-             are not supported yet; RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset \
-             are used"
-                .into(),
-        );
+    for (variable, setting) in [
+        ("LIMIT_LIMIT_HEADER", "legacy_headers.limit"),
+        ("LIMIT_REMAINING_HEADER", "legacy_headers.remaining"),
+        ("LIMIT_RESET_HEADER", "legacy_headers.reset"),
+    ] {
+        if let Some(name) = env.get(variable) {
+            m.set(setting, json!(name));
+        }
     }
     // sluice never charges a refused request, so the option is always on.
     env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?;
@@ -487,11 +484,13 @@ fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
                 .into(),
         );
     }
-    if let Some(ratio) = env.get("NEAR_LIMIT_RATIO") {
-        let _: f64 = ratio
-            .parse()
-            .map_err(|_| bad("NEAR_LIMIT_RATIO", ratio, "not a number"))?;
-        m.warn("NEAR_LIMIT_RATIO: not supported yet; 0.8 is used".into());
+    if let Some(text) = env.get("NEAR_LIMIT_RATIO") {
+        let ratio = text
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| bad("NEAR_LIMIT_RATIO", text, "not a number from 0 to 1"))?;
+        m.set("metrics.near_limit_ratio", json!(ratio));
     }
     Ok(())
 }
@@ -718,6 +717,20 @@ mod tests {
         .unwrap();
         assert_eq!(get(&m, "shadow_mode"), Some(&json!(true)));
         assert_eq!(get(&m, "response_headers"), Some(&json!("legacy")));
+        let m = map(&[
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("NEAR_LIMIT_RATIO", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "legacy_headers.remaining"), Some(&json!("X-Left")));
+        assert_eq!(get(&m, "legacy_headers.limit"), None);
+        assert_eq!(get(&m, "metrics.near_limit_ratio"), Some(&json!(0.5)));
+        for ratio in ["high", "1.5", "-0.1"] {
+            assert_eq!(
+                map(&[("NEAR_LIMIT_RATIO", ratio)]).unwrap_err().variable,
+                "NEAR_LIMIT_RATIO"
+            );
+        }
         assert_eq!(
             map(&[("QUOTA_MODE", "true")]).unwrap_err().variable,
             "QUOTA_MODE"

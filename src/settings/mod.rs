@@ -64,6 +64,8 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Most series whose labels carry request values.
     pub max_detailed_series: usize,
+    /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
+    pub near_limit_ratio: f64,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING.
     pub drain_delay: Duration,
     /// How long shutdown then waits for in-flight calls.
@@ -141,6 +143,17 @@ pub enum SettingsError {
          no call is on a connection closed as idle"
     )]
     IdleBeforeRequestTimeout,
+    /// `metrics.near_limit_ratio` outside 0..=1.
+    #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
+    NearLimitRatio(f64),
+    /// A header name that HTTP does not allow.
+    #[error("invalid settings: {setting} {name:?} is not an HTTP header name")]
+    HeaderName {
+        /// The setting's dotted name.
+        setting: &'static str,
+        /// The name given.
+        name: String,
+    },
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
@@ -229,6 +242,22 @@ impl RawSettings {
         if g.idle_timeout_ms <= g.request_timeout_ms {
             return Err(SettingsError::IdleBeforeRequestTimeout);
         }
+        let ratio = self.metrics.near_limit_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(SettingsError::NearLimitRatio(ratio));
+        }
+        for (setting, name) in [
+            ("legacy_headers.limit", &self.legacy_headers.limit),
+            ("legacy_headers.remaining", &self.legacy_headers.remaining),
+            ("legacy_headers.reset", &self.legacy_headers.reset),
+        ] {
+            if !is_header_name(name) {
+                return Err(SettingsError::HeaderName {
+                    setting,
+                    name: name.clone(),
+                });
+            }
+        }
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
         let backend = match self.backend {
@@ -259,6 +288,7 @@ impl RawSettings {
                 on_backend_error: self.on_backend_error,
                 headers: HeaderOptions {
                     mode: self.response_headers,
+                    legacy_names: self.legacy_headers,
                     retry_after_jitter_seconds: self.retry_after_jitter_seconds,
                     problem_body: self.problem_body,
                 },
@@ -266,6 +296,7 @@ impl RawSettings {
             max_request_bytes: r.max_request_bytes,
             backend,
             max_detailed_series: self.metrics.max_detailed_series,
+            near_limit_ratio: self.metrics.near_limit_ratio,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             grpc: GrpcLimits {
@@ -284,6 +315,14 @@ impl RawSettings {
             compat_warnings: self.compat_warnings,
         })
     }
+}
+
+/// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// The Redis backend's config: the URL list split and each URL parsed once, here.
@@ -351,6 +390,23 @@ mod tests {
             .to_string();
         assert!(err.starts_with("invalid settings: redis.url"), "{err}");
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn header_names_and_the_near_limit_ratio_are_checked() {
+        let mut raw = RawSettings::default();
+        raw.legacy_headers.remaining = "X-Left".into();
+        raw.metrics.near_limit_ratio = 0.5;
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(s.decision.headers.legacy_names.remaining, "X-Left");
+        assert!((s.near_limit_ratio - 0.5).abs() < f64::EPSILON);
+        raw.legacy_headers.reset = "Bad Name".into();
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("legacy_headers.reset"), "{err}");
+        raw.legacy_headers.reset = "x".into();
+        raw.metrics.near_limit_ratio = 1.5;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics.near_limit_ratio"), "{err}");
     }
 
     #[test]

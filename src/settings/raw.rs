@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::cli::ServeArgs;
 use super::compat::{self, Compat};
 use super::{BackendKind, SettingsError};
-use crate::decision::{Caps, HeaderMode, OnBackendError};
+use crate::decision::{Caps, HeaderMode, LegacyNames, OnBackendError};
 use crate::policy::Files;
 use crate::telemetry::LogFormat;
 
@@ -49,6 +49,8 @@ pub struct RawSettings {
     pub shadow_mode: bool,
     /// Rate-limit header fields to add to responses: `none`, `draft` or `legacy`.
     pub response_headers: HeaderMode,
+    /// The names of the `legacy` header fields (`limit`, `remaining`, `reset`).
+    pub legacy_headers: LegacyNames,
     /// Most seconds added at random to `Retry-After` on denials (with `response_headers`).
     pub retry_after_jitter_seconds: u64,
     /// Add an RFC 9457 problem+json body (`raw_body`) to denials.
@@ -230,18 +232,22 @@ impl RedisSettings {
 }
 
 /// Metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// Most series whose labels carry request values (`detailed_metric`, `value_to_metric`,
     /// unknown domains); past it they are counted under `_other`.
     pub max_detailed_series: usize,
+    /// An admitted hit counts as `near_limit` when it uses the bucket above this fraction
+    /// (0 to 1), as envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
+    pub near_limit_ratio: f64,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             max_detailed_series: 1_000,
+            near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
         }
     }
 }
@@ -260,6 +266,7 @@ impl Default for RawSettings {
             log_level: "info".into(),
             shadow_mode: false,
             response_headers: HeaderMode::None,
+            legacy_headers: LegacyNames::default(),
             retry_after_jitter_seconds: 2,
             problem_body: false,
             requests: RequestSettings::default(),

@@ -158,6 +158,8 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
         ("USE_STATSD", "false"),
         ("USE_PROMETHEUS", "true"),
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
         ("SHADOW_MODE", "false"),
     ]);
     let policies = current.join("ratelimit").join("config");
@@ -168,6 +170,8 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
         ("SLUICE_POLICIES", policies.to_str().unwrap()),
         ("SLUICE_POLICY_FILES", "visible"),
         ("SLUICE_RESPONSE_HEADERS", "legacy"),
+        ("SLUICE_LEGACY_HEADERS__REMAINING", "X-RateLimit-Left"),
+        ("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0.5"),
     ]);
     let (mut a, mut b) = (client(reference.grpc).await, client(native.grpc).await);
     let mut limited = 0;
@@ -175,6 +179,9 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
         let ra = without_retry_after(a.should_rate_limit(req.clone()).await.unwrap().into_inner());
         let rb = without_retry_after(b.should_rate_limit(req.clone()).await.unwrap().into_inner());
         assert_eq!(ra, rb, "{req:?}");
+        if let Some(h) = ra.response_headers_to_add.get(1) {
+            assert_eq!(h.key, "X-RateLimit-Left");
+        }
         limited += ra
             .statuses
             .iter()
