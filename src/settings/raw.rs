@@ -93,7 +93,7 @@ pub struct GrpcSettings {
     /// Most bytes of request headers (`SETTINGS_MAX_HEADER_LIST_SIZE`).
     pub max_header_list_bytes: u32,
     /// Longest a call may take from its headers to its answer, body included, in
-    /// milliseconds; past it the call ends with `CANCELLED` (a shorter `grpc-timeout` wins).
+    /// milliseconds; past it the call ends with `DEADLINE_EXCEEDED` (a shorter `grpc-timeout` wins).
     pub request_timeout_ms: u64,
     /// How long without a frame from the peer before sending an HTTP/2 PING, in milliseconds.
     pub keepalive_interval_ms: u64,
