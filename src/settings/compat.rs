@@ -295,7 +295,8 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         m.set("redis.url", json!(urls));
         m.set("redis.cluster", json!(cluster));
     }
-    if let Some(prefix) = env.0.get("CACHE_KEY_PREFIX") {
+    // Empty is the reference's default (no prefix); sluice keeps its own then.
+    if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
         m.set("redis.key_prefix", json!(prefix));
     }
     if let Some(bytes) = env.parse::<u64>("LOCAL_CACHE_SIZE_IN_BYTES", "not a number of bytes")? {
@@ -681,6 +682,9 @@ mod tests {
             Some(&json!("redis://:secret@a:7000,redis://:secret@b:7001"))
         );
         assert_eq!(get(&m, "redis.cluster"), Some(&json!(true)));
+        let m = map(&[("CACHE_KEY_PREFIX", "rl_")]).unwrap();
+        assert_eq!(get(&m, "redis.key_prefix"), Some(&json!("rl_")));
+        assert_eq!(map(&[("CACHE_KEY_PREFIX", "")]).unwrap(), Mapped::default());
         // The reference's defaults: a unix socket.
         let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
         assert_eq!(
