@@ -88,6 +88,7 @@ pub fn check(settings: &Settings) -> Result<PolicySet, AppError> {
 fn load_options(settings: &Settings) -> policy::LoadOptions {
     policy::LoadOptions {
         allow_empty: settings.allow_empty_policies,
+        files: settings.policy_files,
     }
 }
 
@@ -122,7 +123,10 @@ impl App {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AppError> {
-        let metrics = Arc::new(Metrics::install(settings.max_detailed_series));
+        let metrics = Arc::new(
+            Metrics::install(settings.max_detailed_series)
+                .with_near_limit_ratio(settings.near_limit_ratio),
+        );
         let set = policy::load_dir_with(&settings.policies, load_options(&settings)).inspect_err(
             |_| {
                 metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
@@ -217,7 +221,7 @@ impl App {
             policies.clone(),
             backend.clone(),
             Arc::clone(&metrics),
-            settings.decision,
+            settings.decision.clone(),
         );
         let admin_state = AdminState {
             health: health.clone(),

@@ -34,6 +34,9 @@ fn policies(
         ..ServeArgs::default()
     };
     let settings = Settings::load(config, &flags).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    for warning in &settings.compat_warnings {
+        eprintln!("sluice: warning: {warning}");
+    }
     let set = app::check(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
     Ok((settings.policies.display().to_string(), set))
 }
@@ -157,6 +160,9 @@ fn serve(args: &ServeArgs) -> ExitCode {
         ?settings,
         "starting sluice"
     );
+    for warning in &settings.compat_warnings {
+        tracing::warn!(compat = "envoy-ratelimit", "{warning}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => return fail(&e, ExitCode::FAILURE),

@@ -228,8 +228,9 @@ pub struct RuleHit<'a> {
 /// The label value that stands for every request value past the series cap.
 pub const OTHER: &str = "_other";
 
-/// Near limit starts above this fraction of the bucket, as in envoyproxy/ratelimit.
-const NEAR_LIMIT_RATIO: f64 = 0.8;
+/// Near limit starts above this fraction of the bucket by default, as in envoyproxy/ratelimit
+/// (`metrics.near_limit_ratio`).
+pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -282,6 +283,8 @@ pub struct Metrics {
     /// Request-valued series created so far.
     series: AtomicUsize,
     max_series: usize,
+    /// The fraction of a bucket above which an admitted hit is near the limit.
+    near_limit_ratio: f64,
 }
 
 impl Metrics {
@@ -317,7 +320,16 @@ impl Metrics {
             unknown_domains: DashMap::new(),
             series: AtomicUsize::new(0),
             max_series,
+            near_limit_ratio: DEFAULT_NEAR_LIMIT_RATIO,
         }
+    }
+
+    /// Counts an admitted hit as `near_limit` above `ratio` of the bucket (0 to 1) instead of
+    /// [`DEFAULT_NEAR_LIMIT_RATIO`].
+    #[must_use]
+    pub fn with_near_limit_ratio(mut self, ratio: f64) -> Self {
+        self.near_limit_ratio = ratio.clamp(0.0, 1.0);
+        self
     }
 
     /// The Prometheus text exposition of every metric, with this server's backend figures
@@ -380,8 +392,8 @@ impl Metrics {
                 return;
             }
             c.within.increment(hit.hits);
-            // Truncation intended: floor of 80 % of the bucket.
-            let threshold = (hit.burst as f64 * NEAR_LIMIT_RATIO) as u64;
+            // Truncation intended: the floor of that fraction of the bucket.
+            let threshold = (hit.burst as f64 * self.near_limit_ratio) as u64;
             let used = hit.burst.saturating_sub(hit.remaining);
             if used > threshold {
                 c.near.increment(hit.hits.min(used - threshold));

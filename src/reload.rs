@@ -64,7 +64,7 @@ impl Reloader {
             policies,
             metrics,
             rescan: RESCAN_INTERVAL,
-            initial: Fingerprint::of(dir),
+            initial: Fingerprint::of(dir, LoadOptions::default().files),
         }
     }
 
@@ -72,6 +72,7 @@ impl Reloader {
     #[must_use]
     pub fn with_options(mut self, options: LoadOptions) -> Self {
         self.options = options;
+        self.initial = Fingerprint::of(&self.dir, options.files);
         self
     }
 
@@ -101,7 +102,7 @@ impl Reloader {
 
     /// What a load of the directory would read now.
     fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::of(&self.dir)
+        Fingerprint::of(&self.dir, self.options.files)
     }
 
     /// One reload from the runtime: fingerprint and load on the blocking pool, swap here, drop
@@ -215,9 +216,9 @@ struct Stamp {
 }
 
 impl Fingerprint {
-    /// The fingerprint of `dir` now.
-    fn of(dir: &Path) -> Self {
-        let files = match policy::policy_files(dir) {
+    /// The fingerprint of the policy files of `dir` now, as `files` selects them.
+    fn of(dir: &Path, files: policy::Files) -> Self {
+        let files = match policy::policy_files(dir, files) {
             Ok(files) => files,
             Err(PolicyError::Dir { source, .. }) => return Self(Err(source.kind())),
             Err(_) => return Self(Err(std::io::ErrorKind::Other)),
@@ -456,7 +457,10 @@ mod tests {
             other_ran.load(Ordering::Relaxed),
             "no other task ran during the load"
         );
-        assert_eq!(fingerprint, Some(Fingerprint::of(dir.path())));
+        assert_eq!(
+            fingerprint,
+            Some(Fingerprint::of(dir.path(), policy::Files::Yaml))
+        );
         assert!(handle.load().domain("after").is_some());
     }
 
@@ -465,18 +469,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         write(d, "a.yaml", "a");
-        let first = Fingerprint::of(d);
-        assert_eq!(first, Fingerprint::of(d), "stable while nothing changes");
+        let first = Fingerprint::of(d, policy::Files::Yaml);
+        assert_eq!(
+            first,
+            Fingerprint::of(d, policy::Files::Yaml),
+            "stable while nothing changes"
+        );
         std::fs::write(d.join("README.md"), "not a policy").unwrap();
-        assert_eq!(first, Fingerprint::of(d), "other names do not count");
+        assert_eq!(
+            first,
+            Fingerprint::of(d, policy::Files::Yaml),
+            "other names do not count"
+        );
         write(d, "a.yaml", "b");
-        let second = Fingerprint::of(d);
+        let second = Fingerprint::of(d, policy::Files::Yaml);
         assert_ne!(first, second, "rewritten (a new inode)");
         #[cfg(unix)]
         {
             std::os::unix::fs::symlink("gone.yaml", d.join("b.yaml")).unwrap();
-            assert_ne!(second, Fingerprint::of(d), "a dangling symlink counts");
+            assert_ne!(
+                second,
+                Fingerprint::of(d, policy::Files::Yaml),
+                "a dangling symlink counts"
+            );
         }
-        assert_ne!(Fingerprint::of(&d.join("missing")), second);
+        assert_ne!(
+            Fingerprint::of(&d.join("missing"), policy::Files::Yaml),
+            second
+        );
     }
 }

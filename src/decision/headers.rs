@@ -18,15 +18,41 @@ pub enum HeaderMode {
     None,
     /// `RateLimit-Policy` and `RateLimit` (IETF draft, structured fields).
     Draft,
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit).
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (envoyproxy/ratelimit), or
+    /// the names [`LegacyNames`] gives.
     Legacy,
 }
 
+/// The names of the `legacy` fields: envoyproxy/ratelimit's by default, renamed as its
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER` and `LIMIT_RESET_HEADER` allow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LegacyNames {
+    /// The limit's `requests_per_unit`.
+    pub limit: String,
+    /// Requests left.
+    pub remaining: String,
+    /// Seconds until the limit resets.
+    pub reset: String,
+}
+
+impl Default for LegacyNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
 /// What to add to responses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeaderOptions {
     /// Which rate-limit fields.
     pub mode: HeaderMode,
+    /// The names of the `legacy` fields.
+    pub legacy_names: LegacyNames,
     /// Most seconds added to `Retry-After` (uniformly spread, 0 for none).
     pub retry_after_jitter_seconds: u64,
     /// Add an RFC 9457 problem+json body to denials.
@@ -93,14 +119,14 @@ fn extras(resp: &Decision, options: &HeaderOptions, jitter: f64) -> Extras {
                 ));
             }
             HeaderMode::Legacy => {
+                let names = &options.legacy_names;
                 out.headers.push((
-                    "RateLimit-Limit".into(),
+                    names.limit.clone(),
                     limit.rate.requests_per_unit.to_string(),
                 ));
                 out.headers
-                    .push(("RateLimit-Remaining".into(), s.remaining.to_string()));
-                out.headers
-                    .push(("RateLimit-Reset".into(), reset.to_string()));
+                    .push((names.remaining.clone(), s.remaining.to_string()));
+                out.headers.push((names.reset.clone(), reset.to_string()));
             }
         }
     }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::limiter::{Backend, BackendError, Batch};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
-pub use headers::{HeaderMode, HeaderOptions};
+pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
 use plan::{Plan, Slot};
 pub use request::{Caps, Descriptor, Entry, Override, Request, RequestError};
 
@@ -38,7 +38,7 @@ pub enum OnBackendError {
 }
 
 /// How the decider answers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     /// Request size caps.
     pub caps: Caps,

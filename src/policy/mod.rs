@@ -355,12 +355,14 @@ pub enum PolicyError {
     Invalid(Vec<Problem>),
     /// No domain would be loaded, and that is not allowed.
     #[error(
-        "no policies in {}: no *.yaml or *.yml file, so every request would be answered OK with no limit (set allow_empty_policies: true to allow this)",
-        dir.display()
+        "no policies in {}: {}, so every request would be answered OK with no limit (set allow_empty_policies: true to allow this)",
+        dir.display(), files.describe()
     )]
     Empty {
         /// The directory.
         dir: PathBuf,
+        /// Which entries were looked for.
+        files: Files,
     },
 }
 
@@ -381,36 +383,67 @@ impl fmt::Display for Problems<'_> {
     }
 }
 
-/// Whether a directory entry named `name` is a policy file: `*.yaml` or `*.yml`, not hidden.
-fn is_policy_name(name: &str) -> bool {
-    (name.ends_with(".yaml") || name.ends_with(".yml")) && !name.starts_with('.')
+/// Which entries of the policy directory are policy files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Files {
+    /// `*.yaml` and `*.yml`, hidden ones (`.x.yaml`, a ConfigMap's `..data`) skipped.
+    #[default]
+    Yaml,
+    /// Every entry, whatever its name, hidden ones included: envoyproxy/ratelimit's reading
+    /// (`RUNTIME_IGNOREDOTFILES=false`, its default).
+    All,
+    /// Every entry whose name does not start with `.`, whatever its extension:
+    /// envoyproxy/ratelimit with `RUNTIME_IGNOREDOTFILES=true`.
+    Visible,
 }
 
-/// The policy files of a directory: every entry directly in it named `*.yaml` or `*.yml`,
-/// hidden entries (`.x.yaml`, a ConfigMap's `..data`) skipped, sorted by name. Entries are listed
-/// by name whatever they are; [`load_dir`] refuses one that is not a readable regular file (or a
-/// symlink to one, so a Kubernetes ConfigMap mount works).
+impl Files {
+    /// Whether a directory entry named `name` is a policy file.
+    fn selects(self, name: &str) -> bool {
+        let hidden = name.starts_with('.');
+        match self {
+            Self::Yaml => (name.ends_with(".yaml") || name.ends_with(".yml")) && !hidden,
+            Self::All => true,
+            Self::Visible => !hidden,
+        }
+    }
+
+    /// The selection in words, for the error of an empty directory.
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Yaml => "no *.yaml or *.yml file",
+            Self::All => "no file",
+            Self::Visible => "no file not starting with a dot",
+        }
+    }
+}
+
+/// The policy files of a directory: every entry directly in it that `files` selects, sorted by
+/// name (subdirectories are not descended into). Entries are listed by name whatever they are;
+/// [`load_dir`] refuses one that is not a readable regular file (or a symlink to one, so a
+/// Kubernetes ConfigMap mount works).
 ///
 /// # Errors
 ///
 /// [`PolicyError::Dir`] when the directory cannot be listed.
-pub fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyError> {
+pub fn policy_files(dir: &Path, files: Files) -> Result<Vec<PathBuf>, PolicyError> {
     let read = std::fs::read_dir(dir).map_err(|source| PolicyError::Dir {
         dir: dir.to_path_buf(),
         source,
     })?;
-    let mut files = Vec::new();
+    let mut found = Vec::new();
     for entry in read {
         let entry = entry.map_err(|source| PolicyError::Dir {
             dir: dir.to_path_buf(),
             source,
         })?;
-        if is_policy_name(&entry.file_name().to_string_lossy()) {
-            files.push(entry.path());
+        if files.selects(&entry.file_name().to_string_lossy()) {
+            found.push(entry.path());
         }
     }
-    files.sort();
-    Ok(files)
+    found.sort();
+    Ok(found)
 }
 
 /// How a directory of policies is loaded.
@@ -419,6 +452,8 @@ pub struct LoadOptions {
     /// Accept a directory with no policy file (no domain at all). Off by default: an empty set
     /// answers every request OK with no limit, which is more often a broken deploy than a wish.
     pub allow_empty: bool,
+    /// Which entries are policy files.
+    pub files: Files,
 }
 
 /// Loads and compiles every policy file of `dir`, refusing a directory without any.
@@ -442,7 +477,7 @@ pub fn load_dir(dir: &Path) -> Result<PolicySet, PolicyError> {
 pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<PolicySet, PolicyError> {
     let mut sources = Vec::new();
     let mut problems = Vec::new();
-    for path in policy_files(dir)? {
+    for path in policy_files(dir, options.files)? {
         let name = path.display().to_string();
         match read_file(&path) {
             Ok(text) => sources.push((name, text)),
@@ -458,6 +493,7 @@ pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<PolicySet, Poli
     if set.domains.is_empty() && !options.allow_empty {
         return Err(PolicyError::Empty {
             dir: dir.to_path_buf(),
+            files: options.files,
         });
     }
     Ok(set)

@@ -416,7 +416,14 @@ fn a_directory_without_policies_is_refused_unless_allowed() {
         err.to_string().contains("allow_empty_policies: true"),
         "{err}"
     );
-    let set = load_dir_with(dir.path(), LoadOptions { allow_empty: true }).unwrap();
+    let set = load_dir_with(
+        dir.path(),
+        LoadOptions {
+            allow_empty: true,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
     assert_eq!(set.summary().domains, 0);
     // Problems are reported first: an empty set is not the news when files are broken.
     std::fs::write(dir.path().join("x.yaml"), "domain: [").unwrap();
@@ -615,4 +622,45 @@ descriptors:
         );
     }
     assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+}
+
+/// envoyproxy/ratelimit's reading: every file whatever its extension (`Files::All`), or every
+/// file not starting with a dot (`Files::Visible`, its `RUNTIME_IGNOREDOTFILES=true`).
+#[test]
+fn any_extension_reads_every_file_and_visible_skips_dot_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("edge"), "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+    std::fs::write(d.join("api.conf"), "domain: api\n").unwrap();
+    std::fs::write(d.join(".hidden"), "domain: hidden\n").unwrap();
+    let domains = |files: Files| {
+        let set = load_dir_with(
+            d,
+            LoadOptions {
+                files,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        set.domains()
+            .into_iter()
+            .map(|d| d.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(domains(Files::All), ["api", "edge", "hidden"]);
+    assert_eq!(domains(Files::Visible), ["api", "edge"]);
+    // The default reads *.yaml/*.yml only: none here.
+    let err = load_dir(d).unwrap_err();
+    assert!(matches!(err, PolicyError::Empty { .. }), "{err}");
+    // A file that is not YAML breaks the whole load, as in the reference.
+    std::fs::write(d.join("notes.txt"), "just: [text").unwrap();
+    let err = load_dir_with(
+        d,
+        LoadOptions {
+            files: Files::Visible,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("notes.txt"), "{err}");
 }

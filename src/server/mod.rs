@@ -6,8 +6,10 @@
 
 pub(crate) mod admin;
 mod content_type;
+mod deadline;
 pub(crate) mod json;
 pub(crate) mod listener;
+mod oversize;
 pub(crate) mod rls;
 
 use std::sync::Arc;
@@ -23,6 +25,8 @@ use crate::pb::rate_limit_service_server::RateLimitServiceServer;
 use crate::policy::Unit;
 use crate::settings::GrpcLimits;
 use content_type::RequireGrpc;
+use deadline::Deadline;
+use oversize::OversizeIsExhausted;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -88,8 +92,10 @@ pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
 /// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`, both refusing non-gRPC content types, on a server bounded by `limits`
-/// (streams, headers, request time, keep-alive; `listener` bounds connections and idleness).
+/// and `grpc.health.v1`, both refusing non-gRPC content types, answering a message over the
+/// size limit `RESOURCE_EXHAUSTED` and a call past the request timeout `DEADLINE_EXCEEDED`,
+/// on a server bounded by `limits` (streams, headers, request time, keep-alive; `listener`
+/// bounds connections and idleness).
 pub(crate) fn grpc_router(
     handler: RateLimitHandler,
     health: tonic_health::pb::health_server::HealthServer<
@@ -101,15 +107,20 @@ pub(crate) fn grpc_router(
     Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_max_header_list_size(limits.max_header_list_bytes)
-        .timeout(limits.request_timeout)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-        .add_service(RequireGrpc(health))
-        .add_service(RequireGrpc(
-            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-        ))
+        .add_service(RequireGrpc(Deadline::new(
+            OversizeIsExhausted(health),
+            limits.request_timeout,
+        )))
+        .add_service(RequireGrpc(Deadline::new(
+            OversizeIsExhausted(
+                RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+            ),
+            limits.request_timeout,
+        )))
 }
 
 /// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.

@@ -8,6 +8,7 @@
 //! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
 
 mod cli;
+mod compat;
 mod raw;
 
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
+pub use compat::{Compat, CompatError};
 pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
 
 use crate::decision::{self, Caps, HeaderOptions};
@@ -44,6 +46,8 @@ pub struct Settings {
     pub admin_addr: SocketAddr,
     /// Directory of policy files.
     pub policies: PathBuf,
+    /// Which of its entries are policy files.
+    pub policy_files: crate::policy::Files,
     /// Reload policies when files in the directory change (SIGHUP always reloads).
     pub watch_policies: bool,
     /// Accept a load that leaves no domain at all (otherwise refused, at startup and on reload).
@@ -60,6 +64,8 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Most series whose labels carry request values.
     pub max_detailed_series: usize,
+    /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
+    pub near_limit_ratio: f64,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING.
     pub drain_delay: Duration,
     /// How long shutdown then waits for in-flight calls.
@@ -68,6 +74,9 @@ pub struct Settings {
     pub grpc: GrpcLimits,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
+    /// Reference variables (`compat`) read but not acted on, each with why: logged at
+    /// startup as warnings.
+    pub compat_warnings: Vec<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold.
@@ -119,6 +128,9 @@ pub enum SettingsError {
     /// The layered sources could not be read or did not fit the schema.
     #[error("invalid settings: {0}")]
     Load(#[from] config::ConfigError),
+    /// A reference variable (`compat`) that cannot be used.
+    #[error(transparent)]
+    Compat(#[from] CompatError),
     /// A value that must be positive is 0.
     #[error("invalid settings: {setting} must be at least 1")]
     Zero {
@@ -131,6 +143,17 @@ pub enum SettingsError {
          no call is on a connection closed as idle"
     )]
     IdleBeforeRequestTimeout,
+    /// `metrics.near_limit_ratio` outside 0..=1.
+    #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
+    NearLimitRatio(f64),
+    /// A header name that HTTP does not allow.
+    #[error("invalid settings: {setting} {name:?} is not an HTTP header name")]
+    HeaderName {
+        /// The setting's dotted name.
+        setting: &'static str,
+        /// The name given.
+        name: String,
+    },
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
@@ -219,6 +242,22 @@ impl RawSettings {
         if g.idle_timeout_ms <= g.request_timeout_ms {
             return Err(SettingsError::IdleBeforeRequestTimeout);
         }
+        let ratio = self.metrics.near_limit_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(SettingsError::NearLimitRatio(ratio));
+        }
+        for (setting, name) in [
+            ("legacy_headers.limit", &self.legacy_headers.limit),
+            ("legacy_headers.remaining", &self.legacy_headers.remaining),
+            ("legacy_headers.reset", &self.legacy_headers.reset),
+        ] {
+            if !is_header_name(name) {
+                return Err(SettingsError::HeaderName {
+                    setting,
+                    name: name.clone(),
+                });
+            }
+        }
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
         let backend = match self.backend {
@@ -232,6 +271,7 @@ impl RawSettings {
             grpc_addr: self.grpc_addr,
             admin_addr: self.admin_addr,
             policies: self.policies,
+            policy_files: self.policy_files,
             watch_policies: self.watch_policies,
             allow_empty_policies: self.allow_empty_policies,
             log_format: self.log_format,
@@ -248,6 +288,7 @@ impl RawSettings {
                 on_backend_error: self.on_backend_error,
                 headers: HeaderOptions {
                     mode: self.response_headers,
+                    legacy_names: self.legacy_headers,
                     retry_after_jitter_seconds: self.retry_after_jitter_seconds,
                     problem_body: self.problem_body,
                 },
@@ -255,6 +296,7 @@ impl RawSettings {
             max_request_bytes: r.max_request_bytes,
             backend,
             max_detailed_series: self.metrics.max_detailed_series,
+            near_limit_ratio: self.metrics.near_limit_ratio,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             grpc: GrpcLimits {
@@ -270,8 +312,17 @@ impl RawSettings {
                 max_connections: self.admin.max_connections,
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
+            compat_warnings: self.compat_warnings,
         })
     }
+}
+
+/// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// The Redis backend's config: the URL list split and each URL parsed once, here.
@@ -339,6 +390,23 @@ mod tests {
             .to_string();
         assert!(err.starts_with("invalid settings: redis.url"), "{err}");
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn header_names_and_the_near_limit_ratio_are_checked() {
+        let mut raw = RawSettings::default();
+        raw.legacy_headers.remaining = "X-Left".into();
+        raw.metrics.near_limit_ratio = 0.5;
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(s.decision.headers.legacy_names.remaining, "X-Left");
+        assert!((s.near_limit_ratio - 0.5).abs() < f64::EPSILON);
+        raw.legacy_headers.reset = "Bad Name".into();
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("legacy_headers.reset"), "{err}");
+        raw.legacy_headers.reset = "x".into();
+        raw.metrics.near_limit_ratio = 1.5;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics.near_limit_ratio"), "{err}");
     }
 
     #[test]

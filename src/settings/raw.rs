@@ -1,5 +1,6 @@
 //! The first stage of settings: the raw values as written, merged from built-in defaults, an
-//! optional settings file (YAML), `SLUICE_*` environment variables (`__` between nested names,
+//! optional settings file (YAML), with `compat: envoy-ratelimit` the reference service's
+//! variables (`super::compat`), `SLUICE_*` environment variables (`__` between nested names,
 //! e.g. `SLUICE_REQUESTS__MAX_DESCRIPTORS=16`) and command-line flags, in that order. Values
 //! keep the units they are written in (milliseconds, URL strings); [`RawSettings::validate`]
 //! turns them into [`super::Settings`].
@@ -10,21 +11,31 @@ use std::path::PathBuf;
 use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
-use super::BackendKind;
 use super::cli::ServeArgs;
-use crate::decision::{Caps, HeaderMode, OnBackendError};
+use super::compat::{self, Compat};
+use super::{BackendKind, SettingsError};
+use crate::decision::{Caps, HeaderMode, LegacyNames, OnBackendError};
+use crate::policy::Files;
 use crate::telemetry::LogFormat;
 
 /// The process settings as written, every source merged, not yet validated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSettings {
+    /// Read another service's environment variables as settings: `none`, or
+    /// `envoy-ratelimit` (envoyproxy/ratelimit's `PORT`, `RUNTIME_ROOT`, `REDIS_URL`, ...),
+    /// layered between the settings file and `SLUICE_*`.
+    pub compat: Compat,
     /// gRPC listen address.
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address.
     pub admin_addr: SocketAddr,
     /// Directory of policy files.
     pub policies: PathBuf,
+    /// Which of its entries are policy files: `yaml` (`*.yaml`, `*.yml`, not hidden), `all`
+    /// (every entry, envoyproxy/ratelimit's reading) or `visible` (every entry not starting
+    /// with a dot, its `RUNTIME_IGNOREDOTFILES=true`).
+    pub policy_files: Files,
     /// Reload policies when files in the directory change (SIGHUP always reloads).
     pub watch_policies: bool,
     /// Accept a policy directory with no policy file (no domain: every request answered OK)
@@ -38,6 +49,8 @@ pub struct RawSettings {
     pub shadow_mode: bool,
     /// Rate-limit header fields to add to responses: `none`, `draft` or `legacy`.
     pub response_headers: HeaderMode,
+    /// The names of the `legacy` header fields (`limit`, `remaining`, `reset`).
+    pub legacy_headers: LegacyNames,
     /// Most seconds added at random to `Retry-After` on denials (with `response_headers`).
     pub retry_after_jitter_seconds: u64,
     /// Add an RFC 9457 problem+json body (`raw_body`) to denials.
@@ -63,6 +76,9 @@ pub struct RawSettings {
     pub grpc: GrpcSettings,
     /// Bounds on the admin port's connections.
     pub admin: AdminSettings,
+    /// What the `compat` variables asked for that is not acted on, for the log. Not a setting.
+    #[serde(skip)]
+    pub compat_warnings: Vec<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold.
@@ -77,7 +93,7 @@ pub struct GrpcSettings {
     /// Most bytes of request headers (`SETTINGS_MAX_HEADER_LIST_SIZE`).
     pub max_header_list_bytes: u32,
     /// Longest a call may take from its headers to its answer, body included, in
-    /// milliseconds; past it the call ends with `CANCELLED` (a shorter `grpc-timeout` wins).
+    /// milliseconds; past it the call ends with `DEADLINE_EXCEEDED` (a shorter `grpc-timeout` wins).
     pub request_timeout_ms: u64,
     /// How long without a frame from the peer before sending an HTTP/2 PING, in milliseconds.
     pub keepalive_interval_ms: u64,
@@ -216,18 +232,22 @@ impl RedisSettings {
 }
 
 /// Metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// Most series whose labels carry request values (`detailed_metric`, `value_to_metric`,
     /// unknown domains); past it they are counted under `_other`.
     pub max_detailed_series: usize,
+    /// An admitted hit counts as `near_limit` when it uses the bucket above this fraction
+    /// (0 to 1), as envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
+    pub near_limit_ratio: f64,
 }
 
 impl Default for MetricsSettings {
     fn default() -> Self {
         Self {
             max_detailed_series: 1_000,
+            near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
         }
     }
 }
@@ -235,15 +255,18 @@ impl Default for MetricsSettings {
 impl Default for RawSettings {
     fn default() -> Self {
         Self {
+            compat: Compat::None,
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
             admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             policies: PathBuf::from("config/policies"),
+            policy_files: Files::Yaml,
             watch_policies: true,
             allow_empty_policies: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,
             response_headers: HeaderMode::None,
+            legacy_headers: LegacyNames::default(),
             retry_after_jitter_seconds: 2,
             problem_body: false,
             requests: RequestSettings::default(),
@@ -256,6 +279,7 @@ impl Default for RawSettings {
             shutdown_grace_ms: 10_000,
             grpc: GrpcSettings::default(),
             admin: AdminSettings::default(),
+            compat_warnings: Vec::new(),
         }
     }
 }
@@ -284,28 +308,52 @@ impl Default for StoreSettings {
 }
 
 impl RawSettings {
-    /// Layers the sources: defaults, then `file` when given, then `SLUICE_*` variables, then
-    /// `flags`. Nothing is validated yet (see [`RawSettings::validate`]).
+    /// Layers the sources: defaults, then `file` when given, then (with `compat:
+    /// envoy-ratelimit`, from the file or `SLUICE_COMPAT`) the reference's variables, then
+    /// `SLUICE_*` variables, then `flags`. Nothing is validated yet (see
+    /// [`RawSettings::validate`]).
     ///
     /// # Errors
     ///
-    /// [`config::ConfigError`] when a source cannot be read, or a field is unknown or mistyped.
-    pub fn load(
+    /// [`SettingsError::Load`] when a source cannot be read, or a field is unknown or
+    /// mistyped; [`SettingsError::Compat`] naming a reference variable that cannot be used.
+    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
+        Self::load_with_env(file, flags, std::env::vars().collect())
+    }
+
+    /// As [`RawSettings::load`], with `env` standing for the process environment.
+    fn load_with_env(
         file: Option<&std::path::Path>,
         flags: &ServeArgs,
-    ) -> Result<Self, config::ConfigError> {
-        let mut builder = Config::builder().add_source(Config::try_from(&RawSettings::default())?);
-        if let Some(path) = file {
-            builder = builder.add_source(File::from(path).format(FileFormat::Yaml).required(true));
+        env: std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, SettingsError> {
+        let layered = |compat: Option<&serde_json::Map<String, serde_json::Value>>| {
+            let mut builder =
+                Config::builder().add_source(Config::try_from(&RawSettings::default())?);
+            if let Some(path) = file {
+                builder =
+                    builder.add_source(File::from(path).format(FileFormat::Yaml).required(true));
+            }
+            if let Some(overrides) = compat {
+                builder = builder.add_source(Config::try_from(overrides)?);
+            }
+            builder
+                .add_source(
+                    Environment::with_prefix("SLUICE")
+                        .prefix_separator("_")
+                        .separator("__")
+                        .try_parsing(true)
+                        .source(Some(settings_from_env(env.clone().into_iter()))),
+                )
+                .build()?
+                .try_deserialize::<RawSettings>()
+        };
+        let mut settings = layered(None)?;
+        if settings.compat == Compat::EnvoyRatelimit {
+            let mapped = compat::from_env(&env)?;
+            settings = layered(Some(&mapped.overrides))?;
+            settings.compat_warnings = mapped.warnings;
         }
-        builder = builder.add_source(
-            Environment::with_prefix("SLUICE")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true)
-                .source(Some(settings_from_env(std::env::vars()))),
-        );
-        let mut settings: RawSettings = builder.build()?.try_deserialize()?;
         if let Some(p) = &flags.policies {
             settings.policies.clone_from(p);
         }
@@ -375,7 +423,69 @@ fn setting_names(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> BTreeMap<String, String> {
+        vars.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn compat_is_opt_in_and_sluice_variables_and_flags_win() {
+        let reference = [
+            ("PORT", "9080"),
+            ("GRPC_PORT", "9081"),
+            ("LOG_LEVEL", "debug"),
+            ("SHADOW_MODE", "true"),
+        ];
+        // Without compat the reference's names are not read.
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), env(&reference)).unwrap();
+        assert_eq!(s, RawSettings::default());
+        // With it they are; SLUICE_* beats them, flags beat both.
+        let mut vars = env(&reference);
+        vars.extend(env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("SLUICE_LOG_LEVEL", "warn"),
+        ]));
+        let flags = ServeArgs {
+            grpc_addr: Some("127.0.0.1:7".parse().unwrap()),
+            ..ServeArgs::default()
+        };
+        let s = RawSettings::load_with_env(None, &flags, vars).unwrap();
+        assert_eq!(s.compat, Compat::EnvoyRatelimit);
+        assert_eq!(s.admin_addr, "0.0.0.0:9080".parse().unwrap());
+        assert_eq!(s.grpc_addr, "127.0.0.1:7".parse().unwrap());
+        assert_eq!(s.log_level, "warn");
+        assert!(s.shadow_mode);
+        // The reference's variables beat the settings file; compat can be set there too.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(&path, "compat: envoy-ratelimit\nadmin_addr: 127.0.0.1:1\n").unwrap();
+        let s = RawSettings::load_with_env(
+            Some(&path),
+            &ServeArgs::default(),
+            env(&[("PORT", "2"), ("USE_STATSD", "true")]),
+        )
+        .unwrap();
+        assert_eq!(s.admin_addr, "0.0.0.0:2".parse().unwrap());
+        assert!(
+            s.compat_warnings[0].starts_with("USE_STATSD"),
+            "{:?}",
+            s.compat_warnings
+        );
+        // A bad value is an error naming the variable.
+        let err = RawSettings::load_with_env(
+            Some(&path),
+            &ServeArgs::default(),
+            env(&[("GRPC_PORT", "http")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("GRPC_PORT"), "{err}");
+    }
 
     #[test]
     fn only_variables_that_name_a_setting_are_read() {
@@ -406,7 +516,7 @@ mod tests {
             admin_addr: Some("127.0.0.1:0".parse().unwrap()),
             ..ServeArgs::default()
         };
-        let s = RawSettings::load(Some(&path), &flags).unwrap();
+        let s = RawSettings::load_with_env(Some(&path), &flags, BTreeMap::new()).unwrap();
         assert_eq!(s.grpc_addr, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(s.admin_addr, "127.0.0.1:0".parse().unwrap());
         assert_eq!(s.requests.max_descriptors, 3);

@@ -5,6 +5,9 @@
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
 - Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
+- The migration pair (deploy/kubernetes/migration): the sluice Deployment keeps every variable of
+  the envoyproxy/ratelimit one unchanged, adds SLUICE_COMPAT, and with exactly that environment
+  `sluice check` accepts the reference's ConfigMap laid out as the reference mounts it.
 
 Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_deploy.py -v
 """
@@ -113,6 +116,60 @@ class Manifests(unittest.TestCase):
         self.assertIn("sluice", [j["job_name"] for j in prom["scrape_configs"]])
         (compose,) = load_yaml_docs("deploy", "docker-compose.yaml")
         self.assertEqual(set(compose["services"]), {"envoy", "backend", "sluice", "redis", "prometheus"})
+
+
+def container_of(docs, kind="Deployment"):
+    (deployment,) = [d for d in docs if d["kind"] == kind]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+class Migration(unittest.TestCase):
+    def setUp(self):
+        self.before = load_yaml_docs("deploy", "kubernetes", "migration", "before-envoy-ratelimit.yaml")
+        self.after = load_yaml_docs("deploy", "kubernetes", "migration", "after-sluice.yaml")
+
+    def env(self, docs):
+        return {e["name"]: e["value"] for e in container_of(docs)["env"]}
+
+    def test_the_reference_variables_are_kept_and_compat_is_added(self):
+        before, after = self.env(self.before), self.env(self.after)
+        self.assertEqual(after.get("SLUICE_COMPAT"), "envoy-ratelimit")
+        self.assertFalse(any(k.startswith("SLUICE_") for k in before))
+        reference = {k: v for k, v in after.items() if not k.startswith("SLUICE_")}
+        self.assertEqual(reference, before)
+        # No flag that would override the reference's directory.
+        self.assertNotIn("args", container_of(self.after))
+        self.assertEqual(container_of(self.before)["volumeMounts"], container_of(self.after)["volumeMounts"])
+
+    def test_the_sluice_deployment_probes_grpc_and_scrapes_the_admin_port(self):
+        container = container_of(self.after)
+        self.assertEqual(container["readinessProbe"]["grpc"], {"port": 8081, "service": "ratelimit"})
+        ports = {p["containerPort"] for p in container["ports"]}
+        self.assertEqual(ports, {8080, 8081})
+        (deployment,) = [d for d in self.after if d["kind"] == "Deployment"]
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(annotations["prometheus.io/port"], str(self.env(self.after)["PORT"]))
+
+    def test_sluice_check_accepts_the_configmap_under_the_reference_environment(self):
+        (configmap,) = [d for d in self.before if d["kind"] == "ConfigMap"]
+        self.assertTrue(any("." not in name for name in configmap["data"]), "a file without an extension")
+        env = self.env(self.after)
+        with tempfile.TemporaryDirectory() as tmp:
+            # The layout a ConfigMap mount makes: the files are symlinks into ..data.
+            config = os.path.join(tmp, env["RUNTIME_SUBDIRECTORY"], "config")
+            data = os.path.join(config, "..2026_01_01_00_00_00.000000000")
+            os.makedirs(data)
+            os.symlink(os.path.basename(data), os.path.join(config, "..data"))
+            for file, text in configmap["data"].items():
+                with open(os.path.join(data, file), "w") as f:
+                    f.write(text)
+                os.symlink(os.path.join("..data", file), os.path.join(config, file))
+            env["RUNTIME_ROOT"] = tmp
+            sluice = os.environ.get("SLUICE", path("target", "debug", "sluice"))
+            result = subprocess.run([sluice, "check"], capture_output=True, text=True, env=env)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("2 domains", result.stdout)
+            self.assertIn("USE_PROMETHEUS", result.stderr)
 
 
 class Dashboard(unittest.TestCase):

@@ -179,3 +179,30 @@ async fn none_adds_nothing_and_json_gets_the_headers_too() {
     assert!(raw.contains("\r\nratelimit-limit: 60\r\n"), "{raw}");
     assert!(raw.contains("\r\nratelimit-remaining: 1\r\n"), "{raw}");
 }
+
+/// The legacy fields renamed (`legacy_headers`, the reference's `LIMIT_*_HEADER`): the new
+/// names in the gRPC answer's `response_headers_to_add` and as the `/json` answer's HTTP
+/// headers, the default names nowhere.
+#[tokio::test]
+async fn legacy_fields_take_the_configured_names_on_the_wire() {
+    let s = TestServer::start_with(&[("h.yaml", POLICY)], |s| {
+        s.response_headers = HeaderMode::Legacy;
+        s.legacy_headers.limit = "X-Quota-Limit".into();
+        s.legacy_headers.remaining = "X-Quota-Left".into();
+        s.legacy_headers.reset = "X-Quota-Reset".into();
+    })
+    .await;
+    let h = headers(&s.ok(single("hdr", "paced", "w")).await);
+    let names: Vec<&str> = h.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["X-Quota-Limit", "X-Quota-Left", "X-Quota-Reset"]);
+    assert_eq!(header(&h, "X-Quota-Limit"), Some("60"));
+    assert_eq!(header(&h, "X-Quota-Left"), Some("1"));
+    let body = r#"{"domain":"hdr","descriptors":[{"entries":[{"key":"paced","value":"j"}]}]}"#;
+    let raw = http_raw(s.admin, "POST", "/json", body)
+        .await
+        .to_ascii_lowercase();
+    assert!(raw.contains("\r\nx-quota-limit: 60\r\n"), "{raw}");
+    assert!(raw.contains("\r\nx-quota-left: 1\r\n"), "{raw}");
+    assert!(raw.contains("\r\nx-quota-reset: "), "{raw}");
+    assert!(!raw.contains("ratelimit-"), "{raw}");
+}

@@ -2,6 +2,7 @@
 mod check;
 #[cfg(feature = "client")]
 mod client;
+mod compat;
 mod conn;
 mod gcra;
 mod headers;

@@ -464,6 +464,26 @@ async fn unchanged_rules_keep_their_counts_and_changed_rates_get_no_fresh_burst(
     );
 }
 
+/// `metrics.near_limit_ratio` moves the near-limit threshold: at 0.5 of a bucket of 20, hits
+/// 11 to 20 are near the limit.
+#[tokio::test]
+async fn the_near_limit_ratio_is_configurable() {
+    let s = TestServer::start_with(
+        &[(
+            "m.yaml",
+            "domain: metrics-near\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20}\n",
+        )],
+        |settings| settings.metrics.near_limit_ratio = 0.5,
+    )
+    .await;
+    for _ in 0..25 {
+        s.ok(single("metrics-near", "k", "v")).await;
+    }
+    let series =
+        "ratelimit_service_rate_limit_near_limit{domain=\"metrics-near\",key1=\"k\",key2=\"\"}";
+    assert_eq!(metric(s.admin, series).await, Some(10.0), "{series}");
+}
+
 #[tokio::test]
 async fn each_of_several_limits_and_a_cost_node_count_their_own_series() {
     let s = TestServer::start(&[(

@@ -1,0 +1,769 @@
+//! `compat: envoy-ratelimit`: the environment variables of envoyproxy/ratelimit read as sluice
+//! settings, so a Deployment written for it runs unchanged. [`from_env`] is a pure function
+//! from the variables to setting overrides (dotted setting names and values) plus warnings for
+//! what is read but not offered; [`super::RawSettings::load`] layers the overrides between the
+//! settings file and `SLUICE_*`, so `SLUICE_*` variables and flags win.
+//!
+//! Compatibility is opt-in: without it none of these names is read, so a stray `PORT` in a
+//! shell never moves a listener. A value that cannot be read is an error naming the variable;
+//! a variable asking for something sluice cannot do without changing decisions or security
+//! (statsd aside) is an error too, never a silent ignore. Unset variables leave sluice's own
+//! settings alone, except where the reference builds one setting from several variables (an
+//! address from `HOST` and `PORT`, the policy directory from the three `RUNTIME_*`), where the
+//! missing parts take the reference's defaults.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+/// Which other service's environment is read as settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compat {
+    /// None: only `SLUICE_*` variables are read.
+    #[default]
+    None,
+    /// envoyproxy/ratelimit's variables (`PORT`, `RUNTIME_ROOT`, `REDIS_URL`, ...).
+    EnvoyRatelimit,
+}
+
+/// A variable of the reference whose value cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings: {variable}: {reason}")]
+pub struct CompatError {
+    /// The variable.
+    pub variable: &'static str,
+    /// Why (with the value, unless it is a secret).
+    pub reason: String,
+}
+
+/// What the reference's variables say, as sluice settings.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Mapped {
+    /// Setting overrides, nested as the settings file is.
+    pub overrides: serde_json::Map<String, Value>,
+    /// Variables read but not acted on, each with why, for the log.
+    pub warnings: Vec<String>,
+}
+
+impl Mapped {
+    /// Sets the setting at dotted `name`.
+    fn set(&mut self, name: &str, value: Value) {
+        let mut parts: Vec<&str> = name.split('.').collect();
+        let last = parts.pop().unwrap_or_default();
+        let mut map = &mut self.overrides;
+        for part in parts {
+            let entry = map
+                .entry(part.to_string())
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            if !entry.is_object() {
+                *entry = Value::Object(serde_json::Map::new());
+            }
+            let Value::Object(inner) = entry else {
+                unreachable!("made an object just above")
+            };
+            map = inner;
+        }
+        map.insert(last.to_string(), value);
+    }
+
+    fn warn(&mut self, text: String) {
+        self.warnings.push(text);
+    }
+}
+
+/// The reference's defaults, where its settings combine several variables.
+const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+const DEFAULT_PORT: u16 = 8080;
+const DEFAULT_GRPC_PORT: u16 = 8081;
+const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+const DEFAULT_APPDIRECTORY: &str = "config";
+const DEFAULT_REDIS_URL: &str = "/var/run/nutcracker/ratelimit.sock";
+
+/// The reference's variables in `vars` as sluice settings.
+///
+/// # Errors
+///
+/// [`CompatError`] naming the first variable whose value cannot be read, or that asks for
+/// something sluice does not offer yet and cannot ignore.
+pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, CompatError> {
+    let env = Env(vars);
+    let mut m = Mapped::default();
+    listeners(&env, &mut m)?;
+    logging(&env, &mut m)?;
+    runtime(&env, &mut m)?;
+    backend(&env, &mut m)?;
+    decisions(&env, &mut m)?;
+    observability(&env, &mut m)?;
+    unsupported(&env, &mut m)?;
+    Ok(m)
+}
+
+/// The variables, with typed reads that name the variable on failure.
+struct Env<'a>(&'a BTreeMap<String, String>);
+
+impl Env<'_> {
+    /// The value, trimmed; `None` when unset or empty (the reference's envconfig treats an
+    /// empty value as unset).
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+    }
+
+    /// A boolean as Go's `strconv.ParseBool` reads it.
+    fn bool(&self, name: &'static str) -> Result<Option<bool>, CompatError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        match v {
+            "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(Some(true)),
+            "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(Some(false)),
+            _ => Err(bad(name, v, "not a boolean (true or false)")),
+        }
+    }
+
+    fn parse<T: std::str::FromStr>(
+        &self,
+        name: &'static str,
+        what: &str,
+    ) -> Result<Option<T>, CompatError> {
+        self.get(name)
+            .map(|v| v.parse().map_err(|_| bad(name, v, what)))
+            .transpose()
+    }
+
+    fn any_set(&self, names: &[&str]) -> bool {
+        names.iter().any(|n| self.get(n).is_some())
+    }
+}
+
+fn bad(variable: &'static str, value: &str, why: &str) -> CompatError {
+    CompatError {
+        variable,
+        reason: format!("{value:?} is {why}"),
+    }
+}
+
+fn unsupported_error(variable: &'static str, why: &str) -> CompatError {
+    CompatError {
+        variable,
+        reason: why.to_string(),
+    }
+}
+
+/// `HOST`:`PORT` (the HTTP port: sluice's admin port) and `GRPC_HOST`:`GRPC_PORT`.
+fn listeners(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    for (host, port, default_port, setting) in [
+        ("HOST", "PORT", DEFAULT_PORT, "admin_addr"),
+        ("GRPC_HOST", "GRPC_PORT", DEFAULT_GRPC_PORT, "grpc_addr"),
+    ] {
+        if !env.any_set(&[host, port]) {
+            continue;
+        }
+        let ip = match env.get(host) {
+            None => DEFAULT_HOST,
+            Some("localhost") => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Some(v) => v
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse()
+                .map_err(|_| bad(host, v, "not an IP address (or localhost)"))?,
+        };
+        let port = env
+            .parse::<u16>(port, "not a port number (0 to 65535)")?
+            .unwrap_or(default_port);
+        m.set(setting, json!(SocketAddr::new(ip, port).to_string()));
+    }
+    if env.any_set(&["DEBUG_HOST", "DEBUG_PORT"]) {
+        m.warn(
+            "DEBUG_HOST/DEBUG_PORT: there is no separate debug port; the admin port (HOST:PORT) \
+             serves /healthcheck, /json, /metrics and the loaded policies"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `LOG_LEVEL` (logrus names) and `LOG_FORMAT`.
+fn logging(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    if let Some(v) = env.get("LOG_LEVEL") {
+        let level = match v.to_ascii_lowercase().as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "fatal" | "panic" => "error",
+            _ => {
+                return Err(bad(
+                    "LOG_LEVEL",
+                    v,
+                    "not a log level (trace, debug, info, warn, error, fatal, panic)",
+                ));
+            }
+        };
+        m.set("log_level", json!(level));
+    }
+    if let Some(v) = env.get("LOG_FORMAT") {
+        let format = match v.to_ascii_lowercase().as_str() {
+            "json" => "json",
+            "text" => "text",
+            _ => return Err(bad("LOG_FORMAT", v, "not a log format (json or text)")),
+        };
+        m.set("log_format", json!(format));
+    }
+    Ok(())
+}
+
+/// The policy directory `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, read as the
+/// reference reads it: every file whatever its extension, dot files too unless
+/// `RUNTIME_IGNOREDOTFILES`. Both of its reload modes (`RUNTIME_WATCH_ROOT`: a symlink swap of
+/// the root, or changes in the directory) are followed by sluice's one watcher, which sees
+/// either.
+fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    let layout = [
+        "RUNTIME_ROOT",
+        "RUNTIME_SUBDIRECTORY",
+        "RUNTIME_APPDIRECTORY",
+        "RUNTIME_IGNOREDOTFILES",
+        "RUNTIME_WATCH_ROOT",
+    ];
+    if !env.any_set(&layout) {
+        return Ok(());
+    }
+    let mut dir = PathBuf::from(env.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
+    if let Some(sub) = env.get("RUNTIME_SUBDIRECTORY") {
+        dir.push(sub);
+    }
+    dir.push(
+        env.get("RUNTIME_APPDIRECTORY")
+            .unwrap_or(DEFAULT_APPDIRECTORY),
+    );
+    m.set("policies", json!(dir));
+    let ignore_dot = env.bool("RUNTIME_IGNOREDOTFILES")?.unwrap_or(false);
+    m.set(
+        "policy_files",
+        json!(if ignore_dot { "visible" } else { "all" }),
+    );
+    // Either mode: sluice's watcher (`watch_policies`) watches the directory and its parent
+    // and re-scans it, which follows a swapped root and changed files alike.
+    env.bool("RUNTIME_WATCH_ROOT")?;
+    if env.bool("MERGE_DOMAIN_CONFIG")? == Some(true) {
+        m.warn(
+            "MERGE_DOMAIN_CONFIG=true: not supported yet; a domain found in two files is \
+             refused (the load fails, naming both files)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `BACKEND_TYPE`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_URL`, `REDIS_AUTH`, `REDIS_TLS`,
+/// `CACHE_KEY_PREFIX`, `LOCAL_CACHE_SIZE_IN_BYTES`.
+fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    match env
+        .get("BACKEND_TYPE")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None => {}
+        Some("redis") => m.set("backend", json!("redis")),
+        Some("memcache") => {
+            return Err(unsupported_error(
+                "BACKEND_TYPE",
+                "memcache is not supported; use redis (or leave BACKEND_TYPE unset and set \
+                 SLUICE_BACKEND=memory for counters in memory)",
+            ));
+        }
+        Some(_) => {
+            return Err(bad(
+                "BACKEND_TYPE",
+                env.get("BACKEND_TYPE").unwrap_or_default(),
+                "not a backend (redis)",
+            ));
+        }
+    }
+    let redis_vars = [
+        "REDIS_TYPE",
+        "REDIS_SOCKET_TYPE",
+        "REDIS_URL",
+        "REDIS_AUTH",
+        "REDIS_TLS",
+    ];
+    if env.any_set(&redis_vars) || env.get("BACKEND_TYPE").is_some() {
+        let (urls, cluster) = redis_urls(env)?;
+        m.set("redis.url", json!(urls));
+        m.set("redis.cluster", json!(cluster));
+    }
+    // Empty is the reference's default (no prefix); sluice keeps its own then.
+    if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
+        m.set("redis.key_prefix", json!(prefix));
+    }
+    if let Some(bytes) = env.parse::<u64>("LOCAL_CACHE_SIZE_IN_BYTES", "not a number of bytes")? {
+        if bytes == 0 {
+            m.set("redis.deny_cache_keys", json!(0));
+        } else {
+            m.warn(
+                "LOCAL_CACHE_SIZE_IN_BYTES: the local over-limit cache is sized in counters, \
+                 not bytes (redis.deny_cache_keys, SLUICE_REDIS__DENY_CACHE_KEYS); its own \
+                 size is kept"
+                    .into(),
+            );
+        }
+    }
+    for (name, why) in [
+        (
+            "REDIS_TLS_CLIENT_CERT",
+            "client certificates for Redis are not supported yet",
+        ),
+        (
+            "REDIS_TLS_CLIENT_KEY",
+            "client keys for Redis are not supported yet",
+        ),
+        ("REDIS_TLS_CACERT", "a CA for Redis is not supported yet"),
+    ] {
+        if env.get(name).is_some() {
+            m.warn(format!("{name}: {why}; not read"));
+        }
+    }
+    if env.bool("REDIS_PERSECOND")? == Some(true) {
+        m.warn(
+            "REDIS_PERSECOND=true: one Redis holds every counter (REDIS_URL); the \
+             REDIS_PERSECOND_* variables are not read"
+                .into(),
+        );
+    }
+    if env.get("REDIS_POOL_SIZE").is_some() {
+        m.warn(
+            "REDIS_POOL_SIZE: not read; sluice multiplexes calls over one connection per node"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `REDIS_URL` in each of the reference's forms, with `REDIS_AUTH` and `REDIS_TLS` folded in:
+/// sluice's comma-separated `redis://` URLs, and whether they are a cluster's seeds.
+fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
+    let cluster = match env
+        .get("REDIS_TYPE")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("single") => false,
+        Some("cluster") => true,
+        Some("sentinel") => {
+            return Err(unsupported_error(
+                "REDIS_TYPE",
+                "sentinel is not supported yet; use single or cluster",
+            ));
+        }
+        Some(_) => {
+            return Err(bad(
+                "REDIS_TYPE",
+                env.get("REDIS_TYPE").unwrap_or_default(),
+                "not a Redis type (single, cluster or sentinel)",
+            ));
+        }
+    };
+    let unix = match env
+        .get("REDIS_SOCKET_TYPE")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("unix") => true,
+        Some("tcp") => false,
+        Some(_) => {
+            return Err(bad(
+                "REDIS_SOCKET_TYPE",
+                env.get("REDIS_SOCKET_TYPE").unwrap_or_default(),
+                "not a socket type (tcp or unix)",
+            ));
+        }
+    };
+    if env.bool("REDIS_TLS")? == Some(true) {
+        return Err(unsupported_error(
+            "REDIS_TLS",
+            "TLS to Redis is not supported yet",
+        ));
+    }
+    let userinfo = env.get("REDIS_AUTH").map(|auth| {
+        let enc = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        match auth.split_once(':') {
+            Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
+            None => format!(":{}@", enc(auth)),
+        }
+    });
+    let raw = env.get("REDIS_URL").unwrap_or(DEFAULT_REDIS_URL);
+    let mut urls = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item.contains("://") {
+            return Err(bad(
+                "REDIS_URL",
+                &crate::limiter::redis::redact(item),
+                "a URL; envoyproxy/ratelimit takes host:port (or a socket path with \
+                 REDIS_SOCKET_TYPE=unix); for a URL set SLUICE_REDIS__URL instead",
+            ));
+        }
+        if unix {
+            if cluster {
+                return Err(unsupported_error(
+                    "REDIS_SOCKET_TYPE",
+                    "unix with REDIS_TYPE=cluster: cluster nodes are reached over tcp",
+                ));
+            }
+            if userinfo.is_some() {
+                return Err(unsupported_error(
+                    "REDIS_AUTH",
+                    "a password over a unix socket is not supported yet; use \
+                     REDIS_SOCKET_TYPE=tcp",
+                ));
+            }
+            urls.push(format!("unix://{item}"));
+        } else {
+            if item
+                .rsplit_once(':')
+                .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+            {
+                return Err(bad("REDIS_URL", item, "not host:port"));
+            }
+            urls.push(format!(
+                "redis://{}{item}",
+                userinfo.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    if urls.is_empty() {
+        return Err(bad("REDIS_URL", raw, "empty"));
+    }
+    if !cluster && urls.len() > 1 {
+        return Err(bad(
+            "REDIS_URL",
+            raw,
+            "several addresses for REDIS_TYPE=single",
+        ));
+    }
+    Ok((urls.join(","), cluster))
+}
+
+/// `SHADOW_MODE`, `QUOTA_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` and the header names,
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, `RESPONSE_DYNAMIC_METADATA`, `NEAR_LIMIT_RATIO`.
+fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    if let Some(shadow) = env.bool("SHADOW_MODE")? {
+        m.set("shadow_mode", json!(shadow));
+    }
+    if env.bool("QUOTA_MODE")? == Some(true) {
+        return Err(unsupported_error(
+            "QUOTA_MODE",
+            "a global quota mode is not supported yet (quota_mode: true on a rule is); without \
+             it every limit would be enforced where the reference only warns",
+        ));
+    }
+    if let Some(enabled) = env.bool("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        m.set(
+            "response_headers",
+            json!(if enabled { "legacy" } else { "none" }),
+        );
+    }
+    for (variable, setting) in [
+        ("LIMIT_LIMIT_HEADER", "legacy_headers.limit"),
+        ("LIMIT_REMAINING_HEADER", "legacy_headers.remaining"),
+        ("LIMIT_RESET_HEADER", "legacy_headers.reset"),
+    ] {
+        if let Some(name) = env.get(variable) {
+            m.set(setting, json!(name));
+        }
+    }
+    // sluice never charges a refused request, so the option is always on.
+    env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?;
+    if env.bool("RESPONSE_DYNAMIC_METADATA")? == Some(true) {
+        m.warn(
+            "RESPONSE_DYNAMIC_METADATA=true: not supported yet; responses carry no dynamic \
+             metadata"
+                .into(),
+        );
+    }
+    if let Some(text) = env.get("NEAR_LIMIT_RATIO") {
+        let ratio = text
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| bad("NEAR_LIMIT_RATIO", text, "not a number from 0 to 1"))?;
+        m.set("metrics.near_limit_ratio", json!(ratio));
+    }
+    Ok(())
+}
+
+/// `USE_STATSD`, `USE_DOG_STATSD`, `USE_PROMETHEUS`, `PROMETHEUS_ADDR`, `PROMETHEUS_PATH`.
+fn observability(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    let statsd = env.bool("USE_STATSD")?;
+    if statsd == Some(true) || (statsd.is_none() && env.any_set(&["STATSD_HOST", "STATSD_PORT"])) {
+        m.warn(
+            "USE_STATSD: statsd is not offered; metrics are served for Prometheus on the admin \
+             port's /metrics, under the reference's Prometheus names"
+                .into(),
+        );
+    }
+    if env.bool("USE_DOG_STATSD")? == Some(true) {
+        m.warn(
+            "USE_DOG_STATSD: DogStatsD is not offered; metrics are served for Prometheus on \
+             the admin port's /metrics"
+                .into(),
+        );
+    }
+    let prometheus = env.bool("USE_PROMETHEUS")?;
+    if prometheus == Some(true) || env.any_set(&["PROMETHEUS_ADDR", "PROMETHEUS_PATH"]) {
+        m.warn(
+            "USE_PROMETHEUS/PROMETHEUS_ADDR/PROMETHEUS_PATH: metrics are always on; they are \
+             served on the admin port (HOST:PORT) at /metrics, not on a port of their own \
+             (the reference's :9090); point the scrape there"
+                .into(),
+        );
+    }
+    if env.bool("TRACING_ENABLED")? == Some(true) {
+        m.warn("TRACING_ENABLED=true: tracing export is not supported yet".into());
+    }
+    Ok(())
+}
+
+/// Variables that ask for what sluice does not offer yet: an error where ignoring them would
+/// change security or where configuration comes from, a warning otherwise.
+fn unsupported(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    if env.bool("GRPC_SERVER_USE_TLS")? == Some(true) {
+        return Err(unsupported_error(
+            "GRPC_SERVER_USE_TLS",
+            "TLS on the gRPC port is not supported yet; serving plaintext instead would be \
+             wrong",
+        ));
+    }
+    if let Some(v) = env.get("CONFIG_TYPE")
+        && !v.eq_ignore_ascii_case("FILE")
+    {
+        return Err(bad(
+            "CONFIG_TYPE",
+            v,
+            "not supported: only FILE (policies from the runtime directory)",
+        ));
+    }
+    if env.get("GRPC_UDS").is_some() {
+        return Err(unsupported_error(
+            "GRPC_UDS",
+            "a unix socket for gRPC is not supported yet; use GRPC_HOST/GRPC_PORT",
+        ));
+    }
+    for name in ["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"] {
+        if env.get(name).is_some() {
+            m.warn(format!(
+                "{name}: not supported yet; connections are kept until the peer or an idle \
+                 timeout closes them"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(vars: &[(&str, &str)]) -> Result<Mapped, CompatError> {
+        from_env(
+            &vars
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+        )
+    }
+
+    fn get<'a>(m: &'a Mapped, name: &str) -> Option<&'a Value> {
+        name.split('.')
+            .try_fold(None::<&Value>, |at, part| match at {
+                None => Some(m.overrides.get(part)),
+                Some(v) => Some(v.get(part)),
+            })
+            .flatten()
+    }
+
+    #[test]
+    fn no_reference_variable_no_override() {
+        let m = map(&[("PATH", "/bin"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")]).unwrap();
+        assert_eq!(m, Mapped::default());
+    }
+
+    #[test]
+    fn listeners_take_the_missing_half_from_the_reference() {
+        let m = map(&[("PORT", "9000"), ("GRPC_HOST", "127.0.0.1")]).unwrap();
+        assert_eq!(get(&m, "admin_addr"), Some(&json!("0.0.0.0:9000")));
+        assert_eq!(get(&m, "grpc_addr"), Some(&json!("127.0.0.1:8081")));
+        let m = map(&[("GRPC_HOST", "::1"), ("GRPC_PORT", "0")]).unwrap();
+        assert_eq!(get(&m, "grpc_addr"), Some(&json!("[::1]:0")));
+        let err = map(&[("PORT", "80x")]).unwrap_err().to_string();
+        assert!(err.contains("PORT") && err.contains("80x"), "{err}");
+        let err = map(&[("GRPC_HOST", "example.com")]).unwrap_err();
+        assert_eq!(err.variable, "GRPC_HOST");
+    }
+
+    #[test]
+    fn logging_maps_logrus_names() {
+        let m = map(&[("LOG_LEVEL", "WARNING"), ("LOG_FORMAT", "json")]).unwrap();
+        assert_eq!(get(&m, "log_level"), Some(&json!("warn")));
+        assert_eq!(get(&m, "log_format"), Some(&json!("json")));
+        assert_eq!(
+            map(&[("LOG_LEVEL", "loud")]).unwrap_err().variable,
+            "LOG_LEVEL"
+        );
+        assert_eq!(
+            map(&[("LOG_FORMAT", "xml")]).unwrap_err().variable,
+            "LOG_FORMAT"
+        );
+    }
+
+    #[test]
+    fn the_runtime_layout_is_the_policy_directory() {
+        let m = map(&[
+            ("RUNTIME_ROOT", "/data/current"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "policies"),
+            Some(&json!("/data/current/ratelimit/config"))
+        );
+        assert_eq!(get(&m, "policy_files"), Some(&json!("visible")));
+        let m = map(&[
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_APPDIRECTORY", "c"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "policies"),
+            Some(&json!("/srv/runtime_data/current/rl/c"))
+        );
+        assert_eq!(get(&m, "policy_files"), Some(&json!("all")));
+        assert_eq!(
+            map(&[("RUNTIME_IGNOREDOTFILES", "yes")])
+                .unwrap_err()
+                .variable,
+            "RUNTIME_IGNOREDOTFILES"
+        );
+        let m = map(&[("RUNTIME_ROOT", "/r"), ("MERGE_DOMAIN_CONFIG", "true")]).unwrap();
+        assert!(m.warnings[0].starts_with("MERGE_DOMAIN_CONFIG"));
+    }
+
+    #[test]
+    fn redis_urls_in_each_form() {
+        let m = map(&[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_AUTH", "p@ss:w/rd"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "backend"), Some(&json!("redis")));
+        // user:password, each percent-encoded.
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("redis://p%40ss:w%2Frd@redis:6379"))
+        );
+        assert_eq!(get(&m, "redis.cluster"), Some(&json!(false)));
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "a:7000, b:7001"),
+            ("REDIS_AUTH", "secret"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("redis://:secret@a:7000,redis://:secret@b:7001"))
+        );
+        assert_eq!(get(&m, "redis.cluster"), Some(&json!(true)));
+        let m = map(&[("CACHE_KEY_PREFIX", "rl_")]).unwrap();
+        assert_eq!(get(&m, "redis.key_prefix"), Some(&json!("rl_")));
+        assert_eq!(map(&[("CACHE_KEY_PREFIX", "")]).unwrap(), Mapped::default());
+        // The reference's defaults: a unix socket.
+        let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("unix:///var/run/nutcracker/ratelimit.sock"))
+        );
+        for (vars, variable) in [
+            (&[("REDIS_TYPE", "sentinel")][..], "REDIS_TYPE"),
+            (&[("REDIS_TYPE", "ring")][..], "REDIS_TYPE"),
+            (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
+            (&[("REDIS_TLS", "true")][..], "REDIS_TLS"),
+            (
+                &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis")][..],
+                "REDIS_URL",
+            ),
+            (
+                &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "a:1,b:2")][..],
+                "REDIS_URL",
+            ),
+            (&[("REDIS_URL", "redis://x:1")][..], "REDIS_URL"),
+        ] {
+            assert_eq!(map(vars).unwrap_err().variable, variable, "{vars:?}");
+        }
+        let err = map(&[("REDIS_AUTH", "topsecret")]).unwrap_err().to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn decisions_and_headers() {
+        let m = map(&[
+            ("SHADOW_MODE", "1"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "shadow_mode"), Some(&json!(true)));
+        assert_eq!(get(&m, "response_headers"), Some(&json!("legacy")));
+        let m = map(&[
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("NEAR_LIMIT_RATIO", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "legacy_headers.remaining"), Some(&json!("X-Left")));
+        assert_eq!(get(&m, "legacy_headers.limit"), None);
+        assert_eq!(get(&m, "metrics.near_limit_ratio"), Some(&json!(0.5)));
+        for ratio in ["high", "1.5", "-0.1"] {
+            assert_eq!(
+                map(&[("NEAR_LIMIT_RATIO", ratio)]).unwrap_err().variable,
+                "NEAR_LIMIT_RATIO"
+            );
+        }
+        assert_eq!(
+            map(&[("QUOTA_MODE", "true")]).unwrap_err().variable,
+            "QUOTA_MODE"
+        );
+        assert_eq!(
+            map(&[("SHADOW_MODE", "on")]).unwrap_err().variable,
+            "SHADOW_MODE"
+        );
+    }
+
+    #[test]
+    fn statsd_is_a_warning_and_security_an_error() {
+        let m = map(&[("USE_STATSD", "true")]).unwrap();
+        assert!(m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
+        assert!(m.overrides.is_empty());
+        let m = map(&[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
+        assert!(!m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
+        assert!(m.warnings.iter().any(|w| w.starts_with("USE_PROMETHEUS")));
+        assert_eq!(
+            map(&[("GRPC_SERVER_USE_TLS", "true")])
+                .unwrap_err()
+                .variable,
+            "GRPC_SERVER_USE_TLS"
+        );
+        assert_eq!(
+            map(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])
+                .unwrap_err()
+                .variable,
+            "CONFIG_TYPE"
+        );
+    }
+}

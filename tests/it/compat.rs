@@ -1,0 +1,253 @@
+//! `compat: envoy-ratelimit`: the binary started with nothing but envoyproxy/ratelimit's
+//! variables and its runtime layout (files without a `.yaml` extension, a dot file, the root a
+//! symlink) decides exactly as one started with the equivalent sluice settings, and follows a
+//! symlink swap of the root.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
+use sluice::pb::{RateLimitRequest, RateLimitResponse};
+
+use crate::helpers::{descriptor, eventually, http_get, request, single};
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/envoy-ratelimit"
+);
+
+/// A re-scan every 2 s, a debounce, and a slow 2-core machine.
+const SWAP_WITHIN: Duration = Duration::from_secs(10);
+
+/// A sluice process, killed when dropped.
+struct Process {
+    child: Child,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `sluice serve` with exactly `vars` as its environment; the addresses come from its
+/// "serving" log line (JSON, as `LOG_FORMAT=json` or `SLUICE_LOG_FORMAT=json` asks).
+fn spawn(vars: &[(&str, &str)]) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .env_clear()
+        .envs(vars.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut seen = Vec::new();
+    let (grpc, admin) = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("sluice exited before serving: {seen:#?}");
+        };
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if event["message"] == "serving" {
+            let addr = |k: &str| event[k].as_str().unwrap().parse::<SocketAddr>().unwrap();
+            break (addr("grpc"), addr("admin"));
+        }
+        seen.push(line);
+    };
+    // Keep draining the log so the process never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Process { child, grpc, admin }
+}
+
+/// The reference's runtime layout in `root`: `v1` and `v2` from the fixture, `current` a
+/// symlink to `v1`.
+fn runtime(root: &Path) {
+    for version in ["v1", "v2"] {
+        let config = root.join(version).join("ratelimit").join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        let from = Path::new(FIXTURE)
+            .join(version)
+            .join("ratelimit")
+            .join("config");
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), config.join(entry.file_name())).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("v1", root.join("current")).unwrap();
+}
+
+/// Swaps `current` to `v2` atomically, as the reference's deployments do (`ln -s` then
+/// `rename`).
+fn swap(root: &Path) {
+    std::os::unix::fs::symlink("v2", root.join("next")).unwrap();
+    std::fs::rename(root.join("next"), root.join("current")).unwrap();
+}
+
+/// The requests both servers answer: nested, key-only, exact, whitelisted, unlimited, named,
+/// unknown domain, too deep, and a limit run past its end.
+fn requests() -> Vec<RateLimitRequest> {
+    let mut all = vec![
+        request(
+            "test-domain",
+            vec![descriptor(&[("key1", "value1"), ("subkey1", "x")])],
+        ),
+        request(
+            "test-domain",
+            vec![descriptor(&[("key1", "value1"), ("subkey1", "subvalue1")])],
+        ),
+        single("test-domain", "key2", "any"),
+        single("test-domain", "key2", "value2"),
+        single("test-domain", "key2", "value3"),
+        single("test-domain", "key6", "x"),
+        single("nowhere", "key1", "value1"),
+        request(
+            "test-domain",
+            vec![descriptor(&[("key2", "value2"), ("deeper", "x")])],
+        ),
+        request(
+            "test-domain",
+            vec![descriptor(&[("key4", "a")]), descriptor(&[("key3", "b")])],
+        ),
+    ];
+    for _ in 0..2 {
+        all.push(single("test-domain", "key3", "b"));
+        all.push(single("test-domain", "key4", "a"));
+    }
+    all.push(single("mongo_cps", "database", "users"));
+    all
+}
+
+/// `Retry-After` is spread by a random jitter on every denial; everything else must match.
+fn without_retry_after(mut r: RateLimitResponse) -> RateLimitResponse {
+    r.response_headers_to_add.retain(|h| h.key != "Retry-After");
+    r
+}
+
+async fn client(grpc: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_root_swap() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("runtime");
+    runtime(&root);
+    let current = root.join("current");
+    let reference = spawn(&[
+        ("SLUICE_COMPAT", "envoy-ratelimit"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("LOG_FORMAT", "json"),
+        ("LOG_LEVEL", "info"),
+        ("RUNTIME_ROOT", current.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "true"),
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
+        ("SHADOW_MODE", "false"),
+    ]);
+    let policies = current.join("ratelimit").join("config");
+    let native = spawn(&[
+        ("SLUICE_GRPC_ADDR", "127.0.0.1:0"),
+        ("SLUICE_ADMIN_ADDR", "127.0.0.1:0"),
+        ("SLUICE_LOG_FORMAT", "json"),
+        ("SLUICE_POLICIES", policies.to_str().unwrap()),
+        ("SLUICE_POLICY_FILES", "visible"),
+        ("SLUICE_RESPONSE_HEADERS", "legacy"),
+        ("SLUICE_LEGACY_HEADERS__REMAINING", "X-RateLimit-Left"),
+        ("SLUICE_METRICS__NEAR_LIMIT_RATIO", "0.5"),
+    ]);
+    let (mut a, mut b) = (client(reference.grpc).await, client(native.grpc).await);
+    let mut limited = 0;
+    for req in requests() {
+        let ra = without_retry_after(a.should_rate_limit(req.clone()).await.unwrap().into_inner());
+        let rb = without_retry_after(b.should_rate_limit(req.clone()).await.unwrap().into_inner());
+        assert_eq!(ra, rb, "{req:?}");
+        if let Some(h) = ra.response_headers_to_add.get(1) {
+            assert_eq!(h.key, "X-RateLimit-Left");
+        }
+        limited += ra
+            .statuses
+            .iter()
+            .filter(|s| s.current_limit.is_some())
+            .count();
+    }
+    assert!(
+        limited >= 10,
+        "the fixture's limits were applied: {limited}"
+    );
+    let users = || {
+        let mut a = a.clone();
+        async move {
+            a.should_rate_limit(single("mongo_cps", "database", "users"))
+                .await
+                .unwrap()
+                .into_inner()
+                .statuses[0]
+                .current_limit
+                .clone()
+                .unwrap()
+                .requests_per_unit
+        }
+    };
+    assert_eq!(users().await, 500);
+    // Both files without a .yaml extension were read (the dot file, not YAML, was skipped,
+    // or nothing would have started).
+    let (_, rlconfig) = http_get(reference.admin, "/rlconfig").await;
+    assert!(
+        rlconfig.contains("mongo_cps") && rlconfig.contains("test-domain"),
+        "{rlconfig}"
+    );
+    // The root swapped to v2 underneath the running server.
+    swap(&root);
+    assert!(
+        eventually(SWAP_WITHIN, || async { users().await == 2 }).await,
+        "the swap of RUNTIME_ROOT was followed"
+    );
+}
+
+#[test]
+fn a_reference_variable_that_cannot_be_read_stops_the_start_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .env_clear()
+        .envs([
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("GRPC_PORT", "eighty"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("GRPC_PORT") && stderr.contains("eighty"),
+        "{stderr}"
+    );
+    // Without compat the same variable is nobody's business.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config/policies"),
+        ])
+        .env_clear()
+        .envs([("GRPC_PORT", "eighty")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
