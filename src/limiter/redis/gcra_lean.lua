@@ -154,6 +154,60 @@ local function one(whole, o, key)
   return 0, 1, quot(tol - new, T), new
 end
 
+-- A request of several plain charges (enforced, cost >= 1, no refund) on distinct counters, the
+-- usual multi-descriptor request: the general path below without its tables. Every charge is
+-- decided against the counter as it is; if one does not fit, nothing is written and each that
+-- fit reports the state it found; else every charge is written. Returns false, leaving the reply
+-- untouched, when the request is not of that kind.
+local function plain(n, o, k)
+  for i = 1, n do
+    local oi = o + (i - 1) * 6
+    if ARGV[oi + 4] ~= '0' or tonumber(ARGV[oi + 3]) < 1 or tonumber(ARGV[oi + 2]) == 0 then
+      return false
+    end
+    for j = 1, i - 1 do
+      if KEYS[k + j] == KEYS[k + i] then return false end
+    end
+  end
+  local at = #reply + 1
+  reply[at] = 0
+  local blocked = false
+  local new = {}
+  for i = 1, n do
+    local oi = o + (i - 1) * 6
+    local T, tol, burst, c = tonumber(ARGV[oi]), tonumber(ARGV[oi + 1]), tonumber(ARGV[oi + 2]), tonumber(ARGV[oi + 3])
+    local d = cur[KEYS[k + i]]
+    if d > tol then d = tol elseif d < 0 then d = 0 end
+    local debt = d + c * T
+    local r = at + 1 + (i - 1) * 3
+    if c > burst or debt > tol then
+      blocked = true
+      reply[r], reply[r + 1] = 0, quot(tol - d, T)
+      if c > burst then reply[r + 2] = d else reply[r + 2] = debt - tol end
+    else
+      new[i] = debt
+      reply[r], reply[r + 1], reply[r + 2] = 1, quot(tol - debt, T), debt
+    end
+  end
+  if blocked then
+    reply[at] = 1
+    -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
+    for i = 1, n do
+      if new[i] then
+        local oi = o + (i - 1) * 6
+        local T, tol = tonumber(ARGV[oi]), tonumber(ARGV[oi + 1])
+        local d = cur[KEYS[k + i]]
+        if d > tol then d = tol elseif d < 0 then d = 0 end
+        local r = at + 1 + (i - 1) * 3
+        reply[r + 1], reply[r + 2] = quot(tol - d, T), d
+      end
+    end
+  else
+    for i = 1, n do write(KEYS[k + i], new[i]) end
+  end
+  return true
+end
+
 for _ = 1, tonumber(ARGV[2]) do
   local whole = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
@@ -164,6 +218,8 @@ for _ = 1, tonumber(ARGV[2]) do
     reply[#reply + 1] = rem
     reply[#reply + 1] = wait
     k, a = k + 1, a + 8
+  elseif plain(n, a + 2, k) then
+    k, a = k + n, a + 2 + 6 * n
   else
   local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
   for i = 1, n do
