@@ -5,11 +5,9 @@
 //! them counts or reaches a store.
 
 pub(crate) mod admin;
-mod content_type;
-mod deadline;
+mod edge;
 pub(crate) mod json;
 pub(crate) mod listener;
-mod oversize;
 pub(crate) mod rls;
 
 use std::sync::Arc;
@@ -24,9 +22,7 @@ use crate::pb::envoy::r#type::v3::RateLimitUnit;
 use crate::pb::rate_limit_service_server::RateLimitServiceServer;
 use crate::policy::Unit;
 use crate::settings::GrpcLimits;
-use content_type::RequireGrpc;
-use deadline::Deadline;
-use oversize::OversizeIsExhausted;
+use edge::GrpcEdge;
 use rls::RateLimitHandler;
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
@@ -111,16 +107,11 @@ pub(crate) fn grpc_router(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-        .add_service(RequireGrpc(Deadline::new(
-            OversizeIsExhausted(health),
+        .add_service(GrpcEdge::new(health, limits.request_timeout))
+        .add_service(GrpcEdge::new(
+            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
             limits.request_timeout,
-        )))
-        .add_service(RequireGrpc(Deadline::new(
-            OversizeIsExhausted(
-                RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-            ),
-            limits.request_timeout,
-        )))
+        ))
 }
 
 /// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.

@@ -1,0 +1,164 @@
+//! The edge of each gRPC service: what every call meets before and after the service itself,
+//! in one wrapper, so a call pays for one layer, not three.
+//!
+//! - **Content type.** gRPC over HTTP/2 requires a `content-type` that begins with
+//!   `application/grpc`, and says a server SHOULD answer anything else with HTTP 415
+//!   (Unsupported Media Type), so that a plain HTTP/2 client does not take a gRPC error's
+//!   `200 OK` for success. sluice speaks protobuf only, so it accepts `application/grpc` (what
+//!   Envoy and every gRPC client send) and `application/grpc+proto`, case-insensitively and with
+//!   any parameters after `;`, and answers every other value, or none, with a bare 415 before the
+//!   request reaches a service (`application/grpc+json` included: there is no JSON codec here).
+//! - **Deadline.** `grpc.request_timeout_ms`, answered `DEADLINE_EXCEEDED`: the code gRPC's
+//!   status-code specification lists for "deadline expires before server returns status".
+//!   tonic's own server timeout answers `CANCELLED`, so the server's deadline is applied here
+//!   instead, around the service, body reading included. A client's shorter `grpc-timeout` is
+//!   still applied by tonic, outside this layer, with its `CANCELLED`, which that client never
+//!   reads: its own deadline has passed, and gRPC clients report `DEADLINE_EXCEEDED` for it.
+//! - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
+//!   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
+//!   configured limit". tonic's decoder refuses such a message with `OUT_OF_RANGE` as soon as it
+//!   reads the length prefix, before the body is buffered, and that check must stay: it is what
+//!   bounds the memory one call can take. So the check stays in tonic and only its code is
+//!   corrected here, on the way out. None of sluice's own answers is `OUT_OF_RANGE` (the
+//!   adapter's one mapping gives `INVALID_ARGUMENT` or `UNAVAILABLE`), so every `OUT_OF_RANGE`
+//!   the service returns is that decoder's; its message (the length and the limit) is kept.
+
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::{Either, Map, Ready, ready};
+use tokio::time::Timeout;
+use tokio::time::error::Elapsed;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
+
+/// `grpc-status` of `OUT_OF_RANGE`.
+const OUT_OF_RANGE: &str = "11";
+/// `grpc-status` of `RESOURCE_EXHAUSTED`.
+const RESOURCE_EXHAUSTED: http::HeaderValue = http::HeaderValue::from_static("8");
+
+/// A gRPC service behind the edge: the content-type check, the server's deadline, and the
+/// standard code for oversized messages.
+#[derive(Debug, Clone)]
+pub struct GrpcEdge<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+impl<S> GrpcEdge<S> {
+    /// `inner`, with calls cut at `timeout`.
+    pub fn new(inner: S, timeout: Duration) -> Self {
+        Self { inner, timeout }
+    }
+}
+
+impl<S: NamedService> NamedService for GrpcEdge<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Outcome<E> = Result<Result<http::Response<Body>, E>, Elapsed>;
+
+impl<S, B> Service<http::Request<B>> for GrpcEdge<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>>,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = Either<
+        Map<Timeout<S::Future>, fn(Outcome<S::Error>) -> Result<Self::Response, S::Error>>,
+        Ready<Result<Self::Response, S::Error>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if is_grpc_proto(req.headers().get(http::header::CONTENT_TYPE)) {
+            Either::Left(tokio::time::timeout(self.timeout, self.inner.call(req)).map(finish))
+        } else {
+            let mut refused = http::Response::new(Body::empty());
+            *refused.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            Either::Right(ready(Ok(refused)))
+        }
+    }
+}
+
+/// The service's answer with its code corrected, or `DEADLINE_EXCEEDED` when it took too long.
+fn finish<E>(outcome: Outcome<E>) -> Result<http::Response<Body>, E> {
+    match outcome {
+        Ok(answer) => answer.map(exhausted),
+        Err(_) => Ok(Status::deadline_exceeded(
+            "the call took longer than grpc.request_timeout_ms",
+        )
+        .into_http()),
+    }
+}
+
+/// `application/grpc` or `application/grpc+proto`, any case, optionally with parameters.
+fn is_grpc_proto(value: Option<&http::HeaderValue>) -> bool {
+    let Some(value) = value.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let media = value.split(';').next().unwrap_or_default().trim();
+    media.eq_ignore_ascii_case("application/grpc")
+        || media.eq_ignore_ascii_case("application/grpc+proto")
+}
+
+/// The decoder's refusal comes before any message, as a trailers-only response: its status is
+/// in the headers.
+fn exhausted(mut response: http::Response<Body>) -> http::Response<Body> {
+    let headers = response.headers_mut();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == OUT_OF_RANGE.as_bytes())
+    {
+        headers.insert("grpc-status", RESOURCE_EXHAUSTED);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protobuf_grpc_media_types_only() {
+        let check = |v: &str| is_grpc_proto(Some(&http::HeaderValue::from_str(v).unwrap()));
+        for ok in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC",
+            "application/grpc; charset=utf-8",
+        ] {
+            assert!(check(ok), "{ok}");
+        }
+        for bad in [
+            "application/json",
+            "application/grpc+json",
+            "application/grpc-web",
+            "application/grpcx",
+            "text/plain",
+            "",
+        ] {
+            assert!(!check(bad), "{bad}");
+        }
+        assert!(!is_grpc_proto(None));
+    }
+
+    #[test]
+    fn only_out_of_range_is_rewritten() {
+        for (code, expected) in [("11", "8"), ("3", "3"), ("14", "14"), ("0", "0")] {
+            let mut r = http::Response::new(Body::empty());
+            r.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(code));
+            let r = exhausted(r);
+            assert_eq!(r.headers()["grpc-status"], expected, "{code}");
+        }
+        let r = exhausted(http::Response::new(Body::empty()));
+        assert!(r.headers().get("grpc-status").is_none());
+    }
+}
