@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::Decider;
 use crate::limiter::{
-    Backend, BackendError, Clock, MemoryStore, MonotonicClock, RedisStore, RedisTime,
+    Backend, BackendError, Clock, LeasedStore, MemoryStore, MonotonicClock, RedisStore, RedisTime,
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
@@ -146,8 +146,12 @@ impl App {
                 Backend::memory(MemoryStore::with_max_keys(*max_keys), clock)
             }
             BackendSettings::Redis(config) => {
-                tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, "counting in redis");
-                RedisStore::new(config.clone(), clock, RedisTime::Server)?.backend()
+                tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, leased = settings.lease.is_some(), "counting in redis");
+                let redis = RedisStore::new(config.clone(), Arc::clone(&clock), RedisTime::Server)?;
+                match settings.lease {
+                    Some(lease) => LeasedStore::new(redis, lease, clock).backend(),
+                    None => redis.backend(),
+                }
             }
         };
         Ok(Self {
@@ -262,8 +266,18 @@ impl App {
         if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
             tasks.spawn(sweep(backend.clone(), sweep_interval, stop.clone()));
         }
-        if let Backend::Redis(redis) = &backend {
-            let (redis, stop) = (Arc::clone(redis), stop.clone());
+        if let Backend::Leased(leased) = &backend {
+            // Ends slices as they age; at shutdown gives every unused token back (while the
+            // connection below may already be stopping: the give-backs do not queue behind it).
+            tasks.spawn(Arc::clone(leased).maintain(stop.clone().cancelled_owned()));
+        }
+        let redis = match &backend {
+            Backend::Redis(redis) => Some(Arc::clone(redis)),
+            Backend::Leased(leased) => Some(Arc::clone(leased.redis())),
+            Backend::Memory { .. } => None,
+        };
+        if let Some(redis) = redis {
+            let stop = stop.clone();
             tasks.spawn(async move {
                 tokio::select! {
                     () = stop.cancelled() => {}

@@ -19,7 +19,7 @@ use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
-use crate::limiter::redis::{BreakerState, RedisFigures};
+use crate::limiter::redis::{BreakerState, LeaseFigures, RedisFigures};
 use crate::limiter::store::KeyHash;
 use crate::limiter::{Stats, StoreStats};
 use crate::policy::Rule;
@@ -64,6 +64,18 @@ pub const REDIS_CONNECTED: &str = "sluice_redis_connected";
 pub const REDIS_BREAKER: &str = "sluice_redis_breaker_state";
 /// Redis round-trip time.
 pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
+/// Slices of hot counters taken from Redis by this node's leases.
+pub const LEASE_SLICES: &str = "sluice_lease_slices_total";
+/// Tokens those slices took from the shared buckets.
+pub const LEASE_TOKENS_TAKEN: &str = "sluice_lease_tokens_taken_total";
+/// Unused leased tokens given back to the shared buckets.
+pub const LEASE_TOKENS_RETURNED: &str = "sluice_lease_tokens_returned_total";
+/// Counters this node holds a lease of.
+pub const LEASES: &str = "sluice_leases";
+/// Requests by what decided them: Redis, or this node's leases.
+pub const BACKEND_DECISIONS: &str = "sluice_backend_decisions_total";
+/// How the backend counts now (1 for the current mode).
+pub const BACKEND_MODE: &str = "sluice_backend_mode";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -77,7 +89,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 21] = [
+const FAMILIES: [(&str, Kind, &str); 27] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -154,6 +166,32 @@ const FAMILIES: [(&str, Kind, &str); 21] = [
         "The Redis circuit breaker's state (1 for the current one).",
     ),
     (REDIS_LATENCY, Kind::Histogram, "Redis round-trip time."),
+    (
+        LEASE_SLICES,
+        Kind::Counter,
+        "Slices of hot counters taken from Redis (takes granted at least one token).",
+    ),
+    (
+        LEASE_TOKENS_TAKEN,
+        Kind::Counter,
+        "Tokens leased slices took from the shared buckets.",
+    ),
+    (
+        LEASE_TOKENS_RETURNED,
+        Kind::Counter,
+        "Unused leased tokens given back to the shared buckets.",
+    ),
+    (LEASES, Kind::Gauge, "Counters this node holds a lease of."),
+    (
+        BACKEND_DECISIONS,
+        Kind::Counter,
+        "Requests by what decided them: redis (a round trip, or its over-limit cache) or lease (this node's leased tokens).",
+    ),
+    (
+        BACKEND_MODE,
+        Kind::Gauge,
+        "How the backend counts now: shared (every decision in Redis) or leased (hot counters from leases); 1 for the current one.",
+    ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
 
@@ -344,7 +382,14 @@ impl Metrics {
         );
         match stats {
             Stats::Memory(store) => render_store(&mut out, store),
-            Stats::Redis(redis) => render_redis(&mut out, redis),
+            Stats::Redis(redis) => {
+                render_redis(&mut out, redis);
+                render_mode(&mut out, "shared", None, redis.requests + redis.cache_hits);
+            }
+            Stats::Leased(redis, lease) => {
+                render_redis(&mut out, redis);
+                render_lease(&mut out, lease);
+            }
         }
         out
     }
@@ -565,6 +610,34 @@ fn render_redis(out: &mut String, redis: &RedisFigures) {
     .collect();
     family(out, REDIS_BREAKER, &states);
     family(out, REDIS_LATENCY, &histogram_samples(&redis.latency));
+}
+
+fn render_lease(out: &mut String, lease: &LeaseFigures) {
+    family(out, LEASE_SLICES, &plain(lease.slices));
+    family(out, LEASE_TOKENS_TAKEN, &plain(lease.tokens_taken));
+    family(out, LEASE_TOKENS_RETURNED, &plain(lease.tokens_returned));
+    family(out, LEASES, &plain(lease.leases));
+    render_mode(out, "leased", Some(lease.by_lease), lease.by_redis);
+}
+
+/// `sluice_backend_mode` with `mode` current, and `sluice_backend_decisions_total` by Redis
+/// and, when leasing, by lease.
+fn render_mode(out: &mut String, mode: &str, by_lease: Option<u64>, by_redis: u64) {
+    let modes: Vec<(String, String)> = ["shared", "leased"]
+        .iter()
+        .map(|m| {
+            (
+                format!("{{mode=\"{m}\"}}"),
+                u8::from(*m == mode).to_string(),
+            )
+        })
+        .collect();
+    family(out, BACKEND_MODE, &modes);
+    let mut by = vec![("{by=\"redis\"}".to_string(), by_redis.to_string())];
+    if let Some(n) = by_lease {
+        by.push(("{by=\"lease\"}".to_string(), n.to_string()));
+    }
+    family(out, BACKEND_DECISIONS, &by);
 }
 
 /// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.

@@ -1,5 +1,5 @@
 //! The backend seam: one enum chosen at start, so a request is one match away from its store
-//! (no dynamic dispatch on the hot path, and room for another mode beside these two).
+//! (no dynamic dispatch on the hot path): memory, Redis, or Redis with leases of hot counters.
 //!
 //! Each backend decides at the time of its own clock: the memory backend reads the injected
 //! [`Clock`]; the Redis backend uses Redis `TIME` (or, for tests, the injected clock too). Time
@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::redis::{RedisFigures, RedisStore};
+use super::redis::{LeaseFigures, LeasedStore, RedisFigures, RedisStore};
 use super::{Batch, Clock, MemoryStore, Op};
 
 /// Where counters live.
@@ -23,6 +23,8 @@ pub enum Backend {
     },
     /// Redis, shared by every node pointed at it.
     Redis(Arc<RedisStore>),
+    /// Redis, with slices of hot counters leased to this node and answered locally.
+    Leased(Arc<LeasedStore>),
 }
 
 impl Backend {
@@ -49,6 +51,7 @@ impl Backend {
         match self {
             Self::Memory { store, clock } => Ok(store.check_batch_with(ops, &|| clock.now())),
             Self::Redis(redis) => redis.check_batch(ops).await,
+            Self::Leased(leased) => leased.check_batch(ops).await,
         }
     }
 
@@ -57,7 +60,7 @@ impl Backend {
     pub fn sweep(&self) -> usize {
         match self {
             Self::Memory { store, clock } => store.sweep(clock.now()),
-            Self::Redis(_) => 0,
+            Self::Redis(_) | Self::Leased(_) => 0,
         }
     }
 
@@ -71,6 +74,9 @@ impl Backend {
                 evictions: store.evictions(),
             }),
             Self::Redis(redis) => Stats::Redis(Box::new(redis.figures())),
+            Self::Leased(leased) => {
+                Stats::Leased(Box::new(leased.redis().figures()), leased.figures())
+            }
         }
     }
 }
@@ -82,6 +88,8 @@ pub enum Stats {
     Memory(StoreStats),
     /// Redis's (the counters themselves live in Redis and expire there).
     Redis(Box<RedisFigures>),
+    /// Redis's, and this node's leases'.
+    Leased(Box<RedisFigures>, LeaseFigures),
 }
 
 /// The memory store's figures.

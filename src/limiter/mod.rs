@@ -18,5 +18,5 @@ pub use batch::{Batch, Mode, Op};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use gcra::{Outcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
-pub use redis::{RedisConfig, RedisStore, RedisTime};
+pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};
 pub use store::MemoryStore;

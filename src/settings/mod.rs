@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 
 pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
-pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
+pub use raw::{
+    LeaseSettings, MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings,
+};
 
 use crate::decision::{self, Caps, HeaderOptions};
-use crate::limiter::RedisConfig;
+use crate::limiter::{LeaseConfig, RedisConfig};
 use crate::telemetry::LogFormat;
 
 /// Where counters live, as the `backend` setting names it.
@@ -62,6 +64,8 @@ pub struct Settings {
     pub max_request_bytes: usize,
     /// Where counters live.
     pub backend: BackendSettings,
+    /// Leased counting of hot counters, when counting in Redis with `redis.lease.enabled`.
+    pub lease: Option<LeaseConfig>,
     /// Most series whose labels carry request values.
     pub max_detailed_series: usize,
     /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
@@ -157,6 +161,16 @@ pub enum SettingsError {
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
+    /// A `redis.lease` fraction out of its range.
+    #[error("invalid settings: redis.lease.{setting} {value} is not {range}")]
+    LeaseFraction {
+        /// The setting's name under `redis.lease`.
+        setting: &'static str,
+        /// The value given.
+        value: f64,
+        /// The range it must be in, in words.
+        range: &'static str,
+    },
     /// A Redis URL that does not parse.
     #[error("invalid settings: redis.url {url:?}: {source}")]
     RedisUrl {
@@ -267,6 +281,8 @@ impl RawSettings {
             },
             BackendKind::Redis => BackendSettings::Redis(redis_config(&self.redis)?),
         };
+        let lease = lease_config(&self.redis.lease)?
+            .filter(|_| matches!(backend, BackendSettings::Redis(_)));
         Ok(Settings {
             grpc_addr: self.grpc_addr,
             admin_addr: self.admin_addr,
@@ -295,6 +311,7 @@ impl RawSettings {
             },
             max_request_bytes: r.max_request_bytes,
             backend,
+            lease,
             max_detailed_series: self.metrics.max_detailed_series,
             near_limit_ratio: self.metrics.near_limit_ratio,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
@@ -323,6 +340,41 @@ fn is_header_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Leasing's config, checked whether or not it is enabled (so a mistake shows before it is
+/// turned on); `None` when it is off.
+fn lease_config(l: &LeaseSettings) -> Result<Option<LeaseConfig>, SettingsError> {
+    if l.max_age_ms == 0 {
+        return Err(SettingsError::Zero {
+            setting: "redis.lease.max_age_ms",
+        });
+    }
+    if l.min_rate == 0 {
+        return Err(SettingsError::Zero {
+            setting: "redis.lease.min_rate",
+        });
+    }
+    if !(l.max_burst_share > 0.0 && l.max_burst_share <= 1.0) {
+        return Err(SettingsError::LeaseFraction {
+            setting: "max_burst_share",
+            value: l.max_burst_share,
+            range: "above 0 and at most 1",
+        });
+    }
+    if !(0.0..1.0).contains(&l.low_water) {
+        return Err(SettingsError::LeaseFraction {
+            setting: "low_water",
+            value: l.low_water,
+            range: "at least 0 and below 1",
+        });
+    }
+    Ok(l.enabled.then(|| LeaseConfig {
+        max_age: Duration::from_millis(l.max_age_ms),
+        min_rate: l.min_rate,
+        max_burst_share: l.max_burst_share,
+        low_water: l.low_water,
+    }))
 }
 
 /// The Redis backend's config: the URL list split and each URL parsed once, here.
@@ -390,6 +442,41 @@ mod tests {
             .to_string();
         assert!(err.starts_with("invalid settings: redis.url"), "{err}");
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn lease_settings_are_checked_and_apply_to_redis_only() {
+        let mut raw = redis("redis://a:6379");
+        raw.redis.lease.enabled = true;
+        raw.redis.lease.max_age_ms = 250;
+        let s = raw.clone().validate().unwrap();
+        let lease = s.lease.expect("leasing on");
+        assert_eq!(lease.max_age, Duration::from_millis(250));
+        assert_eq!((lease.min_rate, lease.max_burst_share), (20, 0.1));
+        let mut memory = RawSettings::default();
+        memory.redis.lease.enabled = true;
+        assert_eq!(
+            memory.validate().unwrap().lease,
+            None,
+            "memory counts alone"
+        );
+        raw.redis.lease.max_burst_share = 0.0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid settings: redis.lease.max_burst_share 0 is not above 0 and at most 1"
+        );
+        raw.redis.lease.max_burst_share = 0.5;
+        raw.redis.lease.low_water = 1.0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("redis.lease.low_water 1"), "{err}");
+        raw.redis.lease.low_water = 0.0;
+        raw.redis.lease.max_age_ms = 0;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("redis.lease.max_age_ms must be at least 1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -167,7 +167,7 @@ pub struct StoreSettings {
 }
 
 /// Redis, for `backend: redis`. Its `Debug` hides URL credentials.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     /// `redis://host:port`; for a cluster, the seed nodes, comma-separated.
@@ -187,6 +187,37 @@ pub struct RedisSettings {
     pub breaker_cooldown_ms: u64,
     /// Most counters in the local over-limit cache (0 disables it).
     pub deny_cache_keys: usize,
+    /// Leased counting of hot counters.
+    pub lease: LeaseSettings,
+}
+
+/// Leased counting (`redis.lease`): slices of hot counters' tokens taken from Redis and
+/// answered locally, within `B + floor((W + L) / T)` in any span W (L = `max_age_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseSettings {
+    /// Lease hot counters (off: every decision is a round trip).
+    pub enabled: bool,
+    /// L: the longest a slice is used before its unused tokens go back, in milliseconds.
+    pub max_age_ms: u64,
+    /// Hits per second on this node before a counter is leased.
+    pub min_rate: u64,
+    /// The most of a counter's burst one slice may take (above 0, at most 1).
+    pub max_burst_share: f64,
+    /// The fraction of the last slice left when the next one is taken (0 to below 1).
+    pub low_water: f64,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            max_age_ms: 1_000,
+            min_rate: 20,
+            max_burst_share: 0.1,
+            low_water: 0.5,
+        }
+    }
 }
 
 impl Default for RedisSettings {
@@ -200,6 +231,7 @@ impl Default for RedisSettings {
             breaker_failures: 5,
             breaker_cooldown_ms: 1_000,
             deny_cache_keys: 100_000,
+            lease: LeaseSettings::default(),
         }
     }
 }
@@ -215,6 +247,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("deny_cache_keys", &self.deny_cache_keys)
+            .field("lease", &self.lease)
             .finish()
     }
 }

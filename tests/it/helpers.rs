@@ -62,7 +62,7 @@ impl TestServer {
             .expect("bind");
         let store = match app.backend() {
             Backend::Memory { store, .. } => Arc::clone(store),
-            Backend::Redis(_) => Arc::new(MemoryStore::new()),
+            Backend::Redis(_) | Backend::Leased(_) => Arc::new(MemoryStore::new()),
         };
         let (grpc, admin) = (app.grpc_addr(), app.admin_addr());
         let (stop, stopped) = oneshot::channel::<()>();

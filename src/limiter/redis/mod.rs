@@ -25,6 +25,7 @@
 mod breaker;
 mod cache;
 mod coalesce;
+mod lease;
 mod stats;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub use crate::histogram::LatencySnapshot;
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
+pub use lease::{LeaseConfig, LeaseFigures, LeasedStore};
 pub use stats::RedisFigures;
 use stats::RedisStats;
 

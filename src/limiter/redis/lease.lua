@@ -1,0 +1,89 @@
+-- sluice: leased counting inside Redis: take a slice of up to k tokens of one counter, or give
+-- unused tokens back.
+--
+-- The same stored TAT as gcra_lean.lua (decimal nanoseconds, TTL of TAT - now) and the same
+-- relative arithmetic: every quantity is a debt (TAT - now) below 2^52 ns, exact in a double.
+-- The caller leases only counters whose B*T + T is below 2^52 ns.
+--
+-- KEYS[1]  the counter
+-- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (an injected time is for tests, and then
+--          the key gets no TTL)
+-- ARGV[2]  "take" or "give"
+-- ARGV[3]  T (ns)
+-- ARGV[4]  B*T (ns)
+-- ARGV[5]  n: the most tokens to take, or the tokens to give back
+--
+-- take: grants g = min(n, tokens available now) and charges them, TAT' = max(TAT, now) + g*T.
+--       Returns {g, debt after (ns), wait until one token is available when g = 0 (ns)}.
+-- give: TAT' = max(TAT - n*T, now) (a refund never makes the bucket exceed its burst).
+--       Returns {0, debt after (ns), 0}.
+
+local G = 1000000000
+local floor = math.floor
+
+local now_s, now_ns
+local injected = ARGV[1] ~= ''
+if injected then
+  local s = ARGV[1]
+  local len = #s
+  if len <= 9 then
+    now_s, now_ns = 0, tonumber(s)
+  else
+    now_s, now_ns = tonumber(string.sub(s, 1, len - 9)), tonumber(string.sub(s, len - 8))
+  end
+else
+  local t = redis.call('TIME')
+  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
+end
+
+local key = KEYS[1]
+local T, tol, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local d = 0
+local v = redis.call('GET', key)
+if v then
+  local len = #v
+  if len <= 9 then
+    d = tonumber(v) - now_ns - now_s * G
+  else
+    d = (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
+  end
+  if d > tol then d = tol elseif d < 0 then d = 0 end
+end
+
+-- Writes TAT = now + debt with a TTL of debt; a debt of 0 is a full bucket, the same as no key.
+local function write(debt)
+  if debt <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local s = now_s + floor(debt / G)
+  local ns = now_ns + debt % G
+  if ns >= G then s, ns = s + 1, ns - G end
+  local tat
+  if s == 0 then tat = string.format('%d', ns) else tat = string.format('%d%09d', s, ns) end
+  if injected then
+    redis.call('SET', key, tat)
+  else
+    redis.call('SET', key, tat, 'PX', math.ceil(debt / 1000000))
+  end
+end
+
+if ARGV[2] == 'give' then
+  local back = d - n * T
+  if back < 0 then back = 0 end
+  if back ~= d then write(back) end
+  return { 0, back, 0 }
+end
+
+-- floor((tol - d) / T), corrected for the rounding of the division
+local a = tol - d
+local avail = floor(a / T)
+if avail * T > a then avail = avail - 1 elseif (avail + 1) * T <= a then avail = avail + 1 end
+local g = n
+if avail < g then g = avail end
+if g <= 0 then
+  return { 0, d, d + T - tol }
+end
+write(d + g * T)
+return { g, d + g * T, 0 }

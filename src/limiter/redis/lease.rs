@@ -1,0 +1,819 @@
+//! Leased counting: a node takes a slice of a hot counter's tokens from the shared bucket in
+//! one script call (`lease.lua`) and answers that counter's requests from it locally, within a
+//! stated bound, instead of paying a Redis round trip per decision.
+//!
+//! - A take of `k` charges up to `k` tokens on the shared TAT at once (fewer when fewer are
+//!   there), so the shared bucket never promises more than it holds. A lease is a FIFO of such
+//!   slices; requests use the oldest tokens first. A slice lives at most `max_age` (L) from the
+//!   instant its take was sent; then its unused tokens go back to the shared bucket
+//!   (`TAT' = max(TAT − n·T, now)`), and all of them go back at shutdown. Every token admitted
+//!   was therefore in the shared bucket at most L before it was used, so in any span W the fleet
+//!   admits at most `B + floor((W + L) / T)` of a counter (exact: `B + floor(W / T)`).
+//! - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
+//!   this node's recent hits per second on the counter: never more than the node would use
+//!   within L, never a share of the burst that starves the other nodes. The next slice is taken
+//!   in the background when the lease falls below `low_water` of the last one (one take in
+//!   flight per counter).
+//! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
+//!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
+//!   allocate nothing; they stay on the exact path (`RedisStore::check_batch`), which charges
+//!   the shared TAT directly and stays correct beside leases.
+//! - A request is answered locally only when every op of it is on a live lease that can answer
+//!   it: charges that fit, check-only ops, refunds of tokens this lease handed out (they go back
+//!   to the lease). All or nothing across descriptors, with shadow and quota modes through
+//!   [`Batch::blocked_by`] as in the stores. Anything else goes the exact path whole. An empty
+//!   lease whose last take was granted nothing refuses locally, with the wait Redis reported,
+//!   until that instant (as the over-limit cache does).
+//!
+//! Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
+//! bound of the fleet's.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use redis::{Script, Value};
+
+use super::super::gcra::{NANOS_PER_SEC, Outcome, Quota};
+use super::super::store::KeyHash;
+use super::super::{Backend, BackendError, Batch, Clock, Key, Op};
+use super::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
+
+/// `lease.lua`, loaded once per process.
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
+
+/// Slots of the hotness table: a power of two, fixed, so tracking never grows with the keys.
+const HEAT_SLOTS: usize = 4_096;
+
+/// How leasing behaves (`redis.lease`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaseConfig {
+    /// L: the longest a slice is used before its unused tokens go back.
+    pub max_age: Duration,
+    /// Hits per second on this node before a counter is leased.
+    pub min_rate: u64,
+    /// The most of a counter's burst one slice may take (0 to 1).
+    pub max_burst_share: f64,
+    /// The fraction of the last slice left when the next one is taken (0 to 1).
+    pub low_water: f64,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(1),
+            min_rate: 20,
+            max_burst_share: 0.1,
+            low_water: 0.5,
+        }
+    }
+}
+
+impl LeaseConfig {
+    /// L in nanoseconds (at least 1).
+    #[must_use]
+    pub fn max_age_nanos(&self) -> u64 {
+        u64::try_from(self.max_age.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// The slice asked for a counter of `quota` used at `rate` hits per second on this node:
+    /// `clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`.
+    #[must_use]
+    pub fn slice(&self, quota: &Quota, rate: u64) -> u64 {
+        let want = (u128::from(rate) * u128::from(self.max_age_nanos()))
+            .div_ceil(u128::from(NANOS_PER_SEC));
+        // Truncation intended: the floor of that share of the burst.
+        let cap = ((quota.burst() as f64 * self.max_burst_share) as u64).max(1);
+        u64::try_from(want).unwrap_or(u64::MAX).clamp(1, cap)
+    }
+}
+
+/// Leasing's figures at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseFigures {
+    /// Slices taken (takes granted at least one token).
+    pub slices: u64,
+    /// Tokens those slices took from the shared buckets.
+    pub tokens_taken: u64,
+    /// Unused tokens given back to the shared buckets.
+    pub tokens_returned: u64,
+    /// Requests answered from leases, without Redis.
+    pub by_lease: u64,
+    /// Requests sent the exact path, to Redis.
+    pub by_redis: u64,
+    /// Counters with a lease now.
+    pub leases: usize,
+}
+
+/// Relaxed everywhere: independent statistics, read at scrape time.
+#[derive(Debug, Default)]
+struct LeaseStats {
+    slices: AtomicU64,
+    tokens_taken: AtomicU64,
+    tokens_returned: AtomicU64,
+    by_lease: AtomicU64,
+    by_redis: AtomicU64,
+}
+
+/// Tokens taken in one call.
+#[derive(Debug)]
+struct Slice {
+    size: u64,
+    used: u64,
+    /// Local instant the take was sent (no later than Redis charged it).
+    taken_at: u64,
+}
+
+/// One counter's lease on this node.
+#[derive(Debug)]
+struct Lease {
+    quota: Quota,
+    slices: VecDeque<Slice>,
+    /// Unused tokens of ended slices, not yet given back.
+    to_return: u64,
+    /// Until this local instant the shared bucket has no token (the last take got none).
+    denied_until: u64,
+    /// When the shared bucket is full again, as of this node's last call (a hint for waits).
+    full_at: u64,
+    /// A take is in flight.
+    taking: bool,
+    /// The size of the last slice asked for.
+    last_ask: u64,
+    /// No take before this instant (after a failed one).
+    retry_at: u64,
+}
+
+impl Lease {
+    fn new(quota: Quota) -> Self {
+        Self {
+            quota,
+            slices: VecDeque::new(),
+            to_return: 0,
+            denied_until: 0,
+            full_at: 0,
+            taking: false,
+            last_ask: 1,
+            retry_at: 0,
+        }
+    }
+
+    /// Ends the slices taken `max_age` or more before `now` (all of them for 0).
+    fn expire(&mut self, now: u64, max_age: u64) {
+        while let Some(s) = self.slices.front() {
+            if s.taken_at.saturating_add(max_age) > now {
+                break;
+            }
+            self.to_return += s.size - s.used;
+            self.slices.pop_front();
+        }
+    }
+
+    fn available(&self) -> u64 {
+        self.slices.iter().map(|s| s.size - s.used).sum()
+    }
+
+    fn used(&self) -> u64 {
+        self.slices.iter().map(|s| s.used).sum()
+    }
+
+    /// Uses `n` tokens, oldest first; the caller checked they are there.
+    fn consume(&mut self, mut n: u64) {
+        for s in &mut self.slices {
+            let k = n.min(s.size - s.used);
+            s.used += k;
+            n -= k;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Gives `n` used tokens back to their slices, newest first; the caller checked they were
+    /// used.
+    fn unconsume(&mut self, mut n: u64) {
+        for s in self.slices.iter_mut().rev() {
+            let k = n.min(s.used);
+            s.used -= k;
+            n -= k;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
+    fn idle(&self, now: u64) -> bool {
+        self.slices.is_empty() && !self.taking && self.to_return == 0 && self.denied_until <= now
+    }
+}
+
+/// One slot of the hotness table.
+#[derive(Debug, Default)]
+struct Heat {
+    key: Key,
+    /// The second (of the local clock) `count` is for.
+    second: u64,
+    /// Hits counted this second.
+    count: u64,
+    /// Hits in the second before.
+    prev: u64,
+}
+
+/// The leased backend: a [`RedisStore`] and this node's leases of hot counters.
+pub struct LeasedStore {
+    redis: Arc<RedisStore>,
+    config: LeaseConfig,
+    clock: Arc<dyn Clock>,
+    leases: DashMap<Key, Arc<Mutex<Lease>>, KeyHash>,
+    heat: Box<[Mutex<Heat>]>,
+    /// Set at shutdown: no more local answers or takes.
+    closed: AtomicBool,
+    /// Takes in flight (SeqCst: shutdown waits for it to reach 0 after setting `closed`).
+    in_flight: AtomicUsize,
+    stats: LeaseStats,
+}
+
+impl std::fmt::Debug for LeasedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedStore")
+            .field("redis", &self.redis)
+            .field("config", &self.config)
+            .field("leases", &self.leases.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl LeasedStore {
+    /// Leases over `redis`, aged by `clock` (the same clock the store was given).
+    #[must_use]
+    pub fn new(redis: Arc<RedisStore>, config: LeaseConfig, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self {
+            redis,
+            config,
+            clock,
+            leases: DashMap::default(),
+            heat: (0..HEAT_SLOTS).map(|_| Mutex::default()).collect(),
+            closed: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            stats: LeaseStats::default(),
+        })
+    }
+
+    /// This store as the process's backend.
+    #[must_use]
+    pub fn backend(self: &Arc<Self>) -> Backend {
+        Backend::Leased(Arc::clone(self))
+    }
+
+    /// The Redis store underneath.
+    #[must_use]
+    pub fn redis(&self) -> &Arc<RedisStore> {
+        &self.redis
+    }
+
+    /// The leasing settings.
+    #[must_use]
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// Leasing's figures, read now.
+    #[must_use]
+    pub fn figures(&self) -> LeaseFigures {
+        let s = &self.stats;
+        LeaseFigures {
+            slices: s.slices.load(Ordering::Relaxed),
+            tokens_taken: s.tokens_taken.load(Ordering::Relaxed),
+            tokens_returned: s.tokens_returned.load(Ordering::Relaxed),
+            by_lease: s.by_lease.load(Ordering::Relaxed),
+            by_redis: s.by_redis.load(Ordering::Relaxed),
+            leases: self.leases.len(),
+        }
+    }
+
+    /// Tokens this node holds unused for `key` now (0 without a lease).
+    #[must_use]
+    pub fn held(&self, key: Key) -> u64 {
+        let now = self.clock.now();
+        self.leases.get(&key).map_or(0, |l| {
+            let mut l = lock(&l);
+            l.expire(now, self.config.max_age_nanos());
+            l.available()
+        })
+    }
+
+    /// Decides a request's ops, from leases when they can answer all of it, else in Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the request goes to Redis and Redis cannot decide.
+    pub async fn check_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
+        let now = self.clock.now();
+        if let Some(batch) = self.local(ops, now) {
+            self.stats.by_lease.fetch_add(1, Ordering::Relaxed);
+            return Ok(batch);
+        }
+        self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
+        self.redis.check_batch(ops).await
+    }
+
+    /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain
+    /// numbers.
+    fn leasable(op: &Op) -> bool {
+        !op.quota.is_ban() && fits_lean([op])
+    }
+
+    /// Counts `cost` hits on `key` and returns its rate: the larger of this second's hits and
+    /// the last second's. A slot belongs to one key at a time; another key's hits wear its
+    /// count down and take the slot over once it reaches 0, so the slot keeps whichever key is
+    /// hotter.
+    fn heat(&self, key: Key, cost: u64, now: u64) -> u64 {
+        // Truncation intended: the key is a hash, its low bits pick the slot.
+        let slot = &self.heat[(key as usize) & (HEAT_SLOTS - 1)];
+        let mut h = lock(slot);
+        let second = now / NANOS_PER_SEC;
+        if h.second != second {
+            h.prev = if h.second + 1 == second { h.count } else { 0 };
+            h.count = 0;
+            h.second = second;
+        }
+        if h.key != key {
+            if h.count > cost || h.prev >= self.config.min_rate {
+                h.count -= cost.min(h.count);
+                return 0;
+            }
+            *h = Heat {
+                key,
+                second,
+                count: 0,
+                prev: 0,
+            };
+        }
+        h.count += cost;
+        h.count.max(h.prev)
+    }
+
+    /// The answer from leases, or `None` when the request must go to Redis (then takes are
+    /// started for the hot counters that need one).
+    fn local(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
+        if ops.is_empty() || self.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let max_age = self.config.max_age_nanos();
+        // The request's distinct counters: (key, rate, its lease).
+        let mut counters: Vec<(Key, u64, Option<Arc<Mutex<Lease>>>)> =
+            Vec::with_capacity(ops.len());
+        let mut answerable = true;
+        for op in ops {
+            if !Self::leasable(op) {
+                answerable = false;
+                continue;
+            }
+            let hits = if op.refund { 0 } else { op.cost };
+            let rate = self.heat(op.key, hits, now);
+            if let Some(c) = counters.iter_mut().find(|c| c.0 == op.key) {
+                c.1 = c.1.max(rate);
+                continue;
+            }
+            let lease = self.leases.get(&op.key).map(|l| Arc::clone(&l));
+            if lease.is_none() {
+                answerable = false;
+            }
+            counters.push((op.key, rate, lease));
+        }
+        if !answerable {
+            self.start_takes(ops, &counters, now);
+            return None;
+        }
+        counters.sort_unstable_by_key(|c| c.0);
+        let leases: Vec<&Arc<Mutex<Lease>>> =
+            counters.iter().filter_map(|c| c.2.as_ref()).collect();
+        // Locked in key order, so two requests never wait on each other in a cycle.
+        let mut guards: Vec<MutexGuard<'_, Lease>> = leases.iter().map(|l| lock(l)).collect();
+        for g in &mut guards {
+            g.expire(now, max_age);
+        }
+        let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
+        let mut refunded = vec![0u64; guards.len()];
+        let mut charged = vec![0u64; guards.len()];
+        let mut outcomes = vec![Outcome::NONE; ops.len()];
+        let mut found = vec![0u64; ops.len()];
+        let mut fits = true;
+        // Refunds first, as the stores apply them, whatever the outcome.
+        for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
+            let i = at(op.key);
+            let l = &mut guards[i];
+            if l.quota != op.quota {
+                // The rule changed (a reload): this lease is of the old rate.
+                l.expire(now, 0);
+                l.quota = op.quota;
+                fits = false;
+                break;
+            }
+            if !op.refund {
+                continue;
+            }
+            if op.cost > l.used() - refunded[i] {
+                fits = false;
+                break;
+            }
+            refunded[i] += op.cost;
+            let remaining = (l.available() + refunded[i]).min(op.quota.burst());
+            *out = Outcome {
+                admitted: true,
+                remaining,
+                wait: wait(l, &op.quota, remaining, now),
+                ..Outcome::NONE
+            };
+        }
+        if fits {
+            for (k, (op, out)) in ops.iter().zip(outcomes.iter_mut()).enumerate() {
+                if op.refund {
+                    continue;
+                }
+                let i = at(op.key);
+                let l = &guards[i];
+                let avail = l.available() + refunded[i] - charged[i];
+                found[k] = avail;
+                if op.cost > op.quota.burst() {
+                    fits = false;
+                    break;
+                }
+                if op.cost <= avail {
+                    charged[i] += op.cost;
+                    let remaining = avail - op.cost;
+                    *out = Outcome {
+                        admitted: true,
+                        remaining,
+                        wait: wait(l, &op.quota, remaining, now),
+                        ..Outcome::NONE
+                    };
+                } else if avail == 0 && l.denied_until > now {
+                    let extra = (op.cost - 1).saturating_mul(op.quota.interval());
+                    *out = Outcome {
+                        wait: (l.denied_until - now).saturating_add(extra),
+                        ..Outcome::NONE
+                    };
+                } else {
+                    fits = false;
+                    break;
+                }
+            }
+        }
+        if !fits {
+            drop(guards);
+            self.start_takes(ops, &counters, now);
+            return None;
+        }
+        let blocked = Batch::blocked_by(ops, &outcomes);
+        for (i, g) in guards.iter_mut().enumerate() {
+            g.unconsume(refunded[i]);
+            if !blocked {
+                g.consume(charged[i]);
+            }
+        }
+        if blocked {
+            // Nothing is charged: an op that fit reports the state it found.
+            for ((op, out), avail) in ops.iter().zip(outcomes.iter_mut()).zip(&found) {
+                if !op.refund && out.admitted {
+                    out.remaining = *avail;
+                    out.wait = wait(&guards[at(op.key)], &op.quota, *avail, now);
+                }
+            }
+        }
+        // Low water: the next slice before this one runs out.
+        for (i, g) in guards.iter_mut().enumerate() {
+            let (key, rate, _) = &counters[i];
+            let ask = self.config.slice(&g.quota, *rate);
+            // Truncation intended: the floor of that fraction of the last slice.
+            let low = (g.last_ask as f64 * self.config.low_water) as u64;
+            if g.available() <= low && *rate >= self.config.min_rate {
+                self.start_take(*key, g, ask, now);
+            }
+        }
+        Some(Batch { blocked, outcomes })
+    }
+
+    /// Starts a take for every hot counter of `ops` that has no lease, or one running low.
+    fn start_takes(
+        self: &Arc<Self>,
+        ops: &[Op],
+        counters: &[(Key, u64, Option<Arc<Mutex<Lease>>>)],
+        now: u64,
+    ) {
+        for (key, rate, lease) in counters {
+            if *rate < self.config.min_rate {
+                continue;
+            }
+            let Some(op) = ops.iter().find(|op| op.key == *key) else {
+                continue;
+            };
+            let lease = match lease {
+                Some(l) => Arc::clone(l),
+                None => Arc::clone(
+                    &self
+                        .leases
+                        .entry(*key)
+                        .or_insert_with(|| Arc::new(Mutex::new(Lease::new(op.quota)))),
+                ),
+            };
+            let mut l = lock(&lease);
+            if l.quota != op.quota {
+                l.expire(now, 0);
+                l.quota = op.quota;
+            }
+            l.expire(now, self.config.max_age_nanos());
+            let low = (l.last_ask as f64 * self.config.low_water) as u64;
+            if l.available() <= low {
+                let ask = self.config.slice(&op.quota, *rate);
+                self.start_take(*key, &mut l, ask, now);
+            }
+        }
+    }
+
+    /// Sends a take of `ask` tokens for `key` in the background, unless one is in flight, the
+    /// shared bucket is known empty, or a failed take is being backed off.
+    fn start_take(self: &Arc<Self>, key: Key, lease: &mut Lease, ask: u64, now: u64) {
+        if lease.taking
+            || now < lease.retry_at
+            || now < lease.denied_until
+            || self.closed.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        lease.taking = true;
+        lease.last_ask = ask;
+        let quota = lease.quota;
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            this.take(key, quota, ask, now).await;
+            this.in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    /// One take: charges up to `ask` tokens in Redis and adds what was granted to the lease.
+    async fn take(&self, key: Key, quota: Quota, ask: u64, sent: u64) {
+        let result = self
+            .redis
+            .lease_call(key, &quota, Call::Take, ask, sent)
+            .await;
+        let Some(lease) = self.leases.get(&key).map(|l| Arc::clone(&l)) else {
+            // The lease was dropped meanwhile (never while a take is in flight); give back.
+            if let Ok((granted, _, _)) = result {
+                self.give_back(key, &quota, granted).await;
+            }
+            return;
+        };
+        let mut l = lock(&lease);
+        l.taking = false;
+        match result {
+            Ok((granted, debt, wait)) => {
+                if granted > 0 {
+                    self.stats.slices.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .tokens_taken
+                        .fetch_add(granted, Ordering::Relaxed);
+                    if l.quota == quota {
+                        l.slices.push_back(Slice {
+                            size: granted,
+                            used: 0,
+                            taken_at: sent,
+                        });
+                    } else {
+                        l.to_return += granted;
+                    }
+                    l.denied_until = 0;
+                } else {
+                    // Dated from when the take was sent: never later than Redis's instant.
+                    l.denied_until = sent.saturating_add(wait);
+                }
+                l.full_at = sent.saturating_add(debt);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "lease take failed");
+                l.retry_at = self.clock.now().saturating_add(self.config.max_age_nanos());
+            }
+        }
+    }
+
+    async fn give_back(&self, key: Key, quota: &Quota, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        match self.redis.lease_call(key, quota, Call::Give, n, now).await {
+            Ok(_) => {
+                self.stats.tokens_returned.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Lost, not over-admitted: the shared bucket refills them at its own pace.
+                tracing::debug!(error = %e, tokens = n, "lease give-back failed");
+            }
+        }
+    }
+
+    /// Ends the slices older than L and gives their unused tokens back; drops idle leases.
+    /// The maintenance loop calls it; tests driving a manual clock call it by hand.
+    pub async fn expire(&self) {
+        self.give_back_where(self.config.max_age_nanos()).await;
+    }
+
+    /// Gives back the unused tokens of slices at least `max_age` old (all for 0).
+    async fn give_back_where(&self, max_age: u64) {
+        let now = self.clock.now();
+        let mut back: Vec<(Key, Quota, u64)> = Vec::new();
+        for entry in &self.leases {
+            let mut l = lock(entry.value());
+            l.expire(now, max_age);
+            if l.to_return > 0 {
+                back.push((*entry.key(), l.quota, std::mem::take(&mut l.to_return)));
+            }
+        }
+        // Held by a request right now (another reference) or busy: kept.
+        self.leases
+            .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now));
+        for (key, quota, n) in back {
+            self.give_back(key, &quota, n).await;
+        }
+    }
+
+    /// Waits until no take is in flight, at most `limit`.
+    pub async fn settle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Stops leasing: no more local answers or takes; waits for takes in flight, then gives
+    /// every unused token back.
+    pub async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.settle(self.redis.config.timeout * 2 + Duration::from_millis(50))
+            .await;
+        self.give_back_where(0).await;
+    }
+
+    /// Ends slices as they age, every quarter of L (at least every 5 ms), until `stop`; then
+    /// [`LeasedStore::close`]. The caller owns this future.
+    pub async fn maintain(self: Arc<Self>, stop: impl Future<Output = ()>) {
+        let period = (self.config.max_age / 4).max(Duration::from_millis(5));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                _ = tick.tick() => self.expire().await,
+            }
+        }
+        self.close().await;
+        tracing::info!(
+            returned = self.stats.tokens_returned.load(Ordering::Relaxed),
+            "leases given back"
+        );
+    }
+}
+
+/// The wait reported for an admitted local op: until the shared bucket is full again as of
+/// this node's last call, and no less than the tokens missing from this node's view.
+fn wait(lease: &Lease, quota: &Quota, remaining: u64, now: u64) -> u64 {
+    let missing = quota
+        .burst()
+        .saturating_sub(remaining)
+        .saturating_mul(quota.interval());
+    lease.full_at.saturating_sub(now).max(missing)
+}
+
+/// What `lease.lua` is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Take,
+    Give,
+}
+
+impl RedisStore {
+    /// One `lease.lua` call on `key`: take up to `n` tokens, or give `n` back. `now` is the
+    /// decision time with [`RedisTime::Clock`]. Returns (granted, debt after, wait until one
+    /// token when none was granted), in tokens and nanoseconds.
+    async fn lease_call(
+        &self,
+        key: Key,
+        quota: &Quota,
+        call: Call,
+        n: u64,
+        now: u64,
+    ) -> Result<(u64, u64, u64), BackendError> {
+        if !self.breaker.allow() {
+            self.stats.error(super::ErrorKind::BreakerOpen);
+            return Err(BackendError::BreakerOpen);
+        }
+        let Some(conn) = self.conn.load_full() else {
+            return Err(BackendError::NotConnected);
+        };
+        let mut invocation = SCRIPT.prepare_invoke();
+        invocation
+            .key(self.key(key))
+            .arg(match self.time {
+                RedisTime::Server => String::new(),
+                RedisTime::Clock => now.to_string(),
+            })
+            .arg(match call {
+                Call::Take => "take",
+                Call::Give => "give",
+            })
+            .arg(quota.interval())
+            .arg(quota.tolerance())
+            .arg(n);
+        self.stats.round_trip();
+        let timeout = self.config.timeout;
+        let sent = async {
+            match &*conn {
+                Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+                Conn::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            }
+        };
+        let reply: Result<Vec<Value>, BackendError> =
+            match tokio::time::timeout(timeout, sent).await {
+                Ok(r) => r.map_err(|e| classify(e, timeout)),
+                Err(_) => Err(BackendError::Timeout(timeout)),
+            };
+        let parsed = reply.and_then(|r| match r.as_slice() {
+            [g, d, w] => match (int(g), int(d), int(w)) {
+                (Some(g), Some(d), Some(w)) => Ok((g, d, w)),
+                _ => Err(BackendError::Reply(format!("{r:?}"))),
+            },
+            _ => Err(BackendError::Reply(format!("{r:?}"))),
+        });
+        match &parsed {
+            Ok(_) => self.breaker.success(),
+            Err(e) => {
+                self.stats.error(e.kind());
+                if self.breaker.failure() {
+                    tracing::warn!(error = %e, "redis circuit breaker opened");
+                }
+            }
+        }
+        parsed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_follow_the_rate_and_never_pass_the_burst_share() {
+        let q = Quota::new(NANOS_PER_SEC, 1_000, 1_000).unwrap();
+        let c = LeaseConfig::default(); // L = 1 s, share 0.1
+        assert_eq!(c.slice(&q, 30), 30, "what the node uses within L");
+        assert_eq!(c.slice(&q, 5_000), 100, "at most a tenth of the burst");
+        assert_eq!(c.slice(&q, 0), 1);
+        let tiny = Quota::new(NANOS_PER_SEC, 5, 5).unwrap();
+        assert_eq!(c.slice(&tiny, 100), 1, "at least one token");
+        let short = LeaseConfig {
+            max_age: Duration::from_millis(100),
+            ..c
+        };
+        assert_eq!(short.slice(&q, 25), 3, "ceil(25 × 0.1)");
+    }
+
+    #[test]
+    fn a_lease_uses_oldest_tokens_first_and_ends_slices_at_their_age() {
+        let q = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
+        let mut l = Lease::new(q);
+        l.slices.push_back(Slice {
+            size: 5,
+            used: 0,
+            taken_at: 0,
+        });
+        l.slices.push_back(Slice {
+            size: 5,
+            used: 0,
+            taken_at: 10,
+        });
+        l.consume(7);
+        assert_eq!((l.slices[0].used, l.slices[1].used), (5, 2));
+        l.unconsume(3);
+        assert_eq!((l.slices[0].used, l.slices[1].used), (4, 0));
+        l.expire(99, 100);
+        assert_eq!((l.slices.len(), l.to_return), (2, 0));
+        l.expire(100, 100);
+        assert_eq!((l.slices.len(), l.to_return, l.available()), (1, 1, 5));
+        l.expire(100, 0);
+        assert_eq!(
+            (l.slices.len(), l.to_return),
+            (0, 6),
+            "an age of 0 ends them all"
+        );
+    }
+}
