@@ -8,6 +8,7 @@ mod gcra;
 mod headers;
 mod helpers;
 mod lab;
+mod lease;
 mod memory;
 mod ops;
 mod redis;

@@ -1,0 +1,533 @@
+//! Leased counting against one real `redis-server` (started on a free loopback port, killed on
+//! drop), with several nodes in this process (one `LeasedStore` each) deciding at one
+//! hand-driven clock: the stated bound `B + floor((W + L) / T)` in every window of a randomized
+//! schedule, no starvation, and the edges (give-backs at expiry and at shutdown, a node that
+//! dies holding a lease, cold counters, and shadow, quota, check-only and refund ops answered
+//! from a lease).
+//!
+//! Skips with a notice without `redis-server` unless `CI` is set (see `redis_missing`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::limiter::gcra::NANOS_PER_SEC;
+use sluice::limiter::{
+    Clock, LeaseConfig, LeasedStore, ManualClock, Mode, Op, Quota, RedisConfig, RedisStore,
+    RedisTime,
+};
+use sluice::pb::rate_limit_response::Code;
+use sluice::settings::BackendKind;
+
+use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request};
+use crate::redis::RedisProcess;
+
+const MS: u64 = 1_000_000;
+
+fn config(url: &str) -> RedisConfig {
+    RedisConfig {
+        urls: vec![url.to_string()],
+        cluster: false,
+        key_prefix: "sluice-lease:".into(),
+        timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+        breaker_failures: 0,
+        breaker_cooldown: Duration::from_millis(100),
+        deny_cache_keys: 0,
+    }
+}
+
+/// A node: its own Redis store and leases, deciding at the shared `clock`.
+async fn node(url: &str, clock: &Arc<ManualClock>, lease: LeaseConfig) -> Arc<LeasedStore> {
+    let clock: Arc<dyn Clock> = clock.clone();
+    let redis = RedisStore::new(config(url), Arc::clone(&clock), RedisTime::Clock).unwrap();
+    let connecting = Arc::clone(&redis);
+    tokio::spawn(async move { connecting.connect().await });
+    let r = Arc::clone(&redis);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let r = Arc::clone(&r);
+            async move { r.is_connected() }
+        })
+        .await,
+        "redis never connected"
+    );
+    LeasedStore::new(redis, lease, clock)
+}
+
+fn op(key: u128, quota: Quota, cost: u64) -> Op {
+    Op {
+        key,
+        quota,
+        cost,
+        refund: false,
+        mode: Mode::Enforce,
+    }
+}
+
+/// One decision, then every take it started is waited for (so a schedule replays exactly).
+async fn decide(node: &Arc<LeasedStore>, ops: &[Op]) -> sluice::limiter::Batch {
+    let batch = node.check_batch(ops).await.expect("redis decides");
+    node.settle(Duration::from_secs(2)).await;
+    batch
+}
+
+/// What the shared bucket holds now, asked through a node with no lease of the counter (a
+/// check-only op on the exact path).
+async fn shared_remaining(probe: &Arc<LeasedStore>, key: u128, quota: Quota) -> u64 {
+    let b = probe
+        .redis()
+        .check_batch(&[op(key, quota, 0)])
+        .await
+        .unwrap();
+    b.outcomes[0].remaining
+}
+
+/// A small deterministic generator, so a failing schedule can be replayed from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// The model: three nodes share one hot counter (100 per second, burst 20, so T = 10 ms) under
+/// leases of L = 200 ms, on a random schedule. In every window of W (one T, 100 ms, 500 ms,
+/// 1 s) the fleet admits at most `B + floor((W + L) / T)`. With demand five times the rate it
+/// admits at least 95 % of the exact `B + floor(W / T)` over the run (leasing does not starve);
+/// with demand under the rate most decisions never reach Redis.
+#[tokio::test]
+async fn leased_nodes_keep_the_stated_bound_and_do_not_starve() {
+    if redis_missing("leased_nodes_keep_the_stated_bound_and_do_not_starve") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let seeds: Vec<u64> = match std::env::var("LEASE_SEED") {
+        Ok(s) => vec![s.parse().expect("LEASE_SEED is a number")],
+        Err(_) => {
+            let base = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            vec![base, base ^ 0x9e37_79b9_7f4a_7c15]
+        }
+    };
+    for (run, seed) in seeds.into_iter().enumerate() {
+        // Mean gap 2 ms: 500 per second against a rate of 100.
+        let over = schedule(&redis.url(), seed, 2 * run as u128, 4 * MS).await;
+        over.check_bound(seed);
+        let got = over.admitted.len() as u64;
+        let exact = over.exact();
+        assert!(
+            got * 100 >= exact * 95,
+            "seed {seed} (LEASE_SEED={seed} to replay): {got} admitted over the run, under 95 % \
+             of the exact {exact}"
+        );
+        // Mean gap 17 ms: 60 per second.
+        let under = schedule(&redis.url(), seed, 2 * run as u128 + 1, 34 * MS).await;
+        under.check_bound(seed);
+        assert!(
+            under.by_lease > 4 * under.by_redis,
+            "seed {seed}: under the rate the hot key is mostly answered from leases ({} from \
+             leases, {} by Redis)",
+            under.by_lease,
+            under.by_redis
+        );
+    }
+}
+
+/// What one schedule admitted.
+struct Run {
+    quota: Quota,
+    lease: LeaseConfig,
+    admitted: Vec<u64>,
+    start: u64,
+    end: u64,
+    by_lease: u64,
+    by_redis: u64,
+}
+
+impl Run {
+    fn exact(&self) -> u64 {
+        self.quota.burst() + (self.end - self.start) / self.quota.interval()
+    }
+
+    fn check_bound(&self, seed: u64) {
+        let (b, t, l) = (
+            self.quota.burst(),
+            self.quota.interval(),
+            self.lease.max_age_nanos(),
+        );
+        for w in [t, 100 * MS, 500 * MS, NANOS_PER_SEC] {
+            let bound = b + (w + l) / t;
+            for (i, &from) in self.admitted.iter().enumerate() {
+                let within = self.admitted[i..]
+                    .iter()
+                    .take_while(|&&at| at <= from + w)
+                    .count() as u64;
+                assert!(
+                    within <= bound,
+                    "seed {seed} (LEASE_SEED={seed} to replay): {within} admitted in the {w} ns \
+                     from {from}, over the stated bound {bound} (B {b} + floor((W + L) / T))"
+                );
+            }
+        }
+    }
+}
+
+/// Five seconds of requests on counter `key` from three nodes, gaps uniform in 0..=`max_gap`,
+/// mostly of cost 1, some of cost 2.
+async fn schedule(url: &str, seed: u64, key: u128, max_gap: u64) -> Run {
+    let quota = Quota::new(NANOS_PER_SEC, 100, 20).unwrap();
+    let lease = LeaseConfig {
+        max_age: Duration::from_millis(200),
+        min_rate: 5,
+        max_burst_share: 0.25,
+        low_water: 0.5,
+    };
+    let key = 0xfeed_0000 + key;
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(node(url, &clock, lease).await);
+    }
+    let mut rng = Lcg(seed ^ key as u64);
+    let start = clock.now();
+    let mut admitted: Vec<u64> = Vec::new();
+    while clock.now() - start < 5 * NANOS_PER_SEC {
+        clock.advance(rng.next(max_gap + 1));
+        let n = &nodes[rng.next(3) as usize];
+        let cost = if rng.next(10) == 0 { 2 } else { 1 };
+        let b = decide(n, &[op(key, quota, cost)]).await;
+        if !b.blocked {
+            admitted.extend(std::iter::repeat_n(clock.now(), cost as usize));
+        }
+        // The maintenance loop's work, about as often as it runs (every L / 4).
+        if rng.next(10) == 0 {
+            for n in &nodes {
+                n.expire().await;
+            }
+        }
+    }
+    let end = clock.now();
+    let by_lease = nodes.iter().map(|n| n.figures().by_lease).sum();
+    let by_redis = nodes.iter().map(|n| n.figures().by_redis).sum();
+    for n in &nodes {
+        n.close().await;
+    }
+    Run {
+        quota,
+        lease,
+        admitted,
+        start,
+        end,
+        by_lease,
+        by_redis,
+    }
+}
+
+/// Unused tokens go back when their slice reaches L, and all of them at shutdown: the shared
+/// bucket is then exactly what was used.
+#[tokio::test]
+async fn unused_tokens_go_back_at_expiry_and_at_shutdown() {
+    if redis_missing("unused_tokens_go_back_at_expiry_and_at_shutdown") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let lease = LeaseConfig {
+        max_age: Duration::from_secs(1),
+        min_rate: 30,
+        max_burst_share: 0.5,
+        low_water: 0.0,
+    };
+    // 1000 per second, burst 100: T = 1 ms; slices of up to 50.
+    let quota = Quota::new(NANOS_PER_SEC, 1_000, 100).unwrap();
+    let a = node(&redis.url(), &clock, lease).await;
+    let probe = node(&redis.url(), &clock, lease).await;
+    let key = 0xabc;
+    // Cold, then hot at the 30th hit: 30 round trips, and a slice of rate × L = 30.
+    for _ in 0..30 {
+        assert!(!decide(&a, &[op(key, quota, 1)]).await.blocked);
+    }
+    assert_eq!(a.figures().by_redis, 30);
+    assert_eq!(a.held(key), 30, "a slice of ceil(30/s × 1 s)");
+    for _ in 0..2 {
+        assert!(!decide(&a, &[op(key, quota, 1)]).await.blocked);
+    }
+    assert_eq!((a.held(key), a.figures().by_lease), (28, 2));
+    // 30 charged by Redis directly, the whole slice charged by the take.
+    assert_eq!(shared_remaining(&probe, key, quota).await, 100 - 30 - 30);
+    // Not yet L old: nothing goes back.
+    clock.advance(999 * MS);
+    a.expire().await;
+    assert_eq!(a.figures().tokens_returned, 0);
+    assert_eq!(a.held(key), 28);
+    clock.advance(MS);
+    a.expire().await;
+    assert_eq!(a.figures().tokens_returned, 28, "the unused tokens at L");
+    assert_eq!(a.held(key), 0);
+    // A second at T = 1 ms refilled the bucket fully: nothing is owed any more.
+    assert_eq!(shared_remaining(&probe, key, quota).await, 100);
+    // The give-back is what lets others use them: right after a fresh slice of 32 (this
+    // node's rate is now 32 per second) the bucket holds 100 - 1 - 32; giving those back
+    // restores them at once.
+    decide(&a, &[op(key, quota, 1)]).await;
+    assert_eq!(a.held(key), 32);
+    assert_eq!(shared_remaining(&probe, key, quota).await, 100 - 1 - 32);
+
+    // At shutdown: use three tokens of the slice, close.
+    for _ in 0..3 {
+        decide(&a, &[op(key, quota, 1)]).await;
+    }
+    let held = a.held(key);
+    assert_eq!(held, 29);
+    let before = shared_remaining(&probe, key, quota).await;
+    let returned = a.figures().tokens_returned;
+    a.close().await;
+    assert_eq!(a.figures().tokens_returned - returned, held);
+    assert_eq!(shared_remaining(&probe, key, quota).await, before + held);
+    assert_eq!(
+        before + held,
+        100 - 1 - 3,
+        "what was used stays charged, nothing more"
+    );
+    // Closed: it answers only through Redis now.
+    let by_lease = a.figures().by_lease;
+    decide(&a, &[op(key, quota, 1)]).await;
+    assert_eq!(a.figures().by_lease, by_lease);
+}
+
+/// A node that dies holding a lease (dropped without giving back) takes at most its slice
+/// from the others, and only until the bucket refills it: k·T, which is within L when the node
+/// used the counter at no more than its rate.
+#[tokio::test]
+async fn a_node_that_dies_holding_a_lease_costs_its_slice_for_at_most_l() {
+    if redis_missing("a_node_that_dies_holding_a_lease_costs_its_slice_for_at_most_l") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let lease = LeaseConfig {
+        max_age: Duration::from_millis(200),
+        min_rate: 5,
+        max_burst_share: 0.5,
+        low_water: 0.0,
+    };
+    // 100 per second (T = 10 ms), burst 100.
+    let quota = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
+    let (t, l) = (quota.interval(), lease.max_age_nanos());
+    let key = 0xdead;
+    let dying = node(&redis.url(), &clock, lease).await;
+    let other = node(&redis.url(), &clock, lease).await;
+    // The dying node uses the counter at its rate (one per T) for 0.6 s, until it holds a
+    // slice.
+    let mut used = 0;
+    while used < 60 || dying.held(key) == 0 {
+        assert!(!decide(&dying, &[op(key, quota, 1)]).await.blocked);
+        used += 1;
+        clock.advance(t);
+        assert!(used < 100, "never leased");
+    }
+    let k = dying.held(key);
+    assert!(
+        k * t <= l + t,
+        "a slice at the node's rate is what it uses within L: k = {k}"
+    );
+    let died = clock.now();
+    drop(dying);
+    // The other nodes see the slice gone, no more: used tokens were charged as used.
+    let missing = 100 - shared_remaining(&other, key, quota).await;
+    assert!(
+        missing >= k,
+        "the held tokens are not available to the others"
+    );
+    // Within L of the death, the bucket has refilled everything (the used ones and the
+    // slice): the lost tokens are back.
+    clock.set(died + l);
+    assert_eq!(
+        shared_remaining(&other, key, quota).await,
+        100,
+        "the dead node's slice is back within L"
+    );
+}
+
+/// A counter seen below `min_rate` on a node is never leased: every decision is one exact
+/// round trip, and no lease state is kept for it.
+#[tokio::test]
+async fn cold_counters_stay_exact() {
+    if redis_missing("cold_counters_stay_exact") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let lease = LeaseConfig {
+        min_rate: 10,
+        ..LeaseConfig::default()
+    };
+    let quota = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
+    let n = node(&redis.url(), &clock, lease).await;
+    // Fifty keys, each hit 9 times a second for 3 seconds.
+    for _second in 0..3 {
+        for _hit in 0..9 {
+            for key in 0..50u128 {
+                decide(&n, &[op(key, quota, 1)]).await;
+            }
+            clock.advance(NANOS_PER_SEC / 10);
+        }
+        clock.advance(NANOS_PER_SEC / 10);
+    }
+    let f = n.figures();
+    assert_eq!((f.by_lease, f.slices, f.leases), (0, 0, 0), "{f:?}");
+    assert_eq!(f.by_redis, 3 * 9 * 50);
+    assert_eq!(n.redis().figures().round_trips, 3 * 9 * 50);
+}
+
+/// Shadow and quota modes, check-only ops and refunds keep their meaning when answered from a
+/// lease: the same verdicts the stores give, and the lease's tokens moving as the bucket's
+/// would.
+#[tokio::test]
+async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
+    if redis_missing("modes_checks_and_refunds_keep_their_meaning_on_a_lease") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let lease = LeaseConfig {
+        max_age: Duration::from_secs(10),
+        min_rate: 2,
+        max_burst_share: 1.0,
+        low_water: 0.0,
+    };
+    // 10 per minute, burst 10: nothing refills within the test.
+    let quota = Quota::new(60 * NANOS_PER_SEC, 10, 10).unwrap();
+    let n = node(&redis.url(), &clock, lease).await;
+    let key = 0x5ad0;
+    decide(&n, &[op(key, quota, 1)]).await;
+    decide(&n, &[op(key, quota, 1)]).await; // hot now: a slice of the 8 left is taken
+    let held = n.held(key);
+    assert_eq!(held, 8, "rate × L covers the whole share");
+    let local = |n: &Arc<LeasedStore>| n.figures().by_lease;
+
+    // Check-only: admitted, nothing consumed, remaining = the lease's tokens.
+    let before = local(&n);
+    let b = decide(&n, &[op(key, quota, 0)]).await;
+    assert!(!b.blocked && b.outcomes[0].admitted);
+    assert_eq!(b.outcomes[0].remaining, 8);
+    assert_eq!((n.held(key), local(&n)), (8, before + 1));
+
+    // Charges from the lease; then a refund of two of them goes back to the lease.
+    let b = decide(&n, &[op(key, quota, 3)]).await;
+    assert!(!b.blocked);
+    assert_eq!(b.outcomes[0].remaining, 5);
+    let refund = Op {
+        refund: true,
+        ..op(key, quota, 2)
+    };
+    let b = decide(&n, &[refund]).await;
+    assert!(!b.blocked && b.outcomes[0].admitted);
+    assert_eq!((n.held(key), local(&n)), (7, before + 3));
+    // A refund of more than this lease handed out goes to Redis (which caps it at a full
+    // bucket).
+    let big = Op {
+        refund: true,
+        ..op(key, quota, 50)
+    };
+    decide(&n, &[big]).await;
+    assert_eq!(local(&n), before + 3, "answered by Redis");
+
+    // Two ops on the counter in one request: all or nothing. 7 held: 4 + 4 does not fit, and
+    // the whole request goes the exact path.
+    let b = decide(&n, &[op(key, quota, 4), op(key, quota, 4)]).await;
+    assert_eq!(local(&n), before + 3);
+    let _ = b;
+    // Use up the lease and the shared bucket, so the lease knows Redis has none.
+    while !decide(&n, &[op(key, quota, 1)]).await.blocked {}
+    assert_eq!(n.held(key), 0);
+    // An enforced op refused locally, with a wait; charges nothing.
+    let before = local(&n);
+    let b = decide(&n, &[op(key, quota, 1)]).await;
+    assert!(b.blocked && !b.outcomes[0].admitted && b.outcomes[0].wait > 0);
+    assert_eq!(local(&n), before + 1, "refused from the lease");
+    // Shadow mode: the would-be denial never refuses the request.
+    let shadow = Op {
+        mode: Mode::Shadow,
+        ..op(key, quota, 1)
+    };
+    let b = decide(&n, &[shadow]).await;
+    assert!(!b.blocked && !b.outcomes[0].admitted);
+    assert_eq!(local(&n), before + 2);
+    // Quota mode: refused only when every quota op is denied.
+    let quota_op = Op {
+        mode: Mode::Quota,
+        ..op(key, quota, 1)
+    };
+    let b = decide(&n, &[quota_op]).await;
+    assert!(b.blocked);
+    assert_eq!(local(&n), before + 3);
+}
+
+/// A server with `redis.lease.enabled` answers a hot key mostly without Redis and says so in
+/// its metrics.
+#[tokio::test]
+async fn a_leased_server_reports_its_leases_in_metrics() {
+    if redis_missing("a_leased_server_reports_its_leases_in_metrics") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let server = TestServer::start_with(
+        &[(
+            "hot.yaml",
+            "domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100000, burst: 10000}\n",
+        )],
+        |s| {
+            s.backend = BackendKind::Redis;
+            s.redis.url = url;
+            s.redis.lease.enabled = true;
+        },
+    )
+    .await;
+    let req = || request("hot", vec![descriptor(&[("k", "v")])]);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let call = server.call(req());
+            async move { call.await.is_ok() }
+        })
+        .await,
+        "redis never connected"
+    );
+    let mut ok = 0;
+    for _ in 0..300 {
+        if let Ok(r) = server.call(req()).await {
+            ok += u32::from(r.overall_code == Code::Ok as i32);
+        }
+    }
+    assert!(ok > 250, "answered once Redis is connected: {ok}");
+    let by_lease = metric(server.admin, "sluice_backend_decisions_total{by=\"lease\"}")
+        .await
+        .unwrap_or(0.0);
+    let by_redis = metric(server.admin, "sluice_backend_decisions_total{by=\"redis\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(by_lease > 200.0, "lease {by_lease}, redis {by_redis}");
+    assert_eq!(
+        metric(server.admin, "sluice_backend_mode{mode=\"leased\"}").await,
+        Some(1.0)
+    );
+    let slices = metric(server.admin, "sluice_lease_slices_total")
+        .await
+        .unwrap();
+    let taken = metric(server.admin, "sluice_lease_tokens_taken_total")
+        .await
+        .unwrap();
+    assert!(
+        slices >= 1.0 && taken >= by_lease,
+        "slices {slices}, tokens {taken}"
+    );
+    server.stop().await.unwrap();
+}
