@@ -28,7 +28,7 @@ fn main() -> ExitCode {
 fn policies(
     config: Option<&std::path::Path>,
     dir: Option<std::path::PathBuf>,
-) -> Result<(String, PolicySet), ExitCode> {
+) -> Result<(String, PolicySet, Option<u64>), ExitCode> {
     let flags = ServeArgs {
         policies: dir,
         ..ServeArgs::default()
@@ -38,16 +38,17 @@ fn policies(
         eprintln!("sluice: warning: {warning}");
     }
     let set = app::check(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
-    Ok((settings.policies.display().to_string(), set))
+    let lease = settings.lease.map(|l| l.max_age_nanos());
+    Ok((settings.policies.display().to_string(), set, lease))
 }
 
 fn check(args: &CheckArgs) -> ExitCode {
     let dir = args.path.clone().or_else(|| args.policies.clone());
-    let (name, set) = match policies(args.config.as_deref(), dir) {
+    let (name, set, lease) = match policies(args.config.as_deref(), dir) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let report = CheckReport::new(&name, &set);
+    let report = CheckReport::new(&name, &set).with_lease(lease);
     if args.json {
         println!("{}", report.json());
     } else {
@@ -72,7 +73,7 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             Err(e) => return fail(&e, ExitCode::FAILURE),
         },
         _ => match policies(args.config.as_deref(), args.policies.clone()) {
-            Ok((_, set)) => set,
+            Ok((_, set, _)) => set,
             Err(code) => return code,
         },
     };

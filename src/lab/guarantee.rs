@@ -41,6 +41,21 @@ pub struct Guarantee {
     pub worst_period: u64,
     /// The most a fixed window of `L` per period admits in any 1 s: `2L`.
     pub fixed_window_worst_second: u64,
+    /// The bound under leased counting (`redis.lease`), when it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leased: Option<LeasedBound>,
+}
+
+/// What a rule admits under leased counting with leases living at most L: in any span W at most
+/// `B + floor((W + L) / T)`, against the exact `B + floor(W / T)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LeasedBound {
+    /// L, `redis.lease.max_age_ms`, in nanoseconds.
+    pub max_age_ns: u64,
+    /// The most admitted in any 1 s: `B + floor((1 s + L) / T)`.
+    pub worst_second: u64,
+    /// The most admitted in any span of the period: `B + floor((P + L) / T)`.
+    pub worst_period: u64,
 }
 
 impl Guarantee {
@@ -66,7 +81,21 @@ impl Guarantee {
             worst_second: most_in_span(b, t, NANOS_PER_SEC),
             worst_period: most_in_span(b, t, q.period()),
             fixed_window_worst_second: 2 * u64::from(rate.requests_per_unit),
+            leased: None,
         })
+    }
+
+    /// The same guarantee with the bound under leases that live at most `max_age_ns` beside it.
+    #[must_use]
+    pub fn with_lease(mut self, max_age_ns: u64) -> Self {
+        let (b, t) = (u64::from(self.burst), self.interval_ns);
+        let period = self.period_seconds.saturating_mul(NANOS_PER_SEC);
+        self.leased = Some(LeasedBound {
+            max_age_ns,
+            worst_second: most_in_span(b, t, NANOS_PER_SEC.saturating_add(max_age_ns)),
+            worst_period: most_in_span(b, t, period.saturating_add(max_age_ns)),
+        });
+        self
     }
 
     /// Whether the rule deserves a warning: its burst is inherited.
@@ -113,7 +142,7 @@ impl Guarantee {
         }
     }
 
-    /// The human form: three or four indented lines.
+    /// The human form: three to five indented lines.
     #[must_use]
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -143,6 +172,23 @@ impl Guarantee {
              of one window, L at the start of the next)",
             self.requests_per_unit, self.fixed_window_worst_second
         );
+        if let Some(l) = &self.leased {
+            let _ = write!(
+                out,
+                "  leased (L = {}): at most {} in any second (exact {})",
+                duration(l.max_age_ns),
+                l.worst_second,
+                self.worst_second
+            );
+            if self.period_seconds > 1 {
+                let _ = write!(
+                    out,
+                    ", {} in any {period} (exact {})",
+                    l.worst_period, self.worst_period
+                );
+            }
+            out.push('\n');
+        }
         if !self.burst_set {
             let _ = writeln!(
                 out,
@@ -181,6 +227,16 @@ impl CheckReport {
             rules,
             warnings,
         }
+    }
+
+    /// Every rule's bound under leases living at most `max_age_ns` (`redis.lease`) beside the
+    /// exact one.
+    #[must_use]
+    pub fn with_lease(mut self, max_age_ns: Option<u64>) -> Self {
+        if let Some(l) = max_age_ns {
+            self.rules = self.rules.into_iter().map(|g| g.with_lease(l)).collect();
+        }
+        self
     }
 
     /// The human form: each rule's guarantee, then the summary line `DIR: SUMMARY: ok`.
@@ -315,6 +371,40 @@ descriptors:
         assert_eq!(json["rules"][1]["path"], "db.chosen");
         assert_eq!(json["rules"][1]["burst_set"], true);
         assert_eq!(json["rules"][0]["worst_period"], 10_000);
+    }
+
+    #[test]
+    fn the_leased_bound_adds_l_to_the_span() {
+        let q = crate::limiter::Quota::new(NANOS_PER_SEC, 100, 20).unwrap();
+        let g = Guarantee {
+            domain: "d".into(),
+            path: "d.k".into(),
+            name: String::new(),
+            requests_per_unit: 100,
+            unit: "SECOND",
+            unit_multiplier: 1,
+            period_seconds: 1,
+            burst: 20,
+            burst_set: true,
+            interval_ns: q.interval(),
+            worst_second: 120,
+            worst_period: 120,
+            fixed_window_worst_second: 200,
+            leased: None,
+        }
+        .with_lease(250_000_000);
+        let l = g.leased.unwrap();
+        assert_eq!(
+            (l.worst_second, l.worst_period),
+            (145, 145),
+            "20 + floor(1.25 s / 10 ms)"
+        );
+        assert!(
+            g.render()
+                .contains("leased (L = 250ms): at most 145 in any second (exact 120)"),
+            "{}",
+            g.render()
+        );
     }
 
     #[test]

@@ -317,3 +317,36 @@ fn shipped_config_is_valid() {
         "{stdout}"
     );
 }
+
+/// With leased counting on, each rule shows its bound under the configured L next to the exact
+/// one; without it, only the exact one.
+#[test]
+fn check_shows_the_leased_bound_under_the_configured_l() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(
+        policies.join("p.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 20}\n",
+    )
+    .unwrap();
+    let settings = dir.path().join("s.yaml");
+    let policies = policies.to_str().unwrap();
+    std::fs::write(
+        &settings,
+        format!(
+            "policies: {policies}\nbackend: redis\nredis:\n  lease:\n    enabled: true\n    max_age_ms: 250\n"
+        ),
+    )
+    .unwrap();
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("  leased (L = 250ms): at most 145 in any second (exact 120)\n"),
+        "{stdout}"
+    );
+    let out = check(&[policies]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains("leased"), "{stdout}");
+}

@@ -211,6 +211,9 @@ impl Lease {
     }
 }
 
+/// One distinct counter of a request: its key, its rate on this node, its lease if any.
+type Counter = (Key, u64, Option<Arc<Mutex<Lease>>>);
+
 /// One slot of the hotness table.
 #[derive(Debug, Default)]
 struct Heat {
@@ -369,8 +372,7 @@ impl LeasedStore {
         }
         let max_age = self.config.max_age_nanos();
         // The request's distinct counters: (key, rate, its lease).
-        let mut counters: Vec<(Key, u64, Option<Arc<Mutex<Lease>>>)> =
-            Vec::with_capacity(ops.len());
+        let mut counters: Vec<Counter> = Vec::with_capacity(ops.len());
         let mut answerable = true;
         for op in ops {
             if !Self::leasable(op) {
@@ -503,12 +505,7 @@ impl LeasedStore {
     }
 
     /// Starts a take for every hot counter of `ops` that has no lease, or one running low.
-    fn start_takes(
-        self: &Arc<Self>,
-        ops: &[Op],
-        counters: &[(Key, u64, Option<Arc<Mutex<Lease>>>)],
-        now: u64,
-    ) {
+    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[Counter], now: u64) {
         for (key, rate, lease) in counters {
             if *rate < self.config.min_rate {
                 continue;
