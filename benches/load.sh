@@ -9,6 +9,7 @@
 #   DURATION=10 ROUNDS=5 benches/load.sh
 #   LOADBENCH_BIN=... LOADBENCH_FLOOR_BIN=... LOADBENCH_LOADGEN_BIN=... benches/load.sh   # no build
 #   COMPARE=/path/to/older/sluice benches/load.sh   # only old against new, alternated in each round
+#   LEASED=1 benches/load.sh             # only two leased nodes on one Redis against memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,4 +32,4 @@ else
 fi
 
 python3 benches/load/run.py --bin "$bins/sluice" --floor "$bins/sluice-floor" --loadgen "$bins/loadgen" \
-    ${COMPARE:+--compare "$COMPARE"}
+    ${COMPARE:+--compare "$COMPARE"} ${LEASED:+--leased}

@@ -59,9 +59,12 @@ def metrics(admin):
     text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
-        m = re.match(r'^(sluice_decisions_total\{result="(\w+)"\}|sluice_redis_round_trips_total|sluice_redis_requests_total|sluice_store_keys)\s+(\S+)$', line)
+        m = re.match(r'^(sluice_decisions_total\{result="(\w+)"\}|sluice_redis_round_trips_total|sluice_redis_requests_total|sluice_store_keys|sluice_lease_slices_total)\s+(\S+)$', line)
         if m:
             out[m.group(2) or m.group(1)] = float(m.group(3))
+        m = re.match(r'^sluice_backend_decisions_total\{by="(\w+)"\}\s+(\S+)$', line)
+        if m:
+            out[f"by_{m.group(1)}"] = float(m.group(2))
     return out
 
 
@@ -202,13 +205,21 @@ def main():
     ap.add_argument("--redis-vs-memory", action="store_true",
                     help="only compare --bin counting in Redis with --bin counting in memory,"
                          " alternating them in each round, with Redis time per decision")
+    ap.add_argument("--leased", action="store_true",
+                    help="only run two --bin nodes with leased counting on one Redis, the hot key"
+                         " driven 10 x 10 on each at once, beside one node counting in memory:"
+                         " round trips per decision, throughput, admitted against the bound")
+    ap.add_argument("--lease-max-age-ms", type=int, default=1000,
+                    help="redis.lease.max_age_ms (L) for --leased")
     ap.add_argument("--compare", metavar="OLD_BIN",
                     help="only compare --bin with an older build of the server, alternating them"
                          " in each round on the hot-key and 100k-keys scenarios")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-load-")
     try:
-        (redis_vs_memory if args.redis_vs_memory else compare if args.compare else run)(args, work)
+        mode = (leased if args.leased else redis_vs_memory if args.redis_vs_memory
+                else compare if args.compare else run)
+        mode(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -284,6 +295,97 @@ def redis_vs_memory(args, work):
               f"  round trips per decision {trips:.2f}  Redis {per:.2f} us per decision")
     if b.failed:
         sys.exit("load: some run's answers were not the expected decisions")
+
+
+def leased(args, work):
+    """Two nodes on one Redis with leased counting, the hot key offered 10 x 10 on each at once,
+    then one node counting in memory under the same load: per node the throughput against memory
+    and the Redis round trips per decision; for the fleet the admitted count against the stated
+    bound B + (W + L) / T and the exact B + W / T."""
+    import threading
+    policies, body = setup(work)
+    b = Bench()
+    D, (c, m), L = args.duration, (10, 10), args.lease_max_age_ms / 1000
+    port = free_port()
+    redis = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--bind",
+                              "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work],
+                             stdout=subprocess.DEVNULL)
+    redis_args = ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"]
+    env = {"SLUICE_REDIS__TIMEOUT_MS": "100", "SLUICE_REDIS__LEASE__ENABLED": "true",
+           "SLUICE_REDIS__LEASE__MAX_AGE_MS": str(args.lease_max_age_ms)}
+    print(f"== leased: {args.rounds} rounds, {D} s each; two nodes on one Redis, L = {L:g} s,"
+          f" hot key c={c} x m={m} on each; servers on core 0, redis-server and the load on core 1")
+    try:
+        time.sleep(0.5)
+        for r in range(args.rounds):
+            with serving(args.bin, str(policies)) as s:
+                b.run("memory, one node, hot key", s, lambda: h2load(s, body("hot"), c, m, D, work), expect_hot)
+            subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True, check=True)
+            with serving(args.bin, str(policies), redis_args, env=env) as n1, \
+                    serving(args.bin, str(policies), redis_args, env=env) as n2:
+                time.sleep(1)
+                nodes = [n1, n2]
+                before = [metrics(n.admin) for n in nodes]
+                results = [None, None]
+                t0 = time.monotonic()
+
+                def drive(i):
+                    w = Path(work, f"node{i}")
+                    w.mkdir(exist_ok=True)
+                    results[i] = h2load(nodes[i], body("hot"), c, m, D, w)
+                threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                elapsed = time.monotonic() - t0
+                after = [metrics(n.admin) for n in nodes]
+                total_ok, offered = 0, 0.0
+                for i, (res, a, z) in enumerate(zip(results, before, after)):
+                    delta = {k: z.get(k, 0) - a.get(k, 0) for k in z}
+                    decided = delta.get("ok", 0) + delta.get("over_limit", 0)
+                    trips = delta.get("sluice_redis_round_trips_total", 0)
+                    res.update(ok=int(delta.get("ok", 0)), over=int(delta.get("over_limit", 0)),
+                               errors=int(delta.get("invalid", 0) + delta.get("backend_error", 0)),
+                               round_trips=int(trips), trips_per_decision=trips / max(decided, 1),
+                               by_lease=int(delta.get("by_lease", 0)), by_redis=int(delta.get("by_redis", 0)),
+                               slices=int(delta.get("sluice_lease_slices_total", 0)))
+                    b.results.setdefault(f"leased, node {i + 1}", []).append(res)
+                    total_ok += res["ok"]
+                    offered += res["rate"]
+                    print(f"{f'leased, node {i + 1}, hot key':<44} {res['rate']:>9,.0f}/s  p50 {res['p50']:.3f} ms"
+                          f"  p99 {res['p99']:.3f} ms  ok {res['ok']} over_limit {res['over']}"
+                          f"  {res['round_trips']:,} round trips = {res['trips_per_decision']:.4f} per decision"
+                          f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices)",
+                          flush=True)
+                    if res["http_errors"] or res["errors"]:
+                        print(f"{'':<44} !! {res['http_errors']} failed calls, {res['errors']} gRPC errors")
+                        b.failed = True
+                # The counters span the whole exposure (h2load's warm-up second included).
+                exact = HOT_BURST + HOT_RATE * elapsed
+                bound = HOT_BURST + HOT_RATE * (elapsed + L)
+                print(f"{'fleet':<44} admitted {total_ok:,} in {elapsed:.1f} s: bound {bound:,.0f},"
+                      f" exact {exact:,.0f} ({total_ok / exact:.1%} of it)", flush=True)
+                b.results.setdefault("leased, fleet", []).append({"rate": total_ok / exact})
+                if total_ok > bound:
+                    print(f"{'':<44} !! over the stated bound")
+                    b.failed = True
+                if offered > 1.2 * HOT_RATE and total_ok < 0.95 * HOT_RATE * (elapsed - 1.5):
+                    print(f"{'':<44} !! offered {offered:,.0f}/s, yet under 95 % of the exact count")
+                    b.failed = True
+    finally:
+        redis.terminate()
+        redis.wait()
+    print("== medians")
+    mem = b.median("memory, one node, hot key")
+    for i in (1, 2):
+        rate = b.median(f"leased, node {i}")
+        trips = b.median(f"leased, node {i}", "trips_per_decision")
+        print(f"leased node {i}: {rate:>9,.0f}/s = {rate / mem:.2f}x memory's {mem:,.0f}/s"
+              f"  (target 0.9x); round trips per decision {trips:.4f} (target 0.05)")
+    print(f"fleet admitted: {b.median('leased, fleet'):.1%} of the exact count (target 95 %, at most the bound)")
+    if b.failed:
+        sys.exit("load: some run's answers were not the decisions expected (see !! above)")
 
 
 def compare(args, work):
