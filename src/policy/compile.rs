@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::matcher::{Group, Level, Pattern, TreeNode};
+use super::matcher::{Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
 use super::yaml::{Node, Pos, Value};
 use super::{Cost, Domain, Limit, Metadata, Problem, Rate, Rule, Unit};
@@ -174,10 +174,7 @@ impl Compiler<'_> {
                 value: value.clone(),
             });
             let id = self.node(domain, raw, &steps, ancestor);
-            let group = level
-                .groups
-                .entry(key.into())
-                .or_insert_with(Group::default);
+            let group = level.groups.entry(key.into()).or_default();
             match value {
                 Some(v) if v.contains('*') => group.wildcards.push((Pattern::new(&v), id)),
                 Some(v) => {

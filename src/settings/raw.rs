@@ -41,6 +41,9 @@ pub struct RawSettings {
     /// Accept a policy directory with no policy file (no domain: every request answered OK)
     /// at startup, on reload and in `sluice check`; refused when false.
     pub allow_empty_policies: bool,
+    /// Merge policy files that name the same domain into one descriptor tree, in file order
+    /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`); when false such a pair is refused.
+    pub merge_domains: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -55,6 +58,10 @@ pub struct RawSettings {
     pub retry_after_jitter_seconds: u64,
     /// Add an RFC 9457 problem+json body (`raw_body`) to denials.
     pub problem_body: bool,
+    /// Fill the response's `dynamic_metadata` in envoyproxy/ratelimit's shape (its
+    /// `RESPONSE_DYNAMIC_METADATA`): the domain, the descriptors, and the merged `metadata` of
+    /// the rules whose descriptors passed.
+    pub response_dynamic_metadata: bool,
     /// Caps on request size.
     pub requests: RequestSettings,
     /// The in-memory store.
@@ -262,6 +269,7 @@ impl Default for RawSettings {
             policy_files: Files::Yaml,
             watch_policies: true,
             allow_empty_policies: false,
+            merge_domains: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,
@@ -269,6 +277,7 @@ impl Default for RawSettings {
             legacy_headers: LegacyNames::default(),
             retry_after_jitter_seconds: 2,
             problem_body: false,
+            response_dynamic_metadata: false,
             requests: RequestSettings::default(),
             store: StoreSettings::default(),
             backend: BackendKind::Memory,
