@@ -497,6 +497,29 @@ mod tests {
     }
 
     #[test]
+    fn merged_domains_and_dynamic_metadata_from_the_reference_and_sluice_names() {
+        let reference = env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+        ]);
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), reference.clone())
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(s.merge_domains);
+        assert!(s.decision.dynamic_metadata);
+        assert!(s.compat_warnings.is_empty(), "{:?}", s.compat_warnings);
+        let mut vars = reference;
+        vars.insert("SLUICE_MERGE_DOMAINS".into(), "false".into());
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
+        assert!(!s.merge_domains);
+        assert!(s.response_dynamic_metadata);
+        let d = RawSettings::default().validate().unwrap();
+        assert!(!d.merge_domains && !d.decision.dynamic_metadata);
+    }
+
+    #[test]
     fn only_variables_that_name_a_setting_are_read() {
         let vars = [
             ("SLUICE_GRPC_ADDR", "127.0.0.1:1"),
