@@ -9,6 +9,7 @@ mod headers;
 mod helpers;
 mod lab;
 mod memory;
+mod metadata;
 mod ops;
 mod redis;
 mod service;
