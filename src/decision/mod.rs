@@ -47,7 +47,7 @@ pub struct Options {
     pub shadow_mode: bool,
     /// The answer when the backend cannot decide.
     pub on_backend_error: OnBackendError,
-    /// Fill [`Decision::dynamic_metadata`] (see [`metadata`]).
+    /// Fill [`Decision::dynamic_metadata`], in envoyproxy/ratelimit's shape.
     pub dynamic_metadata: bool,
     /// Response headers and bodies to add.
     pub headers: HeaderOptions,
@@ -74,7 +74,10 @@ pub struct Decision {
     /// A body for a denial (`raw_body` on gRPC), empty for none.
     pub body: Vec<u8>,
     /// With [`Options::dynamic_metadata`], the response's dynamic metadata in
-    /// envoyproxy/ratelimit's shape (the module `metadata` describes it); `None` when off.
+    /// envoyproxy/ratelimit's shape: `domain`, `descriptors` (each `entries` as `"key=value"`,
+    /// an override as `limit` text, its own `hitsAddend` when set), the request's `hitsAddend`
+    /// when not 0, and `metadata`, the merged `metadata` of the rules whose descriptors passed
+    /// (first value wins), when not empty. `None` when off.
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
