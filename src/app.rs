@@ -89,6 +89,7 @@ fn load_options(settings: &Settings) -> policy::LoadOptions {
     policy::LoadOptions {
         allow_empty: settings.allow_empty_policies,
         files: settings.policy_files,
+        merge_domains: settings.merge_domains,
     }
 }
 

@@ -231,6 +231,7 @@ mod tests {
                 statuses,
                 headers: Vec::new(),
                 body: Vec::new(),
+                dynamic_metadata: None,
             };
             let e = extras(&d, &legacy, 0.0);
             e.headers

@@ -9,6 +9,7 @@
 //! the snapshot it was decided on.
 
 pub mod headers;
+mod metadata;
 mod plan;
 mod request;
 
@@ -46,6 +47,8 @@ pub struct Options {
     pub shadow_mode: bool,
     /// The answer when the backend cannot decide.
     pub on_backend_error: OnBackendError,
+    /// Fill [`Decision::dynamic_metadata`], in envoyproxy/ratelimit's shape.
+    pub dynamic_metadata: bool,
     /// Response headers and bodies to add.
     pub headers: HeaderOptions,
 }
@@ -70,6 +73,12 @@ pub struct Decision {
     pub headers: Vec<(String, String)>,
     /// A body for a denial (`raw_body` on gRPC), empty for none.
     pub body: Vec<u8>,
+    /// With [`Options::dynamic_metadata`], the response's dynamic metadata in
+    /// envoyproxy/ratelimit's shape: `domain`, `descriptors` (each `entries` as `"key=value"`,
+    /// an override as `limit` text, its own `hitsAddend` when set), the request's `hitsAddend`
+    /// when not 0, and `metadata`, the merged `metadata` of the rules whose descriptors passed
+    /// (first value wins), when not empty. `None` when off.
+    pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The answer for one descriptor.
@@ -167,7 +176,11 @@ impl Decider {
         }
         let policies = self.policies.load();
         let Some(domain) = policies.domain(&req.domain) else {
-            let decision = self.respond(Code::Ok, vec![Status::UNMATCHED; req.descriptors.len()]);
+            let mut decision =
+                self.respond(Code::Ok, vec![Status::UNMATCHED; req.descriptors.len()]);
+            if self.options.dynamic_metadata {
+                decision.dynamic_metadata = Some(metadata::build(req, []));
+            }
             self.metrics.request(RequestOutcome::Ok);
             self.metrics
                 .domain_not_found(&req.domain, req.descriptors.len() as u64);
@@ -188,7 +201,18 @@ impl Decider {
             }
         };
         let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
-        let decision = self.respond(overall, statuses);
+        let mut decision = self.respond(overall, statuses);
+        if self.options.dynamic_metadata {
+            let passed =
+                plan.slots
+                    .iter()
+                    .zip(&decision.statuses)
+                    .map(|(slot, status)| match *slot {
+                        Slot::Counted { metadata, .. } if status.code == Code::Ok => metadata,
+                        _ => None,
+                    });
+            decision.dynamic_metadata = Some(metadata::build(req, passed));
+        }
         self.record(req, &plan, &batch, &decision);
         self.metrics.decided(start.elapsed());
         tracing::debug!(domain = %req.domain, overall = ?decision.overall, "decided");
@@ -207,6 +231,7 @@ impl Decider {
             statuses,
             headers: Vec::new(),
             body: Vec::new(),
+            dynamic_metadata: None,
         };
         headers::add(&mut decision, &self.options.headers);
         decision
@@ -219,7 +244,7 @@ impl Decider {
             Code::OverLimit => RequestOutcome::OverLimit,
         });
         for (desc, slot) in req.descriptors.iter().zip(&plan.slots) {
-            let Slot::Counted { start, end } = *slot else {
+            let Slot::Counted { start, end, .. } = *slot else {
                 continue;
             };
             for i in start..end {
@@ -558,6 +583,129 @@ descriptors:
         search.hits_addend = 0;
         search.descriptors[0].entries[0].value = "c".into();
         assert_eq!(first(&now(d.decide(&search)).unwrap()).2, 10);
+    }
+
+    const WITH_METADATA: &str = r"
+domain: d
+descriptors:
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {name: one, only_one: 1, nested: {from: one}}
+  - key: two
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata: {name: two, nested: {from: two, extra: 2}}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {shadow: yes}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {quota: left}
+  - key: free
+    rate_limit: {unlimited: true}
+    metadata: {free: never}
+";
+
+    fn with_metadata(options: Options) -> Decider {
+        let set = load_str(&[("p.yaml", WITH_METADATA)]).unwrap();
+        Decider::new(
+            PolicyHandle::new(set),
+            memory(),
+            Arc::new(Metrics::install(10)),
+            Options {
+                dynamic_metadata: true,
+                ..options
+            },
+        )
+    }
+
+    fn merged(d: &Decision) -> Option<&serde_json::Value> {
+        d.dynamic_metadata
+            .as_ref()
+            .expect("dynamic metadata")
+            .get("metadata")
+    }
+
+    #[test]
+    fn dynamic_metadata_merges_the_rules_that_passed() {
+        use serde_json::json;
+        let d = with_metadata(Options::default());
+        let both = req(&[&[("one", "a")], &[("two", "b")], &[("free", "c")]]);
+        let first = now(d.decide(&both)).unwrap();
+        assert_eq!(
+            first.dynamic_metadata,
+            json!({
+                "domain": "d",
+                "descriptors": [{"entries": ["one=a"]}, {"entries": ["two=b"]}, {"entries": ["free=c"]}],
+                "metadata": {"name": "one", "only_one": 1, "nested": {"from": "one", "extra": 2}},
+            })
+            .as_object()
+            .cloned()
+        );
+        // `one` is now over its limit: the request is refused, and only `two`, which passed, gives
+        // its metadata (the unlimited rule never does).
+        let second = now(d.decide(&both)).unwrap();
+        assert_eq!(second.overall, Code::OverLimit);
+        assert_eq!(
+            merged(&second),
+            Some(&json!({"name": "two", "nested": {"from": "two", "extra": 2}}))
+        );
+        // A shadow-mode rule passes even over its limit; a quota rule over its limit does not.
+        let modes = req(&[&[("shadow", "s")], &[("quota", "q")]]);
+        now(d.decide(&modes)).unwrap();
+        let over = now(d.decide(&modes)).unwrap();
+        assert_eq!(over.statuses[0].code, Code::Ok);
+        assert_eq!(over.statuses[1].code, Code::OverLimit);
+        assert_eq!(merged(&over), Some(&json!({"shadow": "yes"})));
+        // hitsAddend: the request's only when not 0, a descriptor's whenever set.
+        let mut costly = req(&[&[("two", "z")]]);
+        costly.hits_addend = 2;
+        costly.descriptors[0].hits_addend = Some(0);
+        let m = now(d.decide(&costly)).unwrap().dynamic_metadata.unwrap();
+        assert_eq!(m["hitsAddend"], json!(2));
+        assert_eq!(
+            m["descriptors"],
+            json!([{"entries": ["two=z"], "hitsAddend": 0}])
+        );
+        // An unknown domain still describes the request, with no metadata.
+        let m = now(d.decide(&Request::from_entries("nope", &[&[("one", "a")]])))
+            .unwrap()
+            .dynamic_metadata
+            .unwrap();
+        assert_eq!(m["domain"], json!("nope"));
+        assert!(!m.contains_key("metadata"));
+    }
+
+    #[test]
+    fn under_global_shadow_mode_a_rule_over_its_limit_does_not_pass() {
+        let d = with_metadata(Options {
+            shadow_mode: true,
+            ..Options::default()
+        });
+        let one = req(&[&[("one", "a")]]);
+        assert!(merged(&now(d.decide(&one)).unwrap()).is_some());
+        let over = now(d.decide(&one)).unwrap();
+        assert_eq!(over.overall, Code::Ok);
+        assert_eq!(over.statuses[0].code, Code::OverLimit);
+        assert_eq!(merged(&over), None);
+    }
+
+    #[test]
+    fn dynamic_metadata_is_absent_when_off() {
+        let set = load_str(&[("p.yaml", WITH_METADATA)]).unwrap();
+        let d = Decider::new(
+            PolicyHandle::new(set),
+            memory(),
+            Arc::new(Metrics::install(10)),
+            Options::default(),
+        );
+        assert_eq!(
+            now(d.decide(&req(&[&[("one", "a")]])))
+                .unwrap()
+                .dynamic_metadata,
+            None
+        );
     }
 
     #[test]

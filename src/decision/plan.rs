@@ -23,20 +23,25 @@ use super::request::{Descriptor, Request};
 use super::{AppliedLimit, Code, Status};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{Batch, Key, KeyBuilder, Mode, Op};
-use crate::policy::{Domain, Limit, Rate, Resolved, Rule};
+use crate::policy::{Domain, Limit, Metadata, Rate, Resolved, Rule};
 
 /// Seed of override counter keys, distinct from any rule identity's role.
 const OVERRIDE_SEED: u128 = 0x6f76_6572_7269_6465;
 
 /// What was matched for one descriptor.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Slot {
+pub(super) enum Slot<'p> {
     /// No rule applies.
     None,
     /// Only unlimited rules.
     Unlimited,
-    /// Limited rules (or a request's override), counted by ops `start..end`.
-    Counted { start: usize, end: usize },
+    /// Limited rules (or a request's override), counted by ops `start..end`; `metadata` is the
+    /// matched node's (never an override's).
+    Counted {
+        start: usize,
+        end: usize,
+        metadata: Option<&'p Metadata>,
+    },
 }
 
 /// The limit an op counts for: its rate and rule (`None` for a request's override).
@@ -50,7 +55,7 @@ pub(super) struct Applied<'p> {
 #[derive(Debug)]
 pub(super) struct Plan<'p> {
     /// One per request descriptor.
-    pub(super) slots: Vec<Slot>,
+    pub(super) slots: Vec<Slot<'p>>,
     /// The backend's ops.
     pub(super) ops: Vec<Op>,
     /// One per op: what it counts for.
@@ -120,6 +125,7 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
         let hits = req.cost(i);
         let start = plan.ops.len();
         let mut unlimited = false;
+        let mut metadata = None;
         let resolved = match &mut matched[i] {
             Matched::None => None,
             Matched::Override(rate, key) => {
@@ -133,6 +139,7 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
             Matched::Rules(_, resolved) => resolved.take(),
         };
         if let Some(resolved) = resolved {
+            metadata = resolved.metadata;
             let rules = resolved.rules;
             let cost = hits.saturating_mul(resolved.cost);
             let counted =
@@ -168,7 +175,11 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
         }
         let end = plan.ops.len();
         plan.slots.push(if end > start {
-            Slot::Counted { start, end }
+            Slot::Counted {
+                start,
+                end,
+                metadata,
+            }
         } else if unlimited {
             Slot::Unlimited
         } else {
@@ -202,7 +213,7 @@ pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code
                 remaining: u32::MAX,
                 ..Status::UNMATCHED
             },
-            Slot::Counted { start, end } => {
+            Slot::Counted { start, end, .. } => {
                 let rank = |i: usize| {
                     let o = &batch.outcomes[i];
                     let shadow = plan.applied[i].rule.is_some_and(|r| r.shadow_mode);

@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::matcher::{Group, Level, Pattern, TreeNode};
+use super::matcher::{Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
-use super::yaml::Pos;
-use super::{Cost, Domain, Limit, Problem, Rate, Rule, Unit};
+use super::yaml::{Node, Pos, Value};
+use super::{Cost, Domain, Limit, Metadata, Problem, Rate, Rule, Unit};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{KeyBuilder, Quota, QuotaError};
 
@@ -18,45 +18,31 @@ use crate::limiter::{KeyBuilder, Quota, QuotaError};
 /// in a larger unit).
 const MAX_UNIT_MULTIPLIER: u64 = 1_000_000;
 
-/// Compiles one file's raw policy, appending problems. Returns `None` when the file has errors.
-pub(super) fn compile(file: &str, raw: RawPolicy, problems: &mut Vec<Problem>) -> Option<Domain> {
+/// Compiles the raw policies of one domain, appending problems: one file, or with merged
+/// domains every file naming it, in load order, their top-level descriptors concatenated into
+/// one tree (as envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG` does: a top-level key and value
+/// given in two files is a duplicate, named with both files; nothing deeper is merged). Returns
+/// `None` when a file has errors.
+pub(super) fn compile(files: &[(&str, RawPolicy)], problems: &mut Vec<Problem>) -> Option<Domain> {
+    let (first, _) = files.first()?;
     let before = problems.len();
     let mut c = Compiler {
-        file,
+        file: first,
         problems,
         nodes: Vec::new(),
     };
-    let name = match raw.domain {
-        Some(d) if !d.value.is_empty() => d.value,
-        Some(d) => {
-            c.problem(
-                Some(d.pos),
-                "domain",
-                "config file cannot have empty domain".into(),
-            );
-            String::new()
-        }
-        None => {
-            // Unless the model already reported a `domain` that is not text.
-            if !c
-                .problems
-                .iter()
-                .any(|p| p.file == file && p.path == "domain")
-            {
-                c.problem(
-                    Some(Pos { line: 1, col: 1 }),
-                    "domain",
-                    "missing domain".into(),
-                );
-            }
-            String::new()
-        }
-    };
-    let root = c.level(&name, &raw.descriptors, &[], None);
+    let mut root = Level::default();
+    let mut seen = HashMap::new();
+    let mut name = String::new();
+    for (file, raw) in files {
+        c.file = file;
+        name = c.domain_name(raw);
+        c.extend_level(&mut root, &mut seen, &name, &raw.descriptors, &[], None);
+    }
     let nodes = c.nodes;
     (problems.len() == before).then(|| Domain {
         name,
-        file: file.to_string(),
+        files: files.iter().map(|(f, _)| (*f).to_string()).collect(),
         root,
         nodes,
     })
@@ -76,6 +62,37 @@ struct Step {
 }
 
 impl Compiler<'_> {
+    /// The file's domain, with a problem when it is missing or empty.
+    fn domain_name(&mut self, raw: &RawPolicy) -> String {
+        match &raw.domain {
+            Some(d) if !d.value.is_empty() => d.value.clone(),
+            Some(d) => {
+                self.problem(
+                    Some(d.pos),
+                    "domain",
+                    "config file cannot have empty domain".into(),
+                );
+                String::new()
+            }
+            None => {
+                // Unless the model already reported a `domain` that is not text.
+                let file = self.file;
+                if !self
+                    .problems
+                    .iter()
+                    .any(|p| p.file == file && p.path == "domain")
+                {
+                    self.problem(
+                        Some(Pos { line: 1, col: 1 }),
+                        "domain",
+                        "missing domain".into(),
+                    );
+                }
+                String::new()
+            }
+        }
+    }
+
     fn problem(&mut self, pos: Option<Pos>, path: &str, message: String) {
         self.problems.push(Problem {
             file: self.file.to_string(),
@@ -95,7 +112,28 @@ impl Compiler<'_> {
         ancestor: Option<usize>,
     ) -> Level {
         let mut level = Level::default();
-        let mut seen: HashMap<(String, Option<String>), String> = HashMap::new();
+        self.extend_level(
+            &mut level,
+            &mut HashMap::new(),
+            domain,
+            raws,
+            parents,
+            ancestor,
+        );
+        level
+    }
+
+    /// Adds sibling descriptors to `level`; `seen` holds the (key, value) pairs already in it
+    /// with the file and path that gave each.
+    fn extend_level(
+        &mut self,
+        level: &mut Level,
+        seen: &mut HashMap<(String, Option<String>), (String, String)>,
+        domain: &str,
+        raws: &[RawDescriptor],
+        parents: &[Step],
+        ancestor: Option<usize>,
+    ) {
         for raw in raws {
             let key = match &raw.key {
                 Some(k) if !k.value.is_empty() => k.value.clone(),
@@ -109,29 +147,34 @@ impl Compiler<'_> {
                 .as_ref()
                 .map(|v| v.value.clone())
                 .filter(|v| !v.is_empty());
-            if let Some(first) = seen.get(&(key.clone(), value.clone())) {
+            if let Some((file, first)) = seen.get(&(key.clone(), value.clone())) {
                 let shown = match &value {
                     Some(v) => format!("{key}: {v}"),
                     None => key.clone(),
                 };
+                let at = if file == self.file {
+                    first.clone()
+                } else {
+                    format!("{first} of {file}")
+                };
                 self.problem(
                     Some(raw.pos),
                     &raw.path,
-                    format!("duplicate descriptor `{shown}` (already at {first})"),
+                    format!("duplicate descriptor `{shown}` (already at {at})"),
                 );
                 continue;
             }
-            seen.insert((key.clone(), value.clone()), raw.path.clone());
+            seen.insert(
+                (key.clone(), value.clone()),
+                (self.file.to_string(), raw.path.clone()),
+            );
             let mut steps = parents.to_vec();
             steps.push(Step {
                 key: key.clone(),
                 value: value.clone(),
             });
             let id = self.node(domain, raw, &steps, ancestor);
-            let group = level
-                .groups
-                .entry(key.into())
-                .or_insert_with(Group::default);
+            let group = level.groups.entry(key.into()).or_default();
             match value {
                 Some(v) if v.contains('*') => group.wildcards.push((Pattern::new(&v), id)),
                 Some(v) => {
@@ -140,7 +183,6 @@ impl Compiler<'_> {
                 None => group.any = Some(id),
             }
         }
-        level
     }
 
     /// Compiles one descriptor and its children; returns its node index.
@@ -169,6 +211,13 @@ impl Compiler<'_> {
         };
         let rules = self.rules(domain, raw, steps);
         let cost = self.cost(domain, raw, steps, ancestor);
+        let metadata = raw.metadata.as_ref().and_then(|m| {
+            let path = format!("{}.metadata", raw.path);
+            match self.metadata_value(m, &path) {
+                Some(serde_json::Value::Object(map)) if !map.is_empty() => Some(map),
+                _ => None,
+            }
+        });
         let limited = raw.rate_limit.is_some()
             || raw
                 .rate_limits
@@ -180,6 +229,7 @@ impl Compiler<'_> {
             rules: rules.into_iter().map(Arc::new).collect(),
             cost,
             share_threshold,
+            metadata,
         });
         let below = if limited { Some(index) } else { ancestor };
         let children = self.level(domain, &raw.descriptors, steps, below);
@@ -480,6 +530,74 @@ impl Compiler<'_> {
         })
     }
 
+    /// A `metadata` value as JSON, typed as the reference's YAML reading types it: plain
+    /// `true`/`false` are booleans, plain `null`/`~`/empty are null, plain decimal numbers are
+    /// numbers, everything else (quoted or block scalars included) is text; map keys are their
+    /// text. A key that is not a scalar, a key given twice, and a number that is not finite are
+    /// problems. The model has already checked that the top is a map.
+    fn metadata_value(&mut self, node: &Node, path: &str) -> Option<serde_json::Value> {
+        use serde_json::Value as Json;
+        match &node.value {
+            _ if node.is_null() => Some(Json::Null),
+            Value::Scalar { text, plain: false } => Some(Json::String(text.clone())),
+            Value::Scalar { text, plain: true } => match text.as_str() {
+                "true" | "True" | "TRUE" => Some(Json::Bool(true)),
+                "false" | "False" | "FALSE" => Some(Json::Bool(false)),
+                t => match plain_number(t) {
+                    PlainNumber::Not => Some(Json::String(t.to_string())),
+                    PlainNumber::Number(n) => Some(Json::Number(n)),
+                    PlainNumber::Infinite => {
+                        self.problem(
+                            Some(node.pos),
+                            path,
+                            format!("metadata number {t} is not finite"),
+                        );
+                        None
+                    }
+                },
+            },
+            Value::Seq(items) => {
+                let mut list = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    list.push(self.metadata_value(item, &format!("{path}[{i}]"))?);
+                }
+                Some(Json::Array(list))
+            }
+            Value::Map(entries) => {
+                let mut map = Metadata::new();
+                let mut ok = true;
+                for (k, v) in entries {
+                    let Value::Scalar { text, .. } = &k.value else {
+                        self.problem(
+                            Some(k.pos),
+                            path,
+                            format!("metadata keys must be text, found {}", k.kind()),
+                        );
+                        ok = false;
+                        continue;
+                    };
+                    let at = format!("{path}.{text}");
+                    if map.contains_key(text) {
+                        self.problem(
+                            Some(k.pos),
+                            &at,
+                            format!("metadata key `{text}` is given twice"),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                    match self.metadata_value(v, &at) {
+                        Some(value) => {
+                            map.insert(text.clone(), value);
+                        }
+                        None => ok = false,
+                    }
+                }
+                ok.then_some(Json::Object(map))
+            }
+        }
+    }
+
     /// A number in `min..=max` (`max` 0 = `u32::MAX`), or the default `min` when absent.
     fn bounded(&mut self, n: Option<&Spanned<u64>>, path: &str, min: u64, max: u64) -> Option<u64> {
         let max = if max == 0 { u64::from(u32::MAX) } else { max };
@@ -518,4 +636,56 @@ fn identity(domain: &str, steps: &[Step]) -> (KeyBuilder, Vec<String>) {
         }
     }
     (id, levels)
+}
+
+/// How a plain scalar of `metadata` reads as a number.
+enum PlainNumber {
+    /// Not a number: it stays text.
+    Not,
+    /// A finite number.
+    Number(serde_json::Number),
+    /// Written as a number but too large for a double.
+    Infinite,
+}
+
+/// A plain scalar as a YAML decimal number: an integer (kept exact when it fits 64 bits) or a
+/// float (`1.5`, `-2e3`, `.5`). `.inf`, `.nan`, hex and octal stay text.
+fn plain_number(text: &str) -> PlainNumber {
+    let digits = text.strip_prefix(['-', '+']).unwrap_or(text);
+    if digits.is_empty()
+        || !digits
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_digit() || b == b'.')
+    {
+        return PlainNumber::Not;
+    }
+    if digits.bytes().all(|b| b.is_ascii_digit()) {
+        let unsigned = text.strip_prefix('+').unwrap_or(text);
+        if let Ok(n) = unsigned.parse::<i64>() {
+            return PlainNumber::Number(n.into());
+        }
+        if let Ok(n) = unsigned.parse::<u64>() {
+            return PlainNumber::Number(n.into());
+        }
+    }
+    let (mantissa, exponent) = match digits.find(['e', 'E']) {
+        Some(i) => (&digits[..i], Some(&digits[i + 1..])),
+        None => (digits, None),
+    };
+    let mantissa_ok = mantissa.bytes().any(|b| b.is_ascii_digit())
+        && mantissa.bytes().filter(|b| *b == b'.').count() <= 1
+        && mantissa.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+    });
+    if !mantissa_ok || !exponent_ok {
+        return PlainNumber::Not;
+    }
+    match text.parse::<f64>().ok().map(serde_json::Number::from_f64) {
+        Some(Some(n)) => PlainNumber::Number(n),
+        Some(None) => PlainNumber::Infinite,
+        None => PlainNumber::Not,
+    }
 }

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Cost, Domain, Rule};
+use super::{Cost, Domain, Metadata, Rule};
 
 /// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
 /// domain and each entry's key and value here, and SipHash (std's default) cost more than the
@@ -62,6 +62,8 @@ pub(crate) struct TreeNode {
     /// Set for a cost node (which then has no rules).
     pub(crate) cost: Option<Cost>,
     pub(crate) share_threshold: bool,
+    /// `metadata`, `None` when absent or empty.
+    pub(crate) metadata: Option<Metadata>,
 }
 
 /// A value pattern with `*` (zero or more characters) anywhere, any number of times.
@@ -107,6 +109,9 @@ pub struct Resolved<'p> {
     pub rules: &'p [Arc<Rule>],
     /// Tokens per hit: 1, or a cost node's `cost`.
     pub cost: u64,
+    /// The `metadata` of the node the last entry reached (for a cost node its own, not its
+    /// ancestor's), for the response's dynamic metadata.
+    pub metadata: Option<&'p Metadata>,
     /// The request values of the levels down to the node holding `rules`.
     values: KeyBuilder,
 }
@@ -116,6 +121,7 @@ impl std::fmt::Debug for Resolved<'_> {
         f.debug_struct("Resolved")
             .field("rules", &self.rules)
             .field("cost", &self.cost)
+            .field("metadata", &self.metadata)
             .finish_non_exhaustive()
     }
 }
@@ -173,6 +179,7 @@ impl Domain {
             return Some(Resolved {
                 rules: &node.rules,
                 cost: 1,
+                metadata: node.metadata.as_ref(),
                 values: key,
             });
         }
@@ -192,6 +199,7 @@ impl Domain {
         Some(Resolved {
             rules: &ancestor.rules,
             cost,
+            metadata: node.metadata.as_ref(),
             values: key,
         })
     }

@@ -24,6 +24,10 @@ use crate::limiter::gcra::NANOS_PER_SEC;
 pub use matcher::Resolved;
 pub use yaml::Pos;
 
+/// A descriptor's `metadata` map, as JSON values (the reference turns it into a protobuf
+/// `Struct`; JSON is the same data model without the transport).
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
 /// The largest policy file read, in bytes. Policy files are small; anything bigger is a mistake.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
@@ -199,7 +203,8 @@ pub struct Cost {
 #[derive(Clone, Debug)]
 pub struct Domain {
     name: String,
-    file: String,
+    /// The files it was loaded from: one, or several with merged domains, in load order.
+    files: Vec<String>,
     root: matcher::Level,
     nodes: Vec<matcher::TreeNode>,
 }
@@ -211,10 +216,16 @@ impl Domain {
         &self.name
     }
 
-    /// The file it was loaded from.
+    /// The (first) file it was loaded from.
     #[must_use]
     pub fn file(&self) -> &str {
-        &self.file
+        self.files.first().map_or("", String::as_str)
+    }
+
+    /// Every file it was loaded from, in load order: one, unless domains are merged.
+    #[must_use]
+    pub fn files(&self) -> &[String] {
+        &self.files
     }
 
     /// Every rule of the domain, in file order; each entry of a `rate_limits` is one.
@@ -454,6 +465,9 @@ pub struct LoadOptions {
     pub allow_empty: bool,
     /// Which entries are policy files.
     pub files: Files,
+    /// Merge files that name the same domain into one tree (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`) instead of refusing the second.
+    pub merge_domains: bool,
 }
 
 /// Loads and compiles every policy file of `dir`, refusing a directory without any.
@@ -489,7 +503,7 @@ pub fn load_dir_with(dir: &Path, options: LoadOptions) -> Result<PolicySet, Poli
             }),
         }
     }
-    let set = load_sources(&sources, problems)?;
+    let set = load_sources(&sources, problems, options.merge_domains)?;
     if set.domains.is_empty() && !options.allow_empty {
         return Err(PolicyError::Empty {
             dir: dir.to_path_buf(),
@@ -576,23 +590,58 @@ fn special_kind(_t: std::fs::FileType) -> &'static str {
 ///
 /// [`PolicyError::Invalid`] listing every problem.
 pub fn load_str(sources: &[(&str, &str)]) -> Result<PolicySet, PolicyError> {
+    load_str_with(sources, false)
+}
+
+/// As [`load_str`]; with `merge_domains`, files naming the same domain are merged in the order
+/// given (see [`LoadOptions::merge_domains`]).
+///
+/// # Errors
+///
+/// [`PolicyError::Invalid`] listing every problem.
+pub fn load_str_with(
+    sources: &[(&str, &str)],
+    merge_domains: bool,
+) -> Result<PolicySet, PolicyError> {
     let owned: Vec<(String, String)> = sources
         .iter()
         .map(|(n, t)| ((*n).to_string(), (*t).to_string()))
         .collect();
-    load_sources(&owned, Vec::new())
+    load_sources(&owned, Vec::new(), merge_domains)
 }
 
 fn load_sources(
     sources: &[(String, String)],
     mut problems: Vec<Problem>,
+    merge_domains: bool,
 ) -> Result<PolicySet, PolicyError> {
     let mut set = PolicySet {
         files: sources.len(),
         ..PolicySet::default()
     };
+    // With merged domains, the files of each domain in load order, the domains in the order
+    // they first appear; compiled together once all are read.
+    let mut merged: Vec<(String, Vec<(&str, model::RawPolicy)>)> = Vec::new();
     for (file, text) in sources {
-        let Some(domain) = load_one(file, text, &mut problems) else {
+        let before = problems.len();
+        let Some(raw) = read_one(file, text, &mut problems) else {
+            continue;
+        };
+        let named = raw
+            .domain
+            .as_ref()
+            .map(|d| d.value.clone())
+            .filter(|d| !d.is_empty());
+        if merge_domains && let Some(name) = named {
+            match merged.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, files)) => files.push((file, raw)),
+                None => merged.push((name, vec![(file, raw)])),
+            }
+            continue;
+        }
+        let domain = compile::compile(&[(file, raw)], &mut problems);
+        problems[before..].sort_by_key(|p| p.pos.map(|p| (p.line, p.col)));
+        let Some(domain) = domain.filter(|_| problems.len() == before) else {
             continue;
         };
         if let Some(first) = set.domains.get(&domain.name) {
@@ -601,13 +650,24 @@ fn load_sources(
                 pos: None,
                 path: "domain".into(),
                 message: format!(
-                    "duplicate domain {:?} (also in {})",
-                    domain.name, first.file
+                    "duplicate domain {:?} (also in {}); set merge_domains: true to merge them",
+                    domain.name,
+                    first.file()
                 ),
             });
             continue;
         }
         set.domains.insert(domain.name.clone(), domain);
+    }
+    for (name, files) in merged {
+        let before = problems.len();
+        let domain = compile::compile(&files, &mut problems);
+        // Each file's problems together, in position order.
+        let order = |file: &str| files.iter().position(|(f, _)| *f == file);
+        problems[before..].sort_by_key(|p| (order(&p.file), p.pos.map(|p| (p.line, p.col))));
+        if let Some(domain) = domain {
+            set.domains.insert(name, domain);
+        }
     }
     if problems.is_empty() {
         Ok(set)
@@ -616,7 +676,10 @@ fn load_sources(
     }
 }
 
-fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domain> {
+/// Parses one file into the raw model, appending its problems in position order. `None` when
+/// the YAML cannot be read or is not one document; a file with field problems is still
+/// returned, so compiling it reports its semantic problems too.
+fn read_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<model::RawPolicy> {
     let docs = match yaml::parse(text) {
         Ok(docs) => docs,
         Err(e) => {
@@ -652,13 +715,8 @@ fn load_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Domai
     };
     let before = problems.len();
     let raw = model::Reader { file, problems }.policy(doc);
-    let domain = compile::compile(file, raw, problems);
     problems[before..].sort_by_key(|p| p.pos.map(|p| (p.line, p.col)));
-    if problems.len() > before {
-        None
-    } else {
-        domain
-    }
+    Some(raw)
 }
 
 /// The live policy set, swapped atomically on reload; readers never block.

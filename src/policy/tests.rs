@@ -664,3 +664,200 @@ fn any_extension_reads_every_file_and_visible_skips_dot_files() {
     .unwrap_err();
     assert!(err.to_string().contains("notes.txt"), "{err}");
 }
+
+fn metadata_of(set: &PolicySet, domain: &str, entries: &[(&str, &str)]) -> Option<Metadata> {
+    set.domain(domain)
+        .expect("domain")
+        .resolve(entries.iter().copied())
+        .and_then(|r| r.metadata.cloned())
+}
+
+#[test]
+fn metadata_is_kept_typed_as_written_on_the_matched_node() {
+    let s = set(r#"
+domain: test-domain
+descriptors:
+  - key: service
+    value: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota: {name: "service_1"}
+      n: 3
+      big: 18446744073709551615
+      f: -2.5e1
+      flags: [true, False, null, ~, yes, "7"]
+      0.5: half
+  - key: acct
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    metadata: {level: acct}
+    descriptors:
+      - key: route
+        cost: 2
+        metadata: {level: route}
+      - key: plain
+        cost: 1
+  - key: empty
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {}
+  - key: whitelisted
+    metadata: {never: returned}
+"#);
+    let m = metadata_of(&s, "test-domain", &[("service", "one")]).unwrap();
+    assert_eq!(
+        serde_json::Value::Object(m),
+        serde_json::json!({
+            "service_with_quota": {"name": "service_1"},
+            "n": 3,
+            "big": 18_446_744_073_709_551_615_u64,
+            "f": -25.0,
+            "flags": [true, false, null, null, "yes", "7"],
+            "0.5": "half",
+        })
+    );
+    // A request that stops at the limited node gets its metadata; a cost node its own, or
+    // none (not its ancestor's).
+    let level = |e: &[(&str, &str)]| metadata_of(&s, "test-domain", e).map(|m| m["level"].clone());
+    assert_eq!(level(&[("acct", "a")]), Some("acct".into()));
+    assert_eq!(
+        level(&[("acct", "a"), ("route", "r")]),
+        Some("route".into())
+    );
+    assert_eq!(level(&[("acct", "a"), ("plain", "p")]), None);
+    assert_eq!(metadata_of(&s, "test-domain", &[("empty", "x")]), None);
+    // No rule applies: no match, so nothing to return.
+    assert!(
+        s.domain("test-domain")
+            .unwrap()
+            .resolve([("whitelisted", "x")])
+            .is_none()
+    );
+}
+
+#[test]
+fn bad_metadata_is_a_positioned_problem() {
+    let p = problems(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    metadata: {x: .inf, y: 1e999, z: {w: 1, w: 2}, [1]: v}\n",
+    );
+    let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains("descriptors[0].metadata.y: metadata number 1e999 is not finite")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.contains("descriptors[0].metadata.z.w: metadata key `w` is given twice")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.contains("metadata keys must be text, found a list")),
+        "{text:?}"
+    );
+    // `.inf` is not a decimal number: it stays text.
+    assert_eq!(p.len(), 3, "{text:?}");
+    let p = problems("domain: d\ndescriptors:\n  - key: a\n    metadata: [1]\n");
+    assert!(p[0].message.contains("expected a map"), "{p:?}");
+}
+
+const MERGE_A: &str = r"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: w
+    value: x*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+
+const MERGE_B: &str = r"
+domain: d
+descriptors:
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: c
+        rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: w
+    value: xy*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+#[test]
+fn merged_domains_concatenate_the_files_in_order() {
+    let s = load_str_with(
+        &[
+            ("a.yaml", MERGE_A),
+            ("b.yaml", MERGE_B),
+            ("o.yaml", "domain: other"),
+        ],
+        true,
+    )
+    .unwrap();
+    assert_eq!(s.summary().domains, 2);
+    let d = s.domain("d").unwrap();
+    assert_eq!(d.files(), ["a.yaml", "b.yaml"]);
+    assert_eq!(d.file(), "a.yaml");
+    let rpu = |e: &[(&str, &str)]| {
+        d.resolve(e.iter().copied())
+            .map(|r| match r.rules[0].limit {
+                Limit::Limited(rate) => rate.requests_per_unit,
+                Limit::Unlimited => u32::MAX,
+            })
+    };
+    assert_eq!(rpu(&[("a", "1")]), Some(1));
+    assert_eq!(rpu(&[("b", "1")]), Some(3));
+    assert_eq!(rpu(&[("b", "1"), ("c", "2")]), Some(4));
+    // Wildcards in file order, across files: a.yaml's `x*` comes before b.yaml's `xy*`.
+    assert_eq!(rpu(&[("w", "xyz")]), Some(2));
+    // The rules' identities are the domain's and path's, whichever file holds them, so
+    // counters are the same merged or not.
+    let alone = load_str(&[("b.yaml", MERGE_B)]).unwrap();
+    let ids = |d: &Domain| {
+        let mut v: Vec<(String, u128)> = d.rules().map(|r| (r.stats_key.clone(), r.id)).collect();
+        v.sort();
+        v
+    };
+    let merged_ids = ids(d);
+    for id in ids(alone.domain("d").unwrap()) {
+        if id.0 != "d.w_xy*" {
+            assert!(merged_ids.contains(&id), "{id:?}");
+        }
+    }
+    // Without merging the second file is refused, naming both and the setting.
+    let err = load_str(&[("a.yaml", MERGE_A), ("b.yaml", MERGE_B)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "b.yaml: domain: duplicate domain \"d\" (also in a.yaml); set merge_domains: true"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_descriptor_in_two_merged_files_is_a_duplicate_naming_both() {
+    let b = "domain: d\ndescriptors:\n  - key: z\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+    let c = "domain: d\ndescriptors:\n  - key: q\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+    let Err(PolicyError::Invalid(p)) =
+        load_str_with(&[("a.yaml", MERGE_A), ("b.yaml", b), ("c.yaml", c)], true)
+    else {
+        panic!("expected problems");
+    };
+    let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        [
+            "b.yaml:5:5: descriptors[1]: duplicate descriptor `a` (already at descriptors[0] of a.yaml)",
+            "c.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit \"fortnight\" (expected second, minute, hour, day, week, month or year)",
+        ]
+    );
+    // A file without a domain is still reported as such.
+    let Err(PolicyError::Invalid(p)) =
+        load_str_with(&[("a.yaml", MERGE_A), ("n.yaml", "descriptors: []")], true)
+    else {
+        panic!("expected problems");
+    };
+    assert_eq!(p[0].to_string(), "n.yaml:1:1: domain: missing domain");
+}

@@ -197,7 +197,12 @@ pub fn render(resp: &Decision) -> Value {
             Value::Object(o)
         })
         .collect();
-    json!({ "overallCode": code(resp.overall), "statuses": statuses })
+    let mut out = json!({ "overallCode": code(resp.overall), "statuses": statuses });
+    if let (Some(metadata), Value::Object(o)) = (&resp.dynamic_metadata, &mut out) {
+        // A Struct's proto3 JSON is the object itself.
+        o.insert("dynamicMetadata".into(), Value::Object(metadata.clone()));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -224,6 +229,25 @@ mod tests {
                 requests_per_unit: 3,
                 unit: crate::policy::Unit::Minute,
             })
+        );
+    }
+
+    #[test]
+    fn dynamic_metadata_is_written_as_the_object_it_is() {
+        let mut d = Decision {
+            overall: Code::Ok,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            dynamic_metadata: None,
+        };
+        assert_eq!(render(&d), json!({"overallCode": "OK", "statuses": []}));
+        d.dynamic_metadata = json!({"domain": "d", "descriptors": []})
+            .as_object()
+            .cloned();
+        assert_eq!(
+            render(&d)["dynamicMetadata"],
+            json!({"domain": "d", "descriptors": []})
         );
     }
 

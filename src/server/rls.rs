@@ -116,6 +116,7 @@ fn code(code: Code) -> pbr::Code {
 
 fn to_pb(resp: Decision) -> RateLimitResponse {
     RateLimitResponse {
+        dynamic_metadata: resp.dynamic_metadata.map(to_struct),
         response_headers_to_add: resp
             .headers
             .into_iter()
@@ -149,6 +150,29 @@ fn to_pb(resp: Decision) -> RateLimitResponse {
     }
 }
 
+/// A JSON map as a `google.protobuf.Struct` (numbers become doubles, as in any Struct).
+fn to_struct(map: serde_json::Map<String, serde_json::Value>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: map.into_iter().map(|(k, v)| (k, to_value(v))).collect(),
+    }
+}
+
+fn to_value(v: serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(prost_types::NullValue::NullValue.into()),
+        J::Bool(b) => Kind::BoolValue(b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s),
+        J::Array(items) => Kind::ListValue(prost_types::ListValue {
+            values: items.into_iter().map(to_value).collect(),
+        }),
+        J::Object(map) => Kind::StructValue(to_struct(map)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
 /// A constant OK answer of the right shape (answered by the `bench-floor` build only).
 fn floor(req: &decision::Request) -> RateLimitResponse {
     RateLimitResponse {
@@ -161,5 +185,55 @@ fn floor(req: &decision::Request) -> RateLimitResponse {
             req.descriptors.len()
         ],
         ..RateLimitResponse::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost_types::value::Kind;
+
+    #[test]
+    fn dynamic_metadata_becomes_a_struct() {
+        let map = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"entries": ["k=v"], "hitsAddend": 3}],
+            "metadata": {"ok": true, "none": null},
+        });
+        let decision = Decision {
+            overall: Code::Ok,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            dynamic_metadata: map.as_object().cloned(),
+        };
+        let s = to_pb(decision).dynamic_metadata.unwrap();
+        let kind = |v: &prost_types::Value| v.kind.clone().unwrap();
+        assert_eq!(kind(&s.fields["domain"]), Kind::StringValue("d".into()));
+        let Kind::ListValue(list) = kind(&s.fields["descriptors"]) else {
+            panic!("a list")
+        };
+        let Kind::StructValue(desc) = kind(&list.values[0]) else {
+            panic!("a struct")
+        };
+        assert_eq!(kind(&desc.fields["hitsAddend"]), Kind::NumberValue(3.0));
+        let Kind::ListValue(entries) = kind(&desc.fields["entries"]) else {
+            panic!("a list")
+        };
+        assert_eq!(kind(&entries.values[0]), Kind::StringValue("k=v".into()));
+        let Kind::StructValue(meta) = kind(&s.fields["metadata"]) else {
+            panic!("a struct")
+        };
+        assert_eq!(kind(&meta.fields["ok"]), Kind::BoolValue(true));
+        assert_eq!(kind(&meta.fields["none"]), Kind::NullValue(0));
+        // Off: no field at all.
+        let off = Decision {
+            overall: Code::Ok,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+            body: Vec::new(),
+            dynamic_metadata: None,
+        };
+        assert_eq!(to_pb(off).dynamic_metadata, None);
     }
 }

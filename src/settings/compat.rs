@@ -219,7 +219,7 @@ fn logging(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
 /// reference reads it: every file whatever its extension, dot files too unless
 /// `RUNTIME_IGNOREDOTFILES`. Both of its reload modes (`RUNTIME_WATCH_ROOT`: a symlink swap of
 /// the root, or changes in the directory) are followed by sluice's one watcher, which sees
-/// either.
+/// either. `MERGE_DOMAIN_CONFIG` (read with or without the layout) is `merge_domains`.
 fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     let layout = [
         "RUNTIME_ROOT",
@@ -228,6 +228,10 @@ fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         "RUNTIME_IGNOREDOTFILES",
         "RUNTIME_WATCH_ROOT",
     ];
+    // Read whatever the layout: files of one domain may be merged in sluice's own directory.
+    if let Some(merge) = env.bool("MERGE_DOMAIN_CONFIG")? {
+        m.set("merge_domains", json!(merge));
+    }
     if !env.any_set(&layout) {
         return Ok(());
     }
@@ -248,13 +252,6 @@ fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     // Either mode: sluice's watcher (`watch_policies`) watches the directory and its parent
     // and re-scans it, which follows a swapped root and changed files alike.
     env.bool("RUNTIME_WATCH_ROOT")?;
-    if env.bool("MERGE_DOMAIN_CONFIG")? == Some(true) {
-        m.warn(
-            "MERGE_DOMAIN_CONFIG=true: not supported yet; a domain found in two files is \
-             refused (the load fails, naming both files)"
-                .into(),
-        );
-    }
     Ok(())
 }
 
@@ -478,12 +475,8 @@ fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     }
     // sluice never charges a refused request, so the option is always on.
     env.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")?;
-    if env.bool("RESPONSE_DYNAMIC_METADATA")? == Some(true) {
-        m.warn(
-            "RESPONSE_DYNAMIC_METADATA=true: not supported yet; responses carry no dynamic \
-             metadata"
-                .into(),
-        );
+    if let Some(enabled) = env.bool("RESPONSE_DYNAMIC_METADATA")? {
+        m.set("response_dynamic_metadata", json!(enabled));
     }
     if let Some(text) = env.get("NEAR_LIMIT_RATIO") {
         let ratio = text
@@ -651,7 +644,18 @@ mod tests {
             "RUNTIME_IGNOREDOTFILES"
         );
         let m = map(&[("RUNTIME_ROOT", "/r"), ("MERGE_DOMAIN_CONFIG", "true")]).unwrap();
-        assert!(m.warnings[0].starts_with("MERGE_DOMAIN_CONFIG"));
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(get(&m, "merge_domains"), Some(&json!(true)));
+        // Read on its own too, and false is said as well.
+        let m = map(&[("MERGE_DOMAIN_CONFIG", "0")]).unwrap();
+        assert_eq!(get(&m, "merge_domains"), Some(&json!(false)));
+        assert_eq!(get(&m, "policies"), None);
+        assert_eq!(
+            map(&[("MERGE_DOMAIN_CONFIG", "merge")])
+                .unwrap_err()
+                .variable,
+            "MERGE_DOMAIN_CONFIG"
+        );
     }
 
     #[test]
@@ -738,6 +742,17 @@ mod tests {
         assert_eq!(
             map(&[("QUOTA_MODE", "true")]).unwrap_err().variable,
             "QUOTA_MODE"
+        );
+        let m = map(&[("RESPONSE_DYNAMIC_METADATA", "true")]).unwrap();
+        assert_eq!(get(&m, "response_dynamic_metadata"), Some(&json!(true)));
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        let m = map(&[("RESPONSE_DYNAMIC_METADATA", "False")]).unwrap();
+        assert_eq!(get(&m, "response_dynamic_metadata"), Some(&json!(false)));
+        assert_eq!(
+            map(&[("RESPONSE_DYNAMIC_METADATA", "enabled")])
+                .unwrap_err()
+                .variable,
+            "RESPONSE_DYNAMIC_METADATA"
         );
         assert_eq!(
             map(&[("SHADOW_MODE", "on")]).unwrap_err().variable,

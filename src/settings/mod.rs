@@ -54,6 +54,8 @@ pub struct Settings {
     pub watch_policies: bool,
     /// Accept a load that leaves no domain at all (otherwise refused, at startup and on reload).
     pub allow_empty_policies: bool,
+    /// Merge policy files that name the same domain (otherwise refused).
+    pub merge_domains: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -290,6 +292,7 @@ impl RawSettings {
             policy_files: self.policy_files,
             watch_policies: self.watch_policies,
             allow_empty_policies: self.allow_empty_policies,
+            merge_domains: self.merge_domains,
             log_format: self.log_format,
             log_level: self.log_level,
             decision: decision::Options {
@@ -302,6 +305,7 @@ impl RawSettings {
                 },
                 shadow_mode: self.shadow_mode,
                 on_backend_error: self.on_backend_error,
+                dynamic_metadata: self.response_dynamic_metadata,
                 headers: HeaderOptions {
                     mode: self.response_headers,
                     legacy_names: self.legacy_headers,

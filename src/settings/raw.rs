@@ -41,6 +41,9 @@ pub struct RawSettings {
     /// Accept a policy directory with no policy file (no domain: every request answered OK)
     /// at startup, on reload and in `sluice check`; refused when false.
     pub allow_empty_policies: bool,
+    /// Merge policy files that name the same domain into one descriptor tree, in file order
+    /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`); when false such a pair is refused.
+    pub merge_domains: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log level or filter directives; `RUST_LOG` wins when set.
@@ -55,6 +58,10 @@ pub struct RawSettings {
     pub retry_after_jitter_seconds: u64,
     /// Add an RFC 9457 problem+json body (`raw_body`) to denials.
     pub problem_body: bool,
+    /// Fill the response's `dynamic_metadata` in envoyproxy/ratelimit's shape (its
+    /// `RESPONSE_DYNAMIC_METADATA`): the domain, the descriptors, and the merged `metadata` of
+    /// the rules whose descriptors passed.
+    pub response_dynamic_metadata: bool,
     /// Caps on request size.
     pub requests: RequestSettings,
     /// The in-memory store.
@@ -295,6 +302,7 @@ impl Default for RawSettings {
             policy_files: Files::Yaml,
             watch_policies: true,
             allow_empty_policies: false,
+            merge_domains: false,
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,
@@ -302,6 +310,7 @@ impl Default for RawSettings {
             legacy_headers: LegacyNames::default(),
             retry_after_jitter_seconds: 2,
             problem_body: false,
+            response_dynamic_metadata: false,
             requests: RequestSettings::default(),
             store: StoreSettings::default(),
             backend: BackendKind::Memory,
@@ -518,6 +527,29 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("GRPC_PORT"), "{err}");
+    }
+
+    #[test]
+    fn merged_domains_and_dynamic_metadata_from_the_reference_and_sluice_names() {
+        let reference = env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
+        ]);
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), reference.clone())
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert!(s.merge_domains);
+        assert!(s.decision.dynamic_metadata);
+        assert!(s.compat_warnings.is_empty(), "{:?}", s.compat_warnings);
+        let mut vars = reference;
+        vars.insert("SLUICE_MERGE_DOMAINS".into(), "false".into());
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
+        assert!(!s.merge_domains);
+        assert!(s.response_dynamic_metadata);
+        let d = RawSettings::default().validate().unwrap();
+        assert!(!d.merge_domains && !d.decision.dynamic_metadata);
     }
 
     #[test]

@@ -4,7 +4,8 @@ Starts the sluice binary named by $SLUICE (one server per response-header mode) 
 loopback ports with the policies below, and checks, through the stubs Envoy's API generates:
 domains, nested descriptors, request and per-descriptor hits_addend (the UInt64Value wrapper),
 is_negative_hits (field 4, newer than xds-protos: appended as raw bytes), override limits, every
-response field, the headers of each mode, and INVALID_ARGUMENT for bad input.
+response field, the headers of each mode, the dynamic metadata in envoyproxy/ratelimit's shape,
+and INVALID_ARGUMENT for bad input.
 
 Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_envoy_client.py -v
 """
@@ -35,6 +36,14 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: weekly
     rate_limit: {name: weekly, unit: week, requests_per_unit: 7}
+  - key: service
+    value: service_1
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: "service_1"}, tier: 1}
+  - key: service
+    value: service_2
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata: {service_with_quota: {name: "service_2"}, backup: true}
 """
 
 Code = rls_pb2.RateLimitResponse.Code
@@ -52,7 +61,7 @@ def descriptor(*entries, hits=None):
 class Server:
     """A sluice process on free ports; its bound addresses are read from its JSON log."""
 
-    def __init__(self, headers="none"):
+    def __init__(self, headers="none", env=None):
         self.dir = tempfile.TemporaryDirectory()
         with open(os.path.join(self.dir.name, "interop.yaml"), "w") as f:
             f.write(POLICY)
@@ -61,7 +70,8 @@ class Server:
              "--policies", self.dir.name, "--grpc-addr", "127.0.0.1:0",
              "--admin-addr", "127.0.0.1:0", "--log-format", "json",
              "--response-headers", headers],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "RUST_LOG": "info"})
+            stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "RUST_LOG": "info", **(env or {})})
         deadline = time.time() + 30
         self.grpc = None
         while self.grpc is None:
@@ -175,6 +185,10 @@ class Decisions(unittest.TestCase):
         self.assertEqual(r.statuses[0].current_limit.unit, Unit.HOUR)
         self.assertEqual(r.statuses[0].current_limit.requests_per_unit, 1)
 
+    def test_no_dynamic_metadata_unless_asked(self):
+        r = self.s.call("interop", descriptor(("service", "service_2")))
+        self.assertFalse(r.HasField("dynamic_metadata"))
+
     def test_bad_input_is_invalid_argument(self):
         cases = [
             ("", [descriptor(("a", "b"))]),
@@ -187,6 +201,57 @@ class Decisions(unittest.TestCase):
                 self.s.call(domain, *descriptors)
             self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
             self.assertTrue(err.exception.details())
+
+
+class DynamicMetadata(unittest.TestCase):
+    """`dynamic_metadata` read as Envoy's filter reads it: a google.protobuf.Struct."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server(env={"SLUICE_RESPONSE_DYNAMIC_METADATA": "true"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.s.close()
+
+    def test_the_reference_shape(self):
+        from google.protobuf import json_format, struct_pb2
+        both = (descriptor(("service", "service_1")), descriptor(("service", "service_2"), hits=1))
+        r = self.s.call("interop", *both, hits=2)
+        self.assertEqual(r.overall_code, Code.OK)
+        md = r.dynamic_metadata
+        self.assertIsInstance(md, struct_pb2.Struct)
+        self.assertEqual(md.fields["domain"].string_value, "interop")
+        descs = md.fields["descriptors"].list_value.values
+        entries = [[e.string_value for e in d.struct_value.fields["entries"].list_value.values]
+                   for d in descs]
+        self.assertEqual(entries, [["service=service_1"], ["service=service_2"]])
+        self.assertNotIn("hitsAddend", descs[0].struct_value.fields)
+        self.assertEqual(descs[1].struct_value.fields["hitsAddend"].number_value, 1)
+        self.assertEqual(md.fields["hitsAddend"].number_value, 2)
+        meta = md.fields["metadata"].struct_value
+        # Both passed: merged, the first descriptor's value winning where both have one.
+        self.assertEqual(meta.fields["service_with_quota"].struct_value.fields["name"].string_value,
+                         "service_1")
+        self.assertEqual(meta.fields["tier"].number_value, 1)
+        self.assertTrue(meta.fields["backup"].bool_value)
+        # service_1 is spent (its 2 drawn by the request's hitsAddend), so the next request is
+        # refused and only service_2's metadata remains.
+        r = self.s.call("interop", *both)
+        self.assertEqual(r.overall_code, Code.OVER_LIMIT)
+        as_dict = json_format.MessageToDict(r.dynamic_metadata)
+        self.assertEqual(as_dict["metadata"], {"service_with_quota": {"name": "service_2"},
+                                               "backup": True})
+        self.assertNotIn("hitsAddend", as_dict)
+
+    def test_an_override_is_described_as_text(self):
+        d = descriptor(("anything", "md"))
+        d.limit.requests_per_unit = 10
+        d.limit.unit = ratelimit_unit_pb2.MINUTE
+        r = self.s.call("interop", d)
+        desc = r.dynamic_metadata.fields["descriptors"].list_value.values[0].struct_value
+        self.assertEqual(desc.fields["limit"].string_value, "requests_per_unit:10 unit:MINUTE")
+        self.assertNotIn("metadata", r.dynamic_metadata.fields)
 
 
 class Headers(unittest.TestCase):

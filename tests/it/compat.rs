@@ -251,3 +251,105 @@ fn a_reference_variable_that_cannot_be_read_stops_the_start_naming_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// One domain in two files of the reference's layout (no `.yaml` extension), with metadata.
+fn split_domain(root: &Path) -> std::path::PathBuf {
+    let config = root.join("current").join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("services"),
+        "domain: rl\ndescriptors:\n  - key: service\n    value: service_1\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    metadata: {service_with_quota: {name: \"service_1\"}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        config.join("users"),
+        "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n    metadata: {service_with_quota: {name: \"users\"}, plan: free}\n",
+    )
+    .unwrap();
+    root.join("current")
+}
+
+#[tokio::test]
+async fn merge_domain_config_and_response_dynamic_metadata_from_the_reference_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let current = split_domain(dir.path());
+    let mut vars = vec![
+        ("SLUICE_COMPAT", "envoy-ratelimit"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("LOG_FORMAT", "json"),
+        ("RUNTIME_ROOT", current.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("USE_STATSD", "false"),
+    ];
+    // Without MERGE_DOMAIN_CONFIG the second file is refused, by `sluice check` and `serve`.
+    for command in ["check", "serve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg(command)
+            .env_clear()
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("users: domain: duplicate domain \"rl\"")
+                && stderr.contains("services"),
+            "{command}: {stderr}"
+        );
+    }
+    vars.push(("MERGE_DOMAIN_CONFIG", "true"));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check")
+        .env_clear()
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    vars.push(("RESPONSE_DYNAMIC_METADATA", "true"));
+    let server = spawn(&vars);
+    let mut c = client(server.grpc).await;
+    let both = request(
+        "rl",
+        vec![
+            descriptor(&[("service", "service_1")]),
+            descriptor(&[("user", "u")]),
+        ],
+    );
+    let first = c
+        .should_rate_limit(both.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let limits: Vec<u32> = first
+        .statuses
+        .iter()
+        .map(|s| s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit))
+        .collect();
+    assert_eq!(limits, [1, 3], "both files' rules apply");
+    let name = |r: &RateLimitResponse| {
+        use prost_types::value::Kind;
+        let meta = &r
+            .dynamic_metadata
+            .as_ref()
+            .expect("dynamic_metadata")
+            .fields["metadata"];
+        let Some(Kind::StructValue(meta)) = &meta.kind else {
+            panic!("metadata is a struct: {meta:?}")
+        };
+        let Some(Kind::StructValue(quota)) = &meta.fields["service_with_quota"].kind else {
+            panic!("service_with_quota is a struct")
+        };
+        let Some(Kind::StringValue(name)) = &quota.fields["name"].kind else {
+            panic!("a name")
+        };
+        name.clone()
+    };
+    // The first passed descriptor's value wins.
+    assert_eq!(name(&first), "service_1");
+    // service_1 is spent: only the users rule passed, so its value is the one returned.
+    let second = c.should_rate_limit(both).await.unwrap().into_inner();
+    assert_eq!(name(&second), "users");
+}

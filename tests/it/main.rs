@@ -10,6 +10,7 @@ mod helpers;
 mod lab;
 mod lease;
 mod memory;
+mod metadata;
 mod ops;
 mod redis;
 mod service;
