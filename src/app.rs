@@ -146,7 +146,7 @@ impl App {
                 Backend::memory(MemoryStore::with_max_keys(*max_keys), clock)
             }
             BackendSettings::Redis(config) => {
-                tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, "counting in redis");
+                tracing::info!(redis = %config.describe(), cluster = config.cluster, "counting in redis");
                 RedisStore::new(config.clone(), clock, RedisTime::Server)?.backend()
             }
         };

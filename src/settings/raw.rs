@@ -187,6 +187,42 @@ pub struct RedisSettings {
     pub breaker_cooldown_ms: u64,
     /// Most counters in the local over-limit cache (0 disables it).
     pub deny_cache_keys: usize,
+    /// Redis Sentinel: find the master through its sentinels and follow its failovers.
+    pub sentinel: SentinelSettings,
+}
+
+/// Redis Sentinel, for `backend: redis`: off while both the master's name and the sentinels
+/// are empty. Its `Debug` hides credentials.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelSettings {
+    /// The master's name, as the sentinels know it (`sentinel monitor <name> ...`).
+    pub master_name: String,
+    /// `redis://host:port` URLs of the sentinels, comma-separated, asked in this order.
+    pub urls: String,
+    /// The sentinels' password (`requirepass` in their config), for URLs that carry none.
+    pub password: String,
+}
+
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("master_name", &self.master_name)
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .split(',')
+                    .map(crate::limiter::redis::redact)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .field(
+                "password",
+                &if self.password.is_empty() { "" } else { "***" },
+            )
+            .finish()
+    }
 }
 
 impl Default for RedisSettings {
@@ -200,6 +236,7 @@ impl Default for RedisSettings {
             breaker_failures: 5,
             breaker_cooldown_ms: 1_000,
             deny_cache_keys: 100_000,
+            sentinel: SentinelSettings::default(),
         }
     }
 }
@@ -215,6 +252,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("deny_cache_keys", &self.deny_cache_keys)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }

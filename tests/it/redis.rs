@@ -164,6 +164,7 @@ fn config(url: &str) -> RedisConfig {
         breaker_failures: 3,
         breaker_cooldown: Duration::from_millis(200),
         deny_cache_keys: 0,
+        sentinel: None,
     }
 }
 
