@@ -46,7 +46,7 @@ impl RedisProcess {
         Self::spawn(port, &[])
     }
 
-    fn spawn(port: u16, extra: &[&str]) -> Self {
+    pub fn spawn(port: u16, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args([
