@@ -592,6 +592,48 @@ mod tests {
     }
 
     #[test]
+    fn the_reference_sentinel_variables_give_a_valid_sentinel_backend() {
+        let s = RawSettings::load_with_env(
+            None,
+            &ServeArgs::default(),
+            env(&[
+                ("SLUICE_COMPAT", "envoy-ratelimit"),
+                ("BACKEND_TYPE", "redis"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_SENTINEL_AUTH", "pw"),
+            ]),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let crate::settings::BackendSettings::Redis(redis) = s.backend else {
+            panic!("redis backend expected")
+        };
+        let sentinel = redis.sentinel.expect("sentinel mode");
+        assert_eq!(sentinel.master_name, "mymaster");
+        assert_eq!(
+            sentinel.urls,
+            ["redis://:pw@s1:26379", "redis://:pw@s2:26379"]
+        );
+        // And SLUICE_* wins over the reference's variables, as everywhere.
+        let s = RawSettings::load_with_env(
+            None,
+            &ServeArgs::default(),
+            env(&[
+                ("SLUICE_COMPAT", "envoy-ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379"),
+                ("SLUICE_REDIS__SENTINEL__MASTER_NAME", "other"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.redis.sentinel.master_name, "other");
+    }
+
+    #[test]
     fn redis_credentials_stay_out_of_logs() {
         let r = RedisSettings {
             url: "redis://user:secret@10.0.0.5:6379,redis://10.0.0.6:6379".into(),
