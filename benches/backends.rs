@@ -114,6 +114,7 @@ fn main() {
             breaker_failures: 0,
             breaker_cooldown: Duration::from_secs(1),
             deny_cache_keys: 0,
+            sentinel: None,
         }, Arc::new(MonotonicClock::new()), RedisTime::Server)
         .expect("valid url");
         let connecting = tokio::spawn({

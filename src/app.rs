@@ -147,7 +147,7 @@ impl App {
                 Backend::memory(MemoryStore::with_max_keys(*max_keys), clock)
             }
             BackendSettings::Redis(config) => {
-                tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, leased = settings.lease.is_some(), "counting in redis");
+                tracing::info!(redis = %config.describe(), cluster = config.cluster, leased = settings.lease.is_some(), "counting in redis");
                 let redis = RedisStore::new(config.clone(), Arc::clone(&clock), RedisTime::Server)?;
                 match settings.lease {
                     Some(lease) => LeasedStore::new(redis, lease, clock).backend(),

@@ -321,6 +321,7 @@ descriptors:
             breaker_failures: 0,
             breaker_cooldown: std::time::Duration::from_millis(5),
             deny_cache_keys: 0,
+            sentinel: None,
         };
         RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server)
             .unwrap()

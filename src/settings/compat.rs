@@ -255,7 +255,8 @@ fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     Ok(())
 }
 
-/// `BACKEND_TYPE`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_URL`, `REDIS_AUTH`, `REDIS_TLS`,
+/// `BACKEND_TYPE`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_URL`, `REDIS_AUTH`,
+/// `REDIS_SENTINEL_AUTH`, `REDIS_TLS`,
 /// `CACHE_KEY_PREFIX`, `LOCAL_CACHE_SIZE_IN_BYTES`.
 fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     match env
@@ -282,15 +283,22 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     }
     let redis_vars = [
         "REDIS_TYPE",
+        "REDIS_SENTINEL_AUTH",
         "REDIS_SOCKET_TYPE",
         "REDIS_URL",
         "REDIS_AUTH",
         "REDIS_TLS",
     ];
     if env.any_set(&redis_vars) || env.get("BACKEND_TYPE").is_some() {
-        let (urls, cluster) = redis_urls(env)?;
-        m.set("redis.url", json!(urls));
-        m.set("redis.cluster", json!(cluster));
+        let target = redis_urls(env)?;
+        m.set("redis.url", json!(target.url));
+        m.set("redis.cluster", json!(target.cluster));
+        if let Some((master_name, sentinels)) = target.sentinel {
+            m.set("redis.sentinel.master_name", json!(master_name));
+            m.set("redis.sentinel.urls", json!(sentinels));
+        } else if env.get("REDIS_SENTINEL_AUTH").is_some() {
+            m.warn("REDIS_SENTINEL_AUTH: not read without REDIS_TYPE=sentinel".into());
+        }
     }
     // Empty is the reference's default (no prefix); sluice keeps its own then.
     if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
@@ -339,22 +347,106 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     Ok(())
 }
 
-/// `REDIS_URL` in each of the reference's forms, with `REDIS_AUTH` and `REDIS_TLS` folded in:
-/// sluice's comma-separated `redis://` URLs, and whether they are a cluster's seeds.
-fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
-    let cluster = match env
+/// Where the reference's variables point sluice's Redis.
+struct RedisTarget {
+    /// `redis.url`: comma-separated URLs; with Sentinel, the master's credentials only.
+    url: String,
+    /// `redis.cluster`.
+    cluster: bool,
+    /// `redis.sentinel.master_name` and `redis.sentinel.urls`.
+    sentinel: Option<(String, String)>,
+}
+
+/// `user:password@` (or `:password@`) for a URL, each part percent-encoded.
+fn userinfo(auth: &str) -> String {
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    match auth.split_once(':') {
+        Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
+        None => format!(":{}@", enc(auth)),
+    }
+}
+
+/// `host:port` checked, for `REDIS_URL`.
+fn host_port(item: &str) -> Result<(), CompatError> {
+    if item.contains("://") {
+        return Err(bad(
+            "REDIS_URL",
+            &crate::limiter::redis::redact(item),
+            "a URL; envoyproxy/ratelimit takes host:port (or a socket path with \
+             REDIS_SOCKET_TYPE=unix); for a URL set SLUICE_REDIS__URL instead",
+        ));
+    }
+    if item
+        .rsplit_once(':')
+        .is_none_or(|(_, p)| p.parse::<u16>().is_err())
+    {
+        return Err(bad("REDIS_URL", item, "not host:port"));
+    }
+    Ok(())
+}
+
+/// `REDIS_TYPE=sentinel`: `REDIS_URL` is `master_name,host:port,...` (the sentinels), with
+/// `REDIS_SENTINEL_AUTH` folded into the sentinels' URLs and `REDIS_AUTH` into the master's
+/// (`redis.url`, whose host and port the sentinels' answer replaces).
+fn sentinel_target(env: &Env<'_>, unix: bool) -> Result<RedisTarget, CompatError> {
+    if unix {
+        return Err(unsupported_error(
+            "REDIS_SOCKET_TYPE",
+            "unix with REDIS_TYPE=sentinel: sentinels and the master they name are reached \
+             over tcp; set REDIS_SOCKET_TYPE=tcp",
+        ));
+    }
+    let raw = env.get("REDIS_URL").unwrap_or(DEFAULT_REDIS_URL);
+    let items: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let [master_name, sentinels @ ..] = items.as_slice() else {
+        return Err(bad("REDIS_URL", raw, "empty"));
+    };
+    if sentinels.is_empty() {
+        return Err(bad(
+            "REDIS_URL",
+            raw,
+            "not master_name,host:port,... (a master name and at least one sentinel) for \
+             REDIS_TYPE=sentinel",
+        ));
+    }
+    let sentinel_auth = env.get("REDIS_SENTINEL_AUTH").map(userinfo);
+    let mut urls = Vec::with_capacity(sentinels.len());
+    for item in sentinels {
+        host_port(item)?;
+        urls.push(format!(
+            "redis://{}{item}",
+            sentinel_auth.as_deref().unwrap_or("")
+        ));
+    }
+    let master_auth = env.get("REDIS_AUTH").map(userinfo);
+    Ok(RedisTarget {
+        url: format!(
+            "redis://{}127.0.0.1:6379",
+            master_auth.as_deref().unwrap_or("")
+        ),
+        cluster: false,
+        sentinel: Some(((*master_name).to_string(), urls.join(","))),
+    })
+}
+
+/// `REDIS_URL` in each of the reference's forms, with `REDIS_AUTH`, `REDIS_SENTINEL_AUTH` and
+/// `REDIS_TLS` folded in: sluice's comma-separated `redis://` URLs, whether they are a
+/// cluster's seeds, and the master name and sentinels with `REDIS_TYPE=sentinel`.
+fn redis_urls(env: &Env<'_>) -> Result<RedisTarget, CompatError> {
+    let (cluster, sentinel) = match env
         .get("REDIS_TYPE")
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
-        None | Some("single") => false,
-        Some("cluster") => true,
-        Some("sentinel") => {
-            return Err(unsupported_error(
-                "REDIS_TYPE",
-                "sentinel is not supported yet; use single or cluster",
-            ));
-        }
+        None | Some("single") => (false, false),
+        Some("cluster") => (true, false),
+        Some("sentinel") => (false, true),
         Some(_) => {
             return Err(bad(
                 "REDIS_TYPE",
@@ -384,27 +476,17 @@ fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
             "TLS to Redis is not supported yet",
         ));
     }
-    let userinfo = env.get("REDIS_AUTH").map(|auth| {
-        let enc = |s: &str| {
-            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-        };
-        match auth.split_once(':') {
-            Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
-            None => format!(":{}@", enc(auth)),
-        }
-    });
+    if sentinel {
+        return sentinel_target(env, unix);
+    }
+    let userinfo = env.get("REDIS_AUTH").map(userinfo);
     let raw = env.get("REDIS_URL").unwrap_or(DEFAULT_REDIS_URL);
     let mut urls = Vec::new();
     for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        if item.contains("://") {
-            return Err(bad(
-                "REDIS_URL",
-                &crate::limiter::redis::redact(item),
-                "a URL; envoyproxy/ratelimit takes host:port (or a socket path with \
-                 REDIS_SOCKET_TYPE=unix); for a URL set SLUICE_REDIS__URL instead",
-            ));
-        }
         if unix {
+            if item.contains("://") {
+                host_port(item)?;
+            }
             if cluster {
                 return Err(unsupported_error(
                     "REDIS_SOCKET_TYPE",
@@ -420,12 +502,7 @@ fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
             }
             urls.push(format!("unix://{item}"));
         } else {
-            if item
-                .rsplit_once(':')
-                .is_none_or(|(_, p)| p.parse::<u16>().is_err())
-            {
-                return Err(bad("REDIS_URL", item, "not host:port"));
-            }
+            host_port(item)?;
             urls.push(format!(
                 "redis://{}{item}",
                 userinfo.as_deref().unwrap_or("")
@@ -442,7 +519,11 @@ fn redis_urls(env: &Env<'_>) -> Result<(String, bool), CompatError> {
             "several addresses for REDIS_TYPE=single",
         ));
     }
-    Ok((urls.join(","), cluster))
+    Ok(RedisTarget {
+        url: urls.join(","),
+        cluster,
+        sentinel: None,
+    })
 }
 
 /// `SHADOW_MODE`, `QUOTA_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` and the header names,
@@ -696,7 +777,6 @@ mod tests {
             Some(&json!("unix:///var/run/nutcracker/ratelimit.sock"))
         );
         for (vars, variable) in [
-            (&[("REDIS_TYPE", "sentinel")][..], "REDIS_TYPE"),
             (&[("REDIS_TYPE", "ring")][..], "REDIS_TYPE"),
             (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
             (&[("REDIS_TLS", "true")][..], "REDIS_TLS"),
@@ -714,6 +794,112 @@ mod tests {
         }
         let err = map(&[("REDIS_AUTH", "topsecret")]).unwrap_err().to_string();
         assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn sentinel_master_name_and_sentinels() {
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "Sentinel"),
+            ("REDIS_URL", "mymaster, s1:26379,s2:26380 ,[::1]:26381"),
+            ("REDIS_AUTH", "app:master-pw"),
+            ("REDIS_SENTINEL_AUTH", "s3cret/pw"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "redis.sentinel.master_name"),
+            Some(&json!("mymaster"))
+        );
+        assert_eq!(
+            get(&m, "redis.sentinel.urls"),
+            Some(&json!(
+                "redis://:s3cret%2Fpw@s1:26379,redis://:s3cret%2Fpw@s2:26380,\
+                 redis://:s3cret%2Fpw@[::1]:26381"
+            ))
+        );
+        // The master's credentials; its address comes from the sentinels.
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("redis://app:master%2Dpw@127.0.0.1:6379"))
+        );
+        assert_eq!(get(&m, "redis.cluster"), Some(&json!(false)));
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s1:26379"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "redis.sentinel.urls"),
+            Some(&json!("redis://s1:26379"))
+        );
+        assert_eq!(get(&m, "redis.url"), Some(&json!("redis://127.0.0.1:6379")));
+        for (vars, variable) in [
+            // A master name alone, or nothing: at least two items.
+            (
+                &[
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_TYPE", "sentinel"),
+                    ("REDIS_URL", "m"),
+                ][..],
+                "REDIS_URL",
+            ),
+            (
+                &[
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_TYPE", "sentinel"),
+                    ("REDIS_URL", " , "),
+                ][..],
+                "REDIS_URL",
+            ),
+            (
+                &[
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_TYPE", "sentinel"),
+                    ("REDIS_URL", "m,s1"),
+                ][..],
+                "REDIS_URL",
+            ),
+            (
+                &[
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_TYPE", "sentinel"),
+                    ("REDIS_URL", "m,redis://s1:26379"),
+                ][..],
+                "REDIS_URL",
+            ),
+            // The reference's default socket type is unix; sentinels are reached over tcp.
+            (
+                &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s1:26379")][..],
+                "REDIS_SOCKET_TYPE",
+            ),
+        ] {
+            assert_eq!(map(vars).unwrap_err().variable, variable, "{vars:?}");
+        }
+        let err = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s1"),
+            ("REDIS_SENTINEL_AUTH", "topsecret"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+        // Without sentinel the sentinels' password is not read, and said so.
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_SENTINEL_AUTH", "pw"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "redis.sentinel.urls"), None);
+        assert!(
+            m.warnings
+                .iter()
+                .any(|w| w.starts_with("REDIS_SENTINEL_AUTH")),
+            "{:?}",
+            m.warnings
+        );
     }
 
     #[test]

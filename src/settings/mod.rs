@@ -21,10 +21,12 @@ use serde::{Deserialize, Serialize};
 pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
 pub use raw::{
-    LeaseSettings, MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings,
+    LeaseSettings, MetricsSettings, RawSettings, RedisSettings, RequestSettings, SentinelSettings,
+    StoreSettings,
 };
 
 use crate::decision::{self, Caps, HeaderOptions};
+use crate::limiter::redis::SentinelConfig;
 use crate::limiter::{LeaseConfig, RedisConfig};
 use crate::telemetry::LogFormat;
 
@@ -181,6 +183,36 @@ pub enum SettingsError {
         /// Why it does not parse.
         source: ::redis::RedisError,
     },
+    /// One of `redis.sentinel.master_name` and `redis.sentinel.urls` without the other.
+    #[error(
+        "invalid settings: {missing} is empty but {given} is set; set both for Redis Sentinel, or neither"
+    )]
+    SentinelIncomplete {
+        /// The empty setting.
+        missing: &'static str,
+        /// The one that is set.
+        given: &'static str,
+    },
+    /// Sentinel and cluster at once.
+    #[error(
+        "invalid settings: redis.sentinel and redis.cluster exclude each other (sentinels watch \
+         one master; a cluster fails over by itself)"
+    )]
+    SentinelWithCluster,
+    /// A sentinel URL that does not parse.
+    #[error("invalid settings: redis.sentinel.urls {url:?}: {source}")]
+    SentinelUrl {
+        /// The URL, credentials redacted.
+        url: String,
+        /// Why it does not parse.
+        source: ::redis::RedisError,
+    },
+    /// Several `redis.url`s with Sentinel, where it gives the master's credentials only.
+    #[error(
+        "invalid settings: redis.url has several URLs, but with redis.sentinel it is one URL \
+         whose credentials, database and scheme reach the master the sentinels name"
+    )]
+    SentinelMasterUrl,
 }
 
 impl Settings {
@@ -400,6 +432,7 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
             }
         })?;
     }
+    let sentinel = sentinel_config(r, urls.len())?;
     Ok(RedisConfig {
         urls,
         cluster: r.cluster,
@@ -409,7 +442,58 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
         breaker_failures: r.breaker_failures,
         breaker_cooldown: Duration::from_millis(r.breaker_cooldown_ms),
         deny_cache_keys: r.deny_cache_keys,
+        sentinel,
     })
+}
+
+/// Redis Sentinel's part of the config: none while its master name and sentinels are empty.
+fn sentinel_config(
+    r: &RedisSettings,
+    urls: usize,
+) -> Result<Option<SentinelConfig>, SettingsError> {
+    let s = &r.sentinel;
+    let master_name = s.master_name.trim();
+    let sentinels: Vec<String> = s
+        .urls
+        .split(',')
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .collect();
+    match (master_name.is_empty(), sentinels.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, true) => {
+            return Err(SettingsError::SentinelIncomplete {
+                missing: "redis.sentinel.urls",
+                given: "redis.sentinel.master_name",
+            });
+        }
+        (true, false) => {
+            return Err(SettingsError::SentinelIncomplete {
+                missing: "redis.sentinel.master_name",
+                given: "redis.sentinel.urls",
+            });
+        }
+        (false, false) => {}
+    }
+    if r.cluster {
+        return Err(SettingsError::SentinelWithCluster);
+    }
+    if urls > 1 {
+        return Err(SettingsError::SentinelMasterUrl);
+    }
+    for url in &sentinels {
+        ::redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            SettingsError::SentinelUrl {
+                url: crate::limiter::redis::redact(url),
+                source,
+            }
+        })?;
+    }
+    Ok(Some(SentinelConfig {
+        master_name: master_name.to_string(),
+        urls: sentinels,
+        password: Some(s.password.clone()).filter(|p| !p.is_empty()),
+    }))
 }
 
 #[cfg(test)]
@@ -522,5 +606,80 @@ mod tests {
                 sweep_interval: Duration::from_secs(10)
             }
         );
+    }
+
+    #[test]
+    fn sentinel_settings_are_checked_and_typed() {
+        let sentinel = |master: &str, urls: &str| {
+            let mut raw = redis("redis://:master-secret@127.0.0.1:6379/2");
+            raw.redis.sentinel = SentinelSettings {
+                master_name: master.into(),
+                urls: urls.into(),
+                password: "sentinel-secret".into(),
+            };
+            raw
+        };
+        let s = sentinel(
+            " mymaster ",
+            "redis://10.0.0.1:26379, redis://10.0.0.2:26379",
+        )
+        .validate()
+        .unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        let sc = redis.sentinel.as_ref().expect("sentinel mode");
+        assert_eq!(sc.master_name, "mymaster");
+        assert_eq!(
+            sc.urls,
+            ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]
+        );
+        assert_eq!(sc.password.as_deref(), Some("sentinel-secret"));
+        let shown = format!("{redis:?} {}", redis.describe());
+        assert!(
+            !shown.contains("sentinel-secret") && !shown.contains("master-secret"),
+            "{shown}"
+        );
+        assert!(shown.contains("mymaster"), "{shown}");
+        // Neither set: no sentinel.
+        let BackendSettings::Redis(plain) = redis_default_backend() else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(plain.sentinel, None);
+        for (raw, setting) in [
+            (sentinel("m", ""), "redis.sentinel.urls is empty"),
+            (
+                sentinel("", "redis://10.0.0.1:26379"),
+                "redis.sentinel.master_name is empty",
+            ),
+            (
+                sentinel("m", "redis://:bad-secret@[::1:26379"),
+                "redis.sentinel.urls",
+            ),
+            (
+                {
+                    let mut raw = sentinel("m", "redis://10.0.0.1:26379");
+                    raw.redis.cluster = true;
+                    raw
+                },
+                "redis.cluster",
+            ),
+            (
+                {
+                    let mut raw = sentinel("m", "redis://10.0.0.1:26379");
+                    raw.redis.url = "redis://a:1,redis://b:2".into();
+                    raw
+                },
+                "redis.url has several URLs",
+            ),
+        ] {
+            let err = raw.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+    }
+
+    fn redis_default_backend() -> BackendSettings {
+        redis("redis://127.0.0.1:6379").validate().unwrap().backend
     }
 }

@@ -196,6 +196,8 @@ pub struct RedisSettings {
     pub deny_cache_keys: usize,
     /// Leased counting of hot counters.
     pub lease: LeaseSettings,
+    /// Redis Sentinel: find the master through its sentinels and follow its failovers.
+    pub sentinel: SentinelSettings,
 }
 
 /// Leased counting (`redis.lease`): slices of hot counters' tokens taken from Redis and
@@ -227,6 +229,40 @@ impl Default for LeaseSettings {
     }
 }
 
+/// Redis Sentinel, for `backend: redis`: off while both the master's name and the sentinels
+/// are empty. Its `Debug` hides credentials.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelSettings {
+    /// The master's name, as the sentinels know it (`sentinel monitor <name> ...`).
+    pub master_name: String,
+    /// `redis://host:port` URLs of the sentinels, comma-separated, asked in this order.
+    pub urls: String,
+    /// The sentinels' password (`requirepass` in their config), for URLs that carry none.
+    pub password: String,
+}
+
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("master_name", &self.master_name)
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .split(',')
+                    .map(crate::limiter::redis::redact)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .field(
+                "password",
+                &if self.password.is_empty() { "" } else { "***" },
+            )
+            .finish()
+    }
+}
+
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
@@ -239,6 +275,7 @@ impl Default for RedisSettings {
             breaker_cooldown_ms: 1_000,
             deny_cache_keys: 100_000,
             lease: LeaseSettings::default(),
+            sentinel: SentinelSettings::default(),
         }
     }
 }
@@ -255,6 +292,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
             .field("deny_cache_keys", &self.deny_cache_keys)
             .field("lease", &self.lease)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -616,6 +654,48 @@ mod tests {
                 collect_names(v, out);
             }
         }
+    }
+
+    #[test]
+    fn the_reference_sentinel_variables_give_a_valid_sentinel_backend() {
+        let s = RawSettings::load_with_env(
+            None,
+            &ServeArgs::default(),
+            env(&[
+                ("SLUICE_COMPAT", "envoy-ratelimit"),
+                ("BACKEND_TYPE", "redis"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_SENTINEL_AUTH", "pw"),
+            ]),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        let crate::settings::BackendSettings::Redis(redis) = s.backend else {
+            panic!("redis backend expected")
+        };
+        let sentinel = redis.sentinel.expect("sentinel mode");
+        assert_eq!(sentinel.master_name, "mymaster");
+        assert_eq!(
+            sentinel.urls,
+            ["redis://:pw@s1:26379", "redis://:pw@s2:26379"]
+        );
+        // And SLUICE_* wins over the reference's variables, as everywhere.
+        let s = RawSettings::load_with_env(
+            None,
+            &ServeArgs::default(),
+            env(&[
+                ("SLUICE_COMPAT", "envoy-ratelimit"),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379"),
+                ("SLUICE_REDIS__SENTINEL__MASTER_NAME", "other"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.redis.sentinel.master_name, "other");
     }
 
     #[test]

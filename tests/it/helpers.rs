@@ -290,3 +290,28 @@ pub fn redis_missing(test: &str) -> bool {
     );
     true
 }
+
+/// As [`redis_missing`], for tests that also need `redis-sentinel` (Debian package
+/// redis-sentinel).
+pub fn sentinel_missing(test: &str) -> bool {
+    use std::io::Write;
+    if redis_missing(test) {
+        return true;
+    }
+    let installed = std::process::Command::new("redis-sentinel")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: redis-sentinel is required on CI (Debian: apt-get install redis-sentinel)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: redis-sentinel is not installed (Debian: apt-get install redis-sentinel)"
+    );
+    true
+}

@@ -33,6 +33,7 @@ fn config(url: &str) -> RedisConfig {
         breaker_failures: 0,
         breaker_cooldown: Duration::from_millis(100),
         deny_cache_keys: 0,
+        sentinel: None,
     }
 }
 

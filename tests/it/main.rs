@@ -13,5 +13,6 @@ mod memory;
 mod metadata;
 mod ops;
 mod redis;
+mod redis_sentinel;
 mod service;
 mod wire;

@@ -46,7 +46,7 @@ impl RedisProcess {
         Self::spawn(port, &[])
     }
 
-    fn spawn(port: u16, extra: &[&str]) -> Self {
+    pub fn spawn(port: u16, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
             .args([
@@ -164,6 +164,7 @@ fn config(url: &str) -> RedisConfig {
         breaker_failures: 3,
         breaker_cooldown: Duration::from_millis(200),
         deny_cache_keys: 0,
+        sentinel: None,
     }
 }
 

@@ -16,6 +16,8 @@
 //! - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
 //!   answers at once for a cool-down, then lets one probe through. The connection manager
 //!   reconnects in the background.
+//! - Redis Sentinel (`sentinel.rs`): the master is the one the sentinels name, reached as a
+//!   single node, and followed through a failover with no restart.
 //! - A local cache of counters Redis reported out of tokens until an instant answers repeat
 //!   offenders without a round trip. It only ever refuses what Redis itself would refuse.
 //!
@@ -26,6 +28,7 @@ mod breaker;
 mod cache;
 mod coalesce;
 mod lease;
+mod sentinel;
 mod stats;
 
 use std::sync::Arc;
@@ -44,13 +47,16 @@ use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
 pub use lease::{LeaseConfig, LeaseFigures, LeasedStore};
+pub use sentinel::{SentinelConfig, SentinelError};
 pub use stats::RedisFigures;
 use stats::RedisStats;
 
 /// How to reach Redis and how hard to try. Its `Debug` hides URL credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://` URLs: one for a single node, the seed nodes for a cluster.
+    /// `redis://` URLs: one for a single node, the seed nodes for a cluster. With
+    /// [`RedisConfig::sentinel`], one URL whose credentials, database and scheme the master is
+    /// reached with (its host and port are replaced by the master's).
     pub urls: Vec<String>,
     /// Talk Redis Cluster.
     pub cluster: bool,
@@ -66,6 +72,8 @@ pub struct RedisConfig {
     pub breaker_cooldown: Duration,
     /// Most counters kept in the local over-limit cache (0 disables it).
     pub deny_cache_keys: usize,
+    /// Find the master through Redis Sentinel (never with `cluster`).
+    pub sentinel: Option<SentinelConfig>,
 }
 
 impl RedisConfig {
@@ -77,6 +85,20 @@ impl RedisConfig {
             .map(|u| redact(u))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// What is connected to, for logs: the URLs, or the master's name and its sentinels;
+    /// credentials redacted.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match &self.sentinel {
+            Some(s) => format!(
+                "master {:?} via sentinels {}",
+                s.master_name,
+                s.redacted_urls()
+            ),
+            None => self.redacted_urls(),
+        }
     }
 }
 
@@ -91,6 +113,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown", &self.breaker_cooldown)
             .field("deny_cache_keys", &self.deny_cache_keys)
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -186,7 +209,7 @@ impl RedisStore {
     /// connection then reconnects by itself. On a single node it goes on to send the coalesced
     /// requests for as long as it runs. The caller owns this future and drops it to stop.
     pub async fn connect(&self) {
-        let urls = self.config.redacted_urls();
+        let urls = self.config.describe();
         let mut delay = Duration::from_millis(100);
         loop {
             match self.connector.connect().await {
@@ -200,7 +223,7 @@ impl RedisStore {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .take();
                     if let (true, Some(queued)) = (single, queued) {
-                        self.coalesce(queued).await;
+                        tokio::join!(self.coalesce(queued), self.follow_failovers());
                     }
                     return;
                 }
@@ -267,6 +290,7 @@ impl RedisStore {
             }
             Err(e) => {
                 self.stats.error(e.kind());
+                self.connector.failed(&e);
                 if self.breaker.failure() {
                     tracing::warn!(error = %e, cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
                 }
@@ -464,6 +488,7 @@ pub fn redact(url: &str) -> String {
 enum Connector {
     Single(redis::Client, ConnectionManagerConfig),
     Cluster(redis::cluster::ClusterClient),
+    Sentinel(Box<sentinel::Sentinels>),
 }
 
 impl Connector {
@@ -477,6 +502,10 @@ impl Connector {
                 .build()
                 .map_err(bad)?;
             Ok(Self::Cluster(client))
+        } else if let Some(s) = &config.sentinel {
+            Ok(Self::Sentinel(Box::new(sentinel::Sentinels::new(
+                config, s,
+            )?)))
         } else {
             let url = config.urls.first().ok_or(BackendError::NotConnected)?;
             let client = redis::Client::open(url.as_str()).map_err(bad)?;
@@ -495,6 +524,7 @@ impl Connector {
                 ConnectionManager::new_with_config(client.clone(), cm.clone()).await?,
             )),
             Self::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+            Self::Sentinel(s) => Ok(Conn::Single(s.connect().await?)),
         }
     }
 }
