@@ -21,7 +21,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
 use crate::limiter::redis::{BreakerState, RedisFigures};
 use crate::limiter::store::KeyHash;
-use crate::limiter::{Stats, StoreStats};
+use crate::limiter::{BackendMode, LocalFigures, Stats, StoreStats};
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).
@@ -64,6 +64,14 @@ pub const REDIS_CONNECTED: &str = "sluice_redis_connected";
 pub const REDIS_BREAKER: &str = "sluice_redis_breaker_state";
 /// Redis round-trip time.
 pub const REDIS_LATENCY: &str = "sluice_redis_round_trip_duration_seconds";
+/// Which counter answers this node's decisions: shared, leased or local.
+pub const BACKEND_MODE: &str = "sluice_backend_mode";
+/// Decisions by who answered them: Redis or the local store.
+pub const BACKEND_DECISIONS: &str = "sluice_backend_decisions_total";
+/// N, the nodes a budget is divided among in local mode.
+pub const BACKEND_FLEET_SIZE: &str = "sluice_backend_fleet_size";
+/// Counters held by the local store of `on_backend_error: local`.
+pub const BACKEND_LOCAL_KEYS: &str = "sluice_backend_local_keys";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -77,7 +85,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 21] = [
+const FAMILIES: [(&str, Kind, &str); 25] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -154,6 +162,26 @@ const FAMILIES: [(&str, Kind, &str); 21] = [
         "The Redis circuit breaker's state (1 for the current one).",
     ),
     (REDIS_LATENCY, Kind::Histogram, "Redis round-trip time."),
+    (
+        BACKEND_MODE,
+        Kind::Gauge,
+        "Which counter answers decisions: shared, leased or local (1 for the current one).",
+    ),
+    (
+        BACKEND_DECISIONS,
+        Kind::Counter,
+        "Decisions by who answered them: redis (shared counter) or local (rate/N in memory).",
+    ),
+    (
+        BACKEND_FLEET_SIZE,
+        Kind::Gauge,
+        "N: the nodes each budget is divided among while counting locally.",
+    ),
+    (
+        BACKEND_LOCAL_KEYS,
+        Kind::Gauge,
+        "Counters held by the local store of on_backend_error: local.",
+    ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
 
@@ -332,10 +360,11 @@ impl Metrics {
         self
     }
 
-    /// The Prometheus text exposition of every metric, with this server's backend figures
-    /// (read at scrape time from its own stores, not from the process-wide recorder).
+    /// The Prometheus text exposition of every metric, with this server's backend figures and,
+    /// with a Redis backend, its mode and decision counts (read at scrape time from its own
+    /// stores, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self, stats: &Stats) -> String {
+    pub fn render(&self, stats: &Stats, local: Option<&LocalFigures>) -> String {
         let mut out = self.handle.render();
         family(
             &mut out,
@@ -345,6 +374,9 @@ impl Metrics {
         match stats {
             Stats::Memory(store) => render_store(&mut out, store),
             Stats::Redis(redis) => render_redis(&mut out, redis),
+        }
+        if let Some(local) = local {
+            render_local(&mut out, local);
         }
         out
     }
@@ -565,6 +597,29 @@ fn render_redis(out: &mut String, redis: &RedisFigures) {
     .collect();
     family(out, REDIS_BREAKER, &states);
     family(out, REDIS_LATENCY, &histogram_samples(&redis.latency));
+}
+
+fn render_local(out: &mut String, local: &LocalFigures) {
+    let modes: Vec<(String, String)> = BackendMode::ALL
+        .iter()
+        .map(|m| {
+            (
+                format!("{{mode=\"{}\"}}", m.as_str()),
+                u8::from(*m == local.mode).to_string(),
+            )
+        })
+        .collect();
+    family(out, BACKEND_MODE, &modes);
+    family(
+        out,
+        BACKEND_DECISIONS,
+        &[
+            ("{by=\"redis\"}".into(), local.by_redis.to_string()),
+            ("{by=\"local\"}".into(), local.by_local.to_string()),
+        ],
+    );
+    family(out, BACKEND_FLEET_SIZE, &plain(local.fleet_size));
+    family(out, BACKEND_LOCAL_KEYS, &plain(local.keys));
 }
 
 /// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.

@@ -242,7 +242,10 @@ mod tests {
         assert!(both.blocked);
         assert_eq!(admitted(0), 0);
         let figures = f.figures();
-        assert_eq!((figures.by_local, figures.by_redis, figures.keys), (17, 0, 1));
+        assert_eq!(
+            (figures.by_local, figures.by_redis, figures.keys),
+            (17, 0, 1)
+        );
         clock.advance(10 * SEC);
         assert_eq!(f.sweep(), 1, "a full bucket is swept");
     }

@@ -8,6 +8,7 @@ mod gcra;
 mod headers;
 mod helpers;
 mod lab;
+mod local;
 mod memory;
 mod ops;
 mod redis;
