@@ -1,6 +1,7 @@
 //! The composition root: loads policies, binds both listeners, builds the backend and the
 //! decider, runs the servers and the background tasks (the store sweep, the Redis connection,
-//! the policy reloader), and sequences shutdown. `main` and the integration tests share all of
+//! the heartbeat and local-store sweep of `on_backend_error: local`, the policy reloader), and
+//! sequences shutdown. `main` and the integration tests share all of
 //! it; tests bind port 0 and stop the app with a channel.
 
 use std::future::Future;
@@ -12,9 +13,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::decision::Decider;
+use crate::decision::{Decider, OnBackendError};
+use crate::limiter::redis::Heartbeat;
 use crate::limiter::{
-    Backend, BackendError, Clock, LeasedStore, MemoryStore, MonotonicClock, RedisStore, RedisTime,
+    Backend, BackendError, Clock, LeasedStore, LocalFallback, MemoryStore, MonotonicClock,
+    RedisStore, RedisTime,
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
@@ -101,6 +104,8 @@ pub struct App {
     admin: TcpListener,
     policies: PolicyHandle,
     backend: Backend,
+    /// With a Redis backend: the mode, the decision counts and the local store.
+    local: Option<Arc<LocalFallback>>,
     metrics: Arc<Metrics>,
 }
 
@@ -144,20 +149,28 @@ impl App {
         let admin = bind("admin", settings.admin_addr).await?;
         let backend = match &settings.backend {
             BackendSettings::Memory { max_keys, .. } => {
-                Backend::memory(MemoryStore::with_max_keys(*max_keys), clock)
+                Backend::memory(MemoryStore::with_max_keys(*max_keys), Arc::clone(&clock))
             }
             BackendSettings::Redis(config) => {
                 tracing::info!(redis = %config.describe(), cluster = config.cluster, leased = settings.lease.is_some(), "counting in redis");
                 let redis = RedisStore::new(config.clone(), Arc::clone(&clock), RedisTime::Server)?;
                 match settings.lease {
-                    Some(lease) => LeasedStore::new(redis, lease, clock).backend(),
+                    Some(lease) => LeasedStore::new(redis, lease, Arc::clone(&clock)).backend(),
                     None => redis.backend(),
                 }
             }
         };
+        let local = matches!(backend, Backend::Redis(_) | Backend::Leased(_)).then(|| {
+            Arc::new(LocalFallback::new(
+                MemoryStore::with_max_keys(settings.local.max_keys),
+                clock,
+                settings.local.fleet_size,
+            ))
+        });
         Ok(Self {
             policies: PolicyHandle::new(set),
             backend,
+            local,
             metrics,
             settings,
             grpc,
@@ -217,17 +230,21 @@ impl App {
             admin: admin_listener,
             policies,
             backend,
+            local,
             metrics,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter);
         let stop = CancellationToken::new();
-        let decider = Decider::new(
+        let mut decider = Decider::new(
             policies.clone(),
             backend.clone(),
             Arc::clone(&metrics),
             settings.decision.clone(),
         );
+        if let Some(local) = &local {
+            decider = decider.with_local(Arc::clone(local));
+        }
         let admin_state = AdminState {
             health: health.clone(),
             decider: decider.clone(),
@@ -265,7 +282,8 @@ impl App {
         ));
         let mut tasks = JoinSet::new();
         if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
-            tasks.spawn(sweep(backend.clone(), sweep_interval, stop.clone()));
+            let backend = backend.clone();
+            tasks.spawn(sweep(move || backend.sweep(), sweep_interval, stop.clone()));
         }
         if let Backend::Leased(leased) = &backend {
             // Ends slices as they age; at shutdown gives every unused token back (while the
@@ -277,7 +295,7 @@ impl App {
             Backend::Leased(leased) => Some(Arc::clone(leased.redis())),
             Backend::Memory { .. } => None,
         };
-        if let Some(redis) = redis {
+        if let Some(redis) = redis.clone() {
             let stop = stop.clone();
             tasks.spawn(async move {
                 tokio::select! {
@@ -285,6 +303,28 @@ impl App {
                     () = redis.connect() => {}
                 }
             });
+        }
+        if let (Some(redis), Some(local)) = (&redis, &local)
+            && settings.decision.on_backend_error == OnBackendError::Local
+        {
+            let swept = Arc::clone(local);
+            let interval = settings.local.sweep_interval;
+            tasks.spawn(sweep(move || swept.sweep(), interval, stop.clone()));
+            if settings.local.fleet_size.is_none() {
+                // N is learned: beat until shutdown, then leave the fleet.
+                let heartbeat = Heartbeat::new(settings.local.heartbeat_interval);
+                tracing::info!(
+                    node = heartbeat.id(),
+                    interval_ms = settings.local.heartbeat_interval.as_millis(),
+                    "recording this node in redis for the local mode's fleet size"
+                );
+                let (redis, local, stop) = (Arc::clone(redis), Arc::clone(local), stop.clone());
+                tasks.spawn(async move {
+                    redis
+                        .heartbeat(&heartbeat, |n| local.see_fleet(n), stop.cancelled_owned())
+                        .await;
+                });
+            }
         }
         let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics))
             .with_options(load_options(&settings));
@@ -329,15 +369,15 @@ fn stopped<E: Into<ServeError>>(r: Result<Result<(), E>, tokio::task::JoinError>
     }
 }
 
-/// Removes full-bucket counters every `interval` until `stop`.
-async fn sweep(backend: Backend, interval: Duration, stop: CancellationToken) {
+/// Removes full-bucket counters (through `sweep`) every `interval` until `stop`.
+async fn sweep(sweep: impl Fn() -> usize, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {
-                let removed = backend.sweep();
+                let removed = sweep();
                 tracing::debug!(removed, "swept store");
             }
         }

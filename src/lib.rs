@@ -13,7 +13,8 @@
 //!   headers, record metrics.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
-//!   in-memory store and Redis.
+//!   in-memory store and Redis; [`limiter::LocalFallback`], the node's own store at rate/N
+//!   while Redis cannot decide (`on_backend_error: local`).
 //! - `reload` (internal): watches the policy directory and SIGHUP; load → validate → swap.
 //! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
 //!   latency histogram.

@@ -21,7 +21,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
 use crate::limiter::redis::{BreakerState, LeaseFigures, RedisFigures};
 use crate::limiter::store::KeyHash;
-use crate::limiter::{Stats, StoreStats};
+use crate::limiter::{BackendMode, LocalFigures, Stats, StoreStats};
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).
@@ -72,10 +72,14 @@ pub const LEASE_TOKENS_TAKEN: &str = "sluice_lease_tokens_taken_total";
 pub const LEASE_TOKENS_RETURNED: &str = "sluice_lease_tokens_returned_total";
 /// Counters this node holds a lease of.
 pub const LEASES: &str = "sluice_leases";
-/// Requests by what decided them: Redis, or this node's leases.
-pub const BACKEND_DECISIONS: &str = "sluice_backend_decisions_total";
-/// How the backend counts now (1 for the current mode).
+/// Which counter answers this node's decisions: shared, leased or local.
 pub const BACKEND_MODE: &str = "sluice_backend_mode";
+/// Decisions by who answered them: Redis, this node's leases, or the local store.
+pub const BACKEND_DECISIONS: &str = "sluice_backend_decisions_total";
+/// N, the nodes a budget is divided among in local mode.
+pub const BACKEND_FLEET_SIZE: &str = "sluice_backend_fleet_size";
+/// Counters held by the local store of `on_backend_error: local`.
+pub const BACKEND_LOCAL_KEYS: &str = "sluice_backend_local_keys";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -89,7 +93,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 27] = [
+const FAMILIES: [(&str, Kind, &str); 29] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -183,14 +187,24 @@ const FAMILIES: [(&str, Kind, &str); 27] = [
     ),
     (LEASES, Kind::Gauge, "Counters this node holds a lease of."),
     (
-        BACKEND_DECISIONS,
-        Kind::Counter,
-        "Requests by what decided them: redis (a round trip, or its over-limit cache) or lease (this node's leased tokens).",
-    ),
-    (
         BACKEND_MODE,
         Kind::Gauge,
-        "How the backend counts now: shared (every decision in Redis) or leased (hot counters from leases); 1 for the current one.",
+        "Which counter answers decisions: shared (Redis), leased (hot counters from leases) or local (rate/N in memory); 1 for the current one.",
+    ),
+    (
+        BACKEND_DECISIONS,
+        Kind::Counter,
+        "Decisions by who answered them: redis (a round trip, or its over-limit cache), lease (this node's leased tokens) or local (rate/N in memory).",
+    ),
+    (
+        BACKEND_FLEET_SIZE,
+        Kind::Gauge,
+        "N: the nodes each budget is divided among while counting locally.",
+    ),
+    (
+        BACKEND_LOCAL_KEYS,
+        Kind::Gauge,
+        "Counters held by the local store of on_backend_error: local.",
     ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
@@ -370,10 +384,11 @@ impl Metrics {
         self
     }
 
-    /// The Prometheus text exposition of every metric, with this server's backend figures
-    /// (read at scrape time from its own stores, not from the process-wide recorder).
+    /// The Prometheus text exposition of every metric, with this server's backend figures and,
+    /// with a Redis backend, its mode and decision counts (read at scrape time from its own
+    /// stores, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self, stats: &Stats) -> String {
+    pub fn render(&self, stats: &Stats, local: Option<&LocalFigures>) -> String {
         let mut out = self.handle.render();
         family(
             &mut out,
@@ -384,11 +399,13 @@ impl Metrics {
             Stats::Memory(store) => render_store(&mut out, store),
             Stats::Redis(redis) => {
                 render_redis(&mut out, redis);
-                render_mode(&mut out, "shared", None, redis.requests + redis.cache_hits);
+                let by_redis = local.map_or(redis.requests + redis.cache_hits, |l| l.by_redis);
+                render_mode(&mut out, by_redis, None, local);
             }
             Stats::Leased(redis, lease) => {
                 render_redis(&mut out, redis);
                 render_lease(&mut out, lease);
+                render_mode(&mut out, lease.by_redis, Some(lease.by_lease), local);
             }
         }
         out
@@ -617,17 +634,27 @@ fn render_lease(out: &mut String, lease: &LeaseFigures) {
     family(out, LEASE_TOKENS_TAKEN, &plain(lease.tokens_taken));
     family(out, LEASE_TOKENS_RETURNED, &plain(lease.tokens_returned));
     family(out, LEASES, &plain(lease.leases));
-    render_mode(out, "leased", Some(lease.by_lease), lease.by_redis);
 }
 
-/// `sluice_backend_mode` with `mode` current, and `sluice_backend_decisions_total` by Redis
-/// and, when leasing, by lease.
-fn render_mode(out: &mut String, mode: &str, by_lease: Option<u64>, by_redis: u64) {
-    let modes: Vec<(String, String)> = ["shared", "leased"]
+/// `sluice_backend_mode` and `sluice_backend_decisions_total` of a Redis backend: `by_redis`
+/// and, when leasing, `by_lease` answered by the backend; `local`, the degraded mode's figures
+/// when this server has them.
+fn render_mode(
+    out: &mut String,
+    by_redis: u64,
+    by_lease: Option<u64>,
+    local: Option<&LocalFigures>,
+) {
+    let mode = match local.map(|l| l.mode) {
+        Some(BackendMode::Local) => BackendMode::Local,
+        _ if by_lease.is_some() => BackendMode::Leased,
+        _ => BackendMode::Shared,
+    };
+    let modes: Vec<(String, String)> = BackendMode::ALL
         .iter()
         .map(|m| {
             (
-                format!("{{mode=\"{m}\"}}"),
+                format!("{{mode=\"{}\"}}", m.as_str()),
                 u8::from(*m == mode).to_string(),
             )
         })
@@ -637,7 +664,14 @@ fn render_mode(out: &mut String, mode: &str, by_lease: Option<u64>, by_redis: u6
     if let Some(n) = by_lease {
         by.push(("{by=\"lease\"}".to_string(), n.to_string()));
     }
+    if let Some(local) = local {
+        by.push(("{by=\"local\"}".to_string(), local.by_local.to_string()));
+    }
     family(out, BACKEND_DECISIONS, &by);
+    if let Some(local) = local {
+        family(out, BACKEND_FLEET_SIZE, &plain(local.fleet_size));
+        family(out, BACKEND_LOCAL_KEYS, &plain(local.keys));
+    }
 }
 
 /// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.

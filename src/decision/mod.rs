@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::{Backend, BackendError, Batch};
+use crate::limiter::{Backend, BackendError, Batch, LocalFallback};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
@@ -36,6 +36,9 @@ pub enum OnBackendError {
     /// Answer gRPC UNAVAILABLE, so Envoy's `failure_mode_deny` decides.
     #[default]
     Error,
+    /// Count in this node's memory at its share of each rate (rate/N, burst ceil(B/N)) until
+    /// Redis answers again.
+    Local,
 }
 
 /// How the decider answers.
@@ -143,6 +146,9 @@ pub struct Decider {
     backend: Backend,
     metrics: Arc<Metrics>,
     options: Options,
+    /// With a Redis backend: the node's mode and who answered, and the local store
+    /// `on_backend_error: local` counts in.
+    local: Option<Arc<LocalFallback>>,
 }
 
 impl Decider {
@@ -159,7 +165,22 @@ impl Decider {
             backend,
             metrics,
             options,
+            local: None,
         }
+    }
+
+    /// This decider, keeping its backend mode and decision counts in `local`, and counting
+    /// there while the backend cannot decide when `on_backend_error` is `local`.
+    #[must_use]
+    pub fn with_local(mut self, local: Arc<LocalFallback>) -> Self {
+        self.local = Some(local);
+        self
+    }
+
+    /// The local fallback, when there is one.
+    #[must_use]
+    pub fn local(&self) -> Option<&Arc<LocalFallback>> {
+        self.local.as_ref()
     }
 
     /// Decides `req` on one policy snapshot and counts what it did.
@@ -167,7 +188,8 @@ impl Decider {
     /// # Errors
     ///
     /// [`DecideError::Request`] for a malformed request (nothing is charged), or
-    /// [`DecideError::Backend`] when the backend fails and `on_backend_error` is `error`.
+    /// [`DecideError::Backend`] when the backend fails and `on_backend_error` is `error` (or
+    /// `local` on a decider without a local fallback).
     pub async fn decide(&self, req: &Request) -> Result<Decision, DecideError> {
         let start = Instant::now();
         if let Err(e) = self.options.caps.check(req) {
@@ -189,14 +211,26 @@ impl Decider {
         };
         let plan = plan::plan(req, domain, self.options.shadow_mode);
         let batch = match self.backend.check(&plan.ops).await {
-            Ok(b) => b,
+            Ok(b) => {
+                // A request without ops never reached the backend: it says nothing of Redis.
+                if !plan.ops.is_empty() {
+                    self.answered();
+                }
+                b
+            }
             Err(e) => {
                 tracing::debug!(domain = %req.domain, error = %e, "backend failed");
                 self.metrics.request(RequestOutcome::BackendError);
-                match self.options.on_backend_error {
-                    OnBackendError::Allow => Batch::fallback(&plan.ops, true),
-                    OnBackendError::Deny => Batch::fallback(&plan.ops, false),
-                    OnBackendError::Error => return Err(e.into()),
+                match (self.options.on_backend_error, &self.local) {
+                    (OnBackendError::Allow, _) => Batch::fallback(&plan.ops, true),
+                    (OnBackendError::Deny, _) => Batch::fallback(&plan.ops, false),
+                    (OnBackendError::Local, Some(local)) => {
+                        if let Some(n) = local.enter() {
+                            tracing::warn!(fleet_size = n, reason = %e, "redis cannot decide; counting locally at rate/N with burst ceil(B/N)");
+                        }
+                        local.check(&plan.ops)
+                    }
+                    (OnBackendError::Error | OnBackendError::Local, _) => return Err(e.into()),
                 }
             }
         };
@@ -217,6 +251,26 @@ impl Decider {
         self.metrics.decided(start.elapsed());
         tracing::debug!(domain = %req.domain, overall = ?decision.overall, "decided");
         Ok(decision)
+    }
+
+    /// The backend answered a request: counted, and when the node counted locally and Redis
+    /// itself answered (not only its over-limit cache), back to shared counting.
+    fn answered(&self) {
+        let Some(local) = &self.local else {
+            return;
+        };
+        local.answered_by_redis();
+        let redis_answered = match &self.backend {
+            Backend::Redis(redis) => redis.answering(),
+            Backend::Leased(leased) => leased.redis().answering(),
+            Backend::Memory { .. } => true,
+        };
+        if local.is_local() && redis_answered && local.leave() {
+            tracing::warn!(
+                fleet_size = local.fleet_size(),
+                "redis answers again; back to shared counting"
+            );
+        }
     }
 
     /// Counts a request that could not even be read (a transport's decoding failed).
@@ -445,6 +499,60 @@ descriptors:
             .await
             .unwrap();
         assert_eq!(unmatched.overall, Code::Ok);
+    }
+
+    #[tokio::test]
+    async fn local_mode_counts_at_the_nodes_share_while_redis_cannot_decide() {
+        use crate::limiter::BackendMode;
+        let clock = Arc::new(ManualClock::new(1 << 40));
+        let local = Arc::new(LocalFallback::new(
+            MemoryStore::new(),
+            clock.clone(),
+            Some(2),
+        ));
+        let options = Options {
+            on_backend_error: OnBackendError::Local,
+            ..Options::default()
+        };
+        let d = decider(unreachable(), options.clone()).with_local(Arc::clone(&local));
+        // `b`: 5 a minute, so T = 12 s and B = 5; on one of two nodes T·N = 24 s, ceil(5/2) = 3.
+        let r = req(&[&[("b", "x")]]);
+        for left in [2, 1, 0] {
+            let decision = d.decide(&r).await.unwrap();
+            assert_eq!(
+                first(&decision),
+                (
+                    Code::Ok,
+                    String::new(),
+                    left,
+                    Some(72 - 24 * u64::from(left))
+                )
+            );
+        }
+        let over = d.decide(&r).await.unwrap();
+        assert_eq!(over.overall, Code::OverLimit);
+        assert_eq!(
+            over.statuses[0].reset_seconds,
+            Some(24),
+            "one local interval"
+        );
+        clock.advance(24 * NANOS_PER_SEC);
+        assert_eq!(d.decide(&r).await.unwrap().overall, Code::Ok);
+        let figures = local.figures();
+        assert_eq!(figures.mode, BackendMode::Local);
+        assert_eq!(
+            (figures.by_local, figures.by_redis, figures.fleet_size),
+            (5, 0, 2)
+        );
+        // A request that matches nothing asks no store and changes no mode.
+        d.decide(&req(&[&[("zzz", "x")]])).await.unwrap();
+        assert_eq!(local.figures().by_local, 5);
+        // Without a local store, `local` can only answer with the error.
+        let bare = decider(unreachable(), options);
+        assert!(matches!(
+            bare.decide(&r).await,
+            Err(DecideError::Backend(BackendError::NotConnected))
+        ));
     }
 
     const LAYERED: &str = r"

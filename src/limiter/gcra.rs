@@ -111,6 +111,26 @@ impl Quota {
         self.period
     }
 
+    /// This quota's share for one of `n` nodes counting apart: rate/n with burst ceil(B/n), that
+    /// is emission interval `T·n` and burst `ceil(B/n)` (at least 1). A ban stays a ban, and
+    /// `n` ≤ 1 changes nothing. Where `T·n·ceil(B/n)` would pass [`MAX_TOLERANCE`] (a bucket of
+    /// more than 146 years) the interval is capped so that it does not.
+    #[must_use]
+    pub fn scaled(&self, n: u64) -> Self {
+        if self.is_ban() || n <= 1 {
+            return *self;
+        }
+        let burst = self.burst.div_ceil(n).max(1);
+        let interval = self.interval.saturating_mul(n).min(MAX_TOLERANCE / burst);
+        Self {
+            interval,
+            burst,
+            // interval ≤ MAX_TOLERANCE / burst, so this neither overflows nor passes the cap.
+            tolerance: interval * burst,
+            period: self.period,
+        }
+    }
+
     /// Whole requests available at `now` for a key whose TAT is `tat`: `floor((B·T − debt) / T)`.
     #[must_use]
     pub fn remaining(&self, tat: u64, now: u64) -> u64 {
@@ -291,6 +311,56 @@ mod tests {
         assert_eq!((r.tat, r.remaining), (3 * SEC, 7));
         let r = refund(&q, used.tat, 0, 100);
         assert_eq!((r.tat, r.remaining), (0, 10));
+    }
+
+    #[test]
+    fn a_scaled_quota_is_rate_over_n_with_burst_rounded_up() {
+        let q = Quota::new(60 * SEC, 100, 10).unwrap(); // T = 0.6 s, B = 10
+        let s = q.scaled(3);
+        assert_eq!(s.interval(), 3 * 600_000_000, "T·N exactly");
+        assert_eq!(s.burst(), 4, "ceil(10 / 3)");
+        assert_eq!(s.tolerance(), 4 * 1_800_000_000);
+        assert_eq!(s.period(), q.period());
+        // An odd interval is multiplied, not recomputed from the period (no second rounding).
+        let odd = Quota::new(SEC, 3, 3).unwrap();
+        assert_eq!(odd.scaled(2).interval(), 666_666_668);
+        assert_eq!(odd.scaled(2).burst(), 2);
+        // More nodes than tokens: a burst of 1, never 0.
+        assert_eq!(q.scaled(1_000).burst(), 1);
+        assert_eq!(q.scaled(1_000).interval(), 600 * SEC);
+        // One node, or none known, is the quota itself; a ban stays a ban.
+        assert_eq!(q.scaled(1), q);
+        assert_eq!(q.scaled(0), q);
+        assert!(Quota::new(SEC, 0, 1).unwrap().scaled(4).is_ban());
+    }
+
+    #[test]
+    fn a_scaled_quota_never_passes_the_tolerance_cap() {
+        let year = 365 * 86_400 * SEC;
+        let q = Quota::new(146 * year, 1, 1).unwrap();
+        let s = q.scaled(u64::MAX);
+        assert_eq!(s.burst(), 1);
+        assert!(s.tolerance() <= MAX_TOLERANCE);
+        assert!(s.interval() >= q.interval());
+        // And the math stays in range on it.
+        assert!(decide(&s, 0, 1, 1).admitted);
+    }
+
+    #[test]
+    fn a_scaled_quota_admits_its_share_of_the_bound() {
+        // rate 1/s, burst 10, four nodes: each admits ceil(10/4) = 3 at once, then one per 4 s.
+        let q = Quota::new(SEC, 1, 10).unwrap().scaled(4);
+        let (mut tat, mut admitted) = (0, 0);
+        let start = 1_000 * SEC;
+        for step in 0..=400 {
+            let now = start + step * SEC / 10; // 10 asks per second over 40 s
+            let o = decide(&q, tat, now, 1);
+            if o.admitted {
+                tat = o.tat;
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 3 + 40 / 4, "ceil(B/N) + floor(W·rate/N)");
     }
 
     #[test]

@@ -3,11 +3,14 @@
 //! The [`Backend`] is the one seam the decision layer counts through: it decides a whole [`Op`]
 //! batch (a request's counters) all or nothing, at the time its own clock gives, in this
 //! process's memory ([`MemoryStore`]) or in Redis shared by several nodes ([`RedisStore`]). It
-//! knows nothing of gRPC, YAML or policies; it is given keys, quotas and costs.
+//! knows nothing of gRPC, YAML or policies; it is given keys, quotas and costs. While Redis cannot
+//! decide, [`LocalFallback`] can count in this node's memory at its share of each rate
+//! (`on_backend_error: local`).
 
 mod backend;
 mod batch;
 pub mod clock;
+pub mod fallback;
 pub mod gcra;
 pub mod key;
 pub mod redis;
@@ -16,6 +19,7 @@ pub mod store;
 pub use backend::{Backend, BackendError, ErrorKind, Stats, StoreStats};
 pub use batch::{Batch, Mode, Op};
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use fallback::{BackendMode, LocalFallback, LocalFigures};
 pub use gcra::{Outcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
 pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};

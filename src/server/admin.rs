@@ -62,7 +62,10 @@ async fn metrics(State(s): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(&s.backend.stats()),
+        s.metrics.render(
+            &s.backend.stats(),
+            s.decider.local().map(|l| l.figures()).as_ref(),
+        ),
     )
         .into_response()
 }

@@ -70,6 +70,8 @@ pub struct Settings {
     pub backend: BackendSettings,
     /// Leased counting of hot counters, when counting in Redis with `redis.lease.enabled`.
     pub lease: Option<LeaseConfig>,
+    /// Degraded local mode (`on_backend_error: local`) with a Redis backend.
+    pub local: LocalSettings,
     /// Most series whose labels carry request values.
     pub max_detailed_series: usize,
     /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
@@ -130,6 +132,22 @@ pub enum BackendSettings {
     Redis(RedisConfig),
 }
 
+/// How a node counts while Redis cannot decide (`on_backend_error: local`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalSettings {
+    /// N when set (`redis.fleet_size`); otherwise learned from heartbeats.
+    pub fleet_size: Option<u64>,
+    /// How often this node records itself in Redis when N is learned.
+    pub heartbeat_interval: Duration,
+    /// Most counters in the local store (`store.max_keys`).
+    pub max_keys: usize,
+    /// How often the local store drops full buckets (`store.sweep_interval_ms`).
+    pub sweep_interval: Duration,
+}
+
+/// The longest heartbeat interval: an hour (a fleet size learned more slowly is stale).
+pub const MAX_HEARTBEAT_INTERVAL_MS: u64 = 3_600_000;
+
 /// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -162,6 +180,12 @@ pub enum SettingsError {
         /// The name given.
         name: String,
     },
+    /// `redis.heartbeat_interval_ms` past [`MAX_HEARTBEAT_INTERVAL_MS`].
+    #[error(
+        "invalid settings: redis.heartbeat_interval_ms {0} is longer than an hour (3600000); a \
+         fleet size learned that slowly is stale"
+    )]
+    HeartbeatInterval(u64),
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
@@ -308,6 +332,24 @@ impl RawSettings {
         }
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
+        positive(
+            "redis.heartbeat_interval_ms",
+            self.redis.heartbeat_interval_ms,
+        )?;
+        if self.redis.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
+            return Err(SettingsError::HeartbeatInterval(
+                self.redis.heartbeat_interval_ms,
+            ));
+        }
+        if let Some(n) = self.redis.fleet_size {
+            positive("redis.fleet_size", n)?;
+        }
+        let local = LocalSettings {
+            fleet_size: self.redis.fleet_size,
+            heartbeat_interval: Duration::from_millis(self.redis.heartbeat_interval_ms),
+            max_keys: self.store.max_keys,
+            sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
+        };
         let backend = match self.backend {
             BackendKind::Memory => BackendSettings::Memory {
                 max_keys: self.store.max_keys,
@@ -348,6 +390,7 @@ impl RawSettings {
             max_request_bytes: r.max_request_bytes,
             backend,
             lease,
+            local,
             max_detailed_series: self.metrics.max_detailed_series,
             near_limit_ratio: self.metrics.near_limit_ratio,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
@@ -568,6 +611,30 @@ mod tests {
     }
 
     #[test]
+    fn local_mode_settings_are_checked() {
+        let mut raw = redis("redis://a:6379");
+        raw.on_backend_error = decision::OnBackendError::Local;
+        raw.redis.fleet_size = Some(3);
+        raw.redis.heartbeat_interval_ms = 250;
+        raw.store.max_keys = 10;
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(s.decision.on_backend_error, decision::OnBackendError::Local);
+        assert_eq!(s.local.fleet_size, Some(3));
+        assert_eq!(s.local.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(s.local.max_keys, 10);
+        raw.redis.fleet_size = Some(0);
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert_eq!(err, "invalid settings: redis.fleet_size must be at least 1");
+        raw.redis.fleet_size = None;
+        raw.redis.heartbeat_interval_ms = 0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("redis.heartbeat_interval_ms"), "{err}");
+        raw.redis.heartbeat_interval_ms = MAX_HEARTBEAT_INTERVAL_MS + 1;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("longer than an hour"), "{err}");
+    }
+
+    #[test]
     fn header_names_and_the_near_limit_ratio_are_checked() {
         let mut raw = RawSettings::default();
         raw.legacy_headers.remaining = "X-Left".into();
@@ -598,6 +665,8 @@ mod tests {
         assert_eq!(redis.timeout, Duration::from_millis(7));
         assert_eq!(s.drain_delay, Duration::from_millis(1_500));
         assert_eq!(s.decision.caps.max_descriptors, 3);
+        assert_eq!(s.local.fleet_size, None);
+        assert_eq!(s.local.heartbeat_interval, Duration::from_secs(1));
         let memory = Settings::default();
         assert_eq!(
             memory.backend,

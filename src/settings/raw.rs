@@ -198,6 +198,12 @@ pub struct RedisSettings {
     pub lease: LeaseSettings,
     /// Redis Sentinel: find the master through its sentinels and follow its failovers.
     pub sentinel: SentinelSettings,
+    /// The number of nodes sharing each budget, N, for `on_backend_error: local`; unset, N is the
+    /// number of live nodes seen through Redis heartbeats before the outage.
+    pub fleet_size: Option<u64>,
+    /// How often each node records itself in Redis (for `on_backend_error: local` without
+    /// `fleet_size`), in milliseconds.
+    pub heartbeat_interval_ms: u64,
 }
 
 /// Leased counting (`redis.lease`): slices of hot counters' tokens taken from Redis and
@@ -276,6 +282,8 @@ impl Default for RedisSettings {
             deny_cache_keys: 100_000,
             lease: LeaseSettings::default(),
             sentinel: SentinelSettings::default(),
+            fleet_size: None,
+            heartbeat_interval_ms: 1_000,
         }
     }
 }
@@ -293,6 +301,8 @@ impl std::fmt::Debug for RedisSettings {
             .field("deny_cache_keys", &self.deny_cache_keys)
             .field("lease", &self.lease)
             .field("sentinel", &self.sentinel)
+            .field("fleet_size", &self.fleet_size)
+            .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .finish()
     }
 }
@@ -604,6 +614,31 @@ mod tests {
         let mut kept: Vec<String> = settings_from_env(vars.into_iter()).into_keys().collect();
         kept.sort();
         assert_eq!(kept, ["SLUICE_GRPC_ADDR", "SLUICE_REDIS__URL"]);
+    }
+
+    #[test]
+    fn local_mode_from_the_environment_and_a_file() {
+        let s = RawSettings::load_with_env(
+            None,
+            &ServeArgs::default(),
+            env(&[
+                ("SLUICE_ON_BACKEND_ERROR", "local"),
+                ("SLUICE_REDIS__FLEET_SIZE", "4"),
+                ("SLUICE_REDIS__HEARTBEAT_INTERVAL_MS", "500"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.on_backend_error, OnBackendError::Local);
+        assert_eq!(s.redis.fleet_size, Some(4));
+        assert_eq!(s.redis.heartbeat_interval_ms, 500);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(&path, "on_backend_error: local\nredis:\n  fleet_size: 2\n").unwrap();
+        let s = RawSettings::load_with_env(Some(&path), &ServeArgs::default(), BTreeMap::new())
+            .unwrap();
+        assert_eq!(s.redis.fleet_size, Some(2));
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), BTreeMap::new()).unwrap();
+        assert_eq!(s.redis.fleet_size, None, "unset by default");
     }
 
     #[test]

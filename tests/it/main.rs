@@ -9,6 +9,7 @@ mod headers;
 mod helpers;
 mod lab;
 mod lease;
+mod local;
 mod memory;
 mod metadata;
 mod ops;

@@ -27,6 +27,7 @@
 mod breaker;
 mod cache;
 mod coalesce;
+mod heartbeat;
 mod lease;
 mod sentinel;
 mod stats;
@@ -46,6 +47,7 @@ pub use crate::histogram::LatencySnapshot;
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
+pub use heartbeat::Heartbeat;
 pub use lease::{LeaseConfig, LeaseFigures, LeasedStore};
 pub use sentinel::{SentinelConfig, SentinelError};
 pub use stats::RedisFigures;
@@ -152,6 +154,8 @@ pub struct RedisStore {
     time: RedisTime,
     /// Requests for the lean script on a single node, coalesced by [`RedisStore::connect`].
     queue: tokio::sync::mpsc::UnboundedSender<coalesce::Pending>,
+    /// Whether the last call sent to Redis got an answer (a deny-cache answer is not one).
+    answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
     queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<coalesce::Pending>>>,
 }
@@ -182,6 +186,7 @@ impl RedisStore {
         Ok(Arc::new(Self {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
+            answering: std::sync::atomic::AtomicBool::new(false),
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config)?,
             script: Script::new(include_str!("gcra.lua")),
@@ -242,6 +247,23 @@ impl RedisStore {
         self.conn.load().is_some()
     }
 
+    /// Whether the last call sent to Redis got an answer from it (false before the first, and
+    /// after a failure or a breaker refusal until a call succeeds again).
+    #[must_use]
+    pub fn answering(&self) -> bool {
+        // Relaxed: a hint about the last call; it guards no other data.
+        self.answering.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records whether Redis answered, writing only on a change (the flag is read far more
+    /// often than it changes, and every request passes here).
+    fn set_answering(&self, answered: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.answering.load(Relaxed) != answered {
+            self.answering.store(answered, Relaxed);
+        }
+    }
+
     /// Round trips, errors, cache hits, connection, breaker and latency, read now.
     #[must_use]
     pub fn figures(&self) -> RedisFigures {
@@ -262,6 +284,7 @@ impl RedisStore {
             return Ok(batch);
         }
         if !self.breaker.allow() {
+            self.set_answering(false);
             self.stats.error(ErrorKind::BreakerOpen);
             return Err(BackendError::BreakerOpen);
         }
@@ -276,6 +299,7 @@ impl RedisStore {
             Err(_) => Err(BackendError::Timeout(self.config.timeout)),
         };
         self.stats.record_latency(started.elapsed());
+        self.set_answering(result.is_ok());
         match result {
             Ok(batch) => {
                 self.breaker.success();
