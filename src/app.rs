@@ -20,9 +20,10 @@ use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
-use crate::server::listener::{self, Incoming};
-use crate::server::{self, Health, rls::RateLimitHandler};
+use crate::server::listener::{self, GrpcConnections, Incoming};
+use crate::server::{self, GrpcRoutes, Health, rls::RateLimitHandler};
 use crate::settings::{BackendSettings, Settings};
+use crate::tls::{self, ServerTls, TlsError};
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,9 @@ pub enum AppError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The gRPC port's TLS cannot be set up.
+    #[error("cannot set up TLS on the gRPC port: {0}")]
+    Tls(#[from] TlsError),
     /// The backend cannot be set up.
     #[error("cannot set up the backend: {0}")]
     Backend(#[from] BackendError),
@@ -56,9 +60,6 @@ pub enum AppError {
 /// How a server stopped without being asked to.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The gRPC transport failed.
-    #[error(transparent)]
-    Grpc(#[from] tonic::transport::Error),
     /// Its task panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
@@ -101,6 +102,7 @@ pub struct App {
     policies: PolicyHandle,
     backend: Backend,
     metrics: Arc<Metrics>,
+    tls: Option<ServerTls>,
 }
 
 impl App {
@@ -108,7 +110,8 @@ impl App {
     ///
     /// # Errors
     ///
-    /// [`AppError`] when the policies are invalid or an address cannot be bound.
+    /// [`AppError`] when the policies are invalid, the gRPC port's certificate cannot be loaded
+    /// or an address cannot be bound.
     pub async fn bind(settings: Settings) -> Result<Self, AppError> {
         Self::bind_with_clock(settings, Arc::new(MonotonicClock::new())).await
     }
@@ -139,6 +142,14 @@ impl App {
                 .await
                 .map_err(|source| AppError::Bind { what, addr, source })
         };
+        let tls = settings
+            .grpc_tls
+            .as_ref()
+            .map(ServerTls::load)
+            .transpose()?;
+        if let Some(t) = &settings.grpc_tls {
+            tracing::info!(cert_file = %t.cert_file.display(), mtls = t.client_ca_file.is_some(), "TLS on the gRPC port");
+        }
         let grpc = bind("gRPC", settings.grpc_addr).await?;
         let admin = bind("admin", settings.admin_addr).await?;
         let backend = match &settings.backend {
@@ -157,6 +168,7 @@ impl App {
             settings,
             grpc,
             admin,
+            tls,
         })
     }
 
@@ -213,6 +225,7 @@ impl App {
             policies,
             backend,
             metrics,
+            tls,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter);
@@ -231,27 +244,28 @@ impl App {
             policies: policies.clone(),
         };
         let limits = settings.grpc;
-        let incoming = Incoming::new(
-            grpc_listener,
-            "gRPC",
-            limits.max_connections,
-            Some(limits.idle_timeout),
+        let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
+        let connections = GrpcConnections {
+            http2: server::grpc_connections(&limits),
+            tls: tls.clone(),
+            idle_timeout: limits.idle_timeout,
+            max_age: limits
+                .max_connection_age
+                .map(|age| (age, limits.max_connection_age_grace)),
+        };
+        let routes = GrpcRoutes::new(
+            RateLimitHandler::new(decider),
+            health_service,
+            settings.max_request_bytes,
+            &limits,
         );
-        let mut grpc = tokio::spawn(
-            server::grpc_router(
-                RateLimitHandler::new(decider),
-                health_service,
-                settings.max_request_bytes,
-                &limits,
-            )
-            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
-        );
-        let admin_incoming = Incoming::new(
-            admin_listener,
-            "admin",
-            settings.admin.max_connections,
-            None,
-        );
+        let mut grpc = tokio::spawn(listener::serve_grpc(
+            incoming,
+            routes,
+            connections,
+            stop.clone(),
+        ));
+        let admin_incoming = Incoming::new(admin_listener, "admin", settings.admin.max_connections);
         let mut admin = tokio::spawn(listener::serve_admin(
             admin_incoming,
             admin::router(admin_state, settings.max_request_bytes),
@@ -270,6 +284,9 @@ impl App {
                     () = redis.connect() => {}
                 }
             });
+        }
+        if let Some(tls) = tls {
+            tasks.spawn(tls.watch(tls::RELOAD_EVERY, stop.clone()));
         }
         let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics))
             .with_options(load_options(&settings));

@@ -46,6 +46,7 @@ impl TestServer {
 
     /// Starts a server on the policies already in `dir`.
     pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut RawSettings)) -> Self {
+        sluice::tls::install_crypto_provider();
         let mut settings = RawSettings {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
