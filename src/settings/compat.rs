@@ -98,7 +98,7 @@ pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, Compat
     decisions(&env, &mut m)?;
     observability(&env, &mut m)?;
     grpc(&env, &mut m)?;
-    unsupported(&env, &mut m)?;
+    unsupported(&env)?;
     Ok(m)
 }
 
@@ -638,9 +638,9 @@ fn go_duration_ms(text: &str) -> Option<u64> {
     u64::try_from(nanos.div_ceil(1_000_000)).ok()
 }
 
-/// Variables that ask for what sluice does not offer yet: an error where ignoring them would
-/// change security or where configuration comes from, a warning otherwise.
-fn unsupported(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+/// Variables that ask for what sluice does not offer yet, where ignoring them would change
+/// where configuration comes from or where clients connect: errors.
+fn unsupported(env: &Env<'_>) -> Result<(), CompatError> {
     if let Some(v) = env.get("CONFIG_TYPE")
         && !v.eq_ignore_ascii_case("FILE")
     {

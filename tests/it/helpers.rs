@@ -56,6 +56,7 @@ impl TestServer {
         };
         tune(&mut settings);
         let settings = settings.validate().expect("valid settings");
+        let tls = settings.grpc_tls.is_some();
         // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.
         let clock = Arc::new(ManualClock::new(1_000_000_000_000));
         let app = App::bind_with_clock(settings, clock.clone())
@@ -70,9 +71,18 @@ impl TestServer {
         let task = tokio::spawn(app.run(async {
             let _ = stopped.await;
         }));
-        let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
-            .await
-            .expect("connect");
+        // Over TLS this plaintext client could not connect: it stays unconnected, unused.
+        let client = if tls {
+            RateLimitServiceClient::new(
+                Channel::from_shared(format!("http://{grpc}"))
+                    .expect("valid uri")
+                    .connect_lazy(),
+            )
+        } else {
+            RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .expect("connect")
+        };
         Self {
             grpc,
             admin,
@@ -288,6 +298,28 @@ pub fn redis_missing(test: &str) -> bool {
     let _ = writeln!(
         std::io::stderr(),
         "{test}: skipped: redis-server or redis-cli is not installed (Debian: apt-get install redis-server redis-tools)"
+    );
+    true
+}
+
+/// Whether a test that needs the `openssl` command (to make test certificates) must skip: it is
+/// not installed and this is not CI, where a missing `openssl` fails the test instead.
+pub fn openssl_missing(test: &str) -> bool {
+    use std::io::Write;
+    let installed = std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: openssl is required on CI (Debian: apt-get install openssl)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: openssl is not installed (Debian: apt-get install openssl)"
     );
     true
 }

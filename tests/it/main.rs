@@ -12,4 +12,5 @@ mod memory;
 mod ops;
 mod redis;
 mod service;
+mod tls;
 mod wire;
