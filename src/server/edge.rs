@@ -94,7 +94,7 @@ fn finish<E>(outcome: Outcome<E>) -> Result<http::Response<Body>, E> {
     match outcome {
         Ok(answer) => answer.map(exhausted),
         Err(_) => Ok(Status::deadline_exceeded(
-            "the call took longer than grpc.request_timeout_ms",
+            "the call took longer than its deadline (grpc.request_timeout_ms or a shorter grpc-timeout)",
         )
         .into_http()),
     }
