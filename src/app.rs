@@ -23,9 +23,10 @@ use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
-use crate::server::listener::{self, Incoming};
-use crate::server::{self, Health, rls::RateLimitHandler};
+use crate::server::listener::{self, GrpcConnections, Incoming};
+use crate::server::{self, GrpcRoutes, Health, rls::RateLimitHandler};
 use crate::settings::{BackendSettings, Settings};
+use crate::tls::{self, ServerTls, TlsError};
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,9 @@ pub enum AppError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The gRPC port's TLS cannot be set up.
+    #[error("cannot set up TLS on the gRPC port: {0}")]
+    Tls(#[from] TlsError),
     /// The backend cannot be set up.
     #[error("cannot set up the backend: {0}")]
     Backend(#[from] BackendError),
@@ -59,9 +63,6 @@ pub enum AppError {
 /// How a server stopped without being asked to.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The gRPC transport failed.
-    #[error(transparent)]
-    Grpc(#[from] tonic::transport::Error),
     /// Its task panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
@@ -107,6 +108,7 @@ pub struct App {
     /// With a Redis backend: the mode, the decision counts and the local store.
     local: Option<Arc<LocalFallback>>,
     metrics: Arc<Metrics>,
+    tls: Option<ServerTls>,
 }
 
 impl App {
@@ -114,7 +116,8 @@ impl App {
     ///
     /// # Errors
     ///
-    /// [`AppError`] when the policies are invalid or an address cannot be bound.
+    /// [`AppError`] when the policies are invalid, the gRPC port's certificate cannot be loaded
+    /// or an address cannot be bound.
     pub async fn bind(settings: Settings) -> Result<Self, AppError> {
         Self::bind_with_clock(settings, Arc::new(MonotonicClock::new())).await
     }
@@ -145,6 +148,14 @@ impl App {
                 .await
                 .map_err(|source| AppError::Bind { what, addr, source })
         };
+        let tls = settings
+            .grpc_tls
+            .as_ref()
+            .map(ServerTls::load)
+            .transpose()?;
+        if let Some(t) = &settings.grpc_tls {
+            tracing::info!(cert_file = %t.cert_file.display(), mtls = t.client_ca_file.is_some(), "TLS on the gRPC port");
+        }
         let grpc = bind("gRPC", settings.grpc_addr).await?;
         let admin = bind("admin", settings.admin_addr).await?;
         let backend = match &settings.backend {
@@ -175,6 +186,7 @@ impl App {
             settings,
             grpc,
             admin,
+            tls,
         })
     }
 
@@ -232,6 +244,7 @@ impl App {
             backend,
             local,
             metrics,
+            tls,
         } = self;
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter);
@@ -253,27 +266,28 @@ impl App {
             policies: policies.clone(),
         };
         let limits = settings.grpc;
-        let incoming = Incoming::new(
-            grpc_listener,
-            "gRPC",
-            limits.max_connections,
-            Some(limits.idle_timeout),
+        let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
+        let connections = GrpcConnections {
+            http2: server::grpc_connections(&limits),
+            tls: tls.clone(),
+            idle_timeout: limits.idle_timeout,
+            max_age: limits
+                .max_connection_age
+                .map(|age| (age, limits.max_connection_age_grace)),
+        };
+        let routes = GrpcRoutes::new(
+            RateLimitHandler::new(decider),
+            health_service,
+            settings.max_request_bytes,
+            &limits,
         );
-        let mut grpc = tokio::spawn(
-            server::grpc_router(
-                RateLimitHandler::new(decider),
-                health_service,
-                settings.max_request_bytes,
-                &limits,
-            )
-            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
-        );
-        let admin_incoming = Incoming::new(
-            admin_listener,
-            "admin",
-            settings.admin.max_connections,
-            None,
-        );
+        let mut grpc = tokio::spawn(listener::serve_grpc(
+            incoming,
+            routes,
+            connections,
+            stop.clone(),
+        ));
+        let admin_incoming = Incoming::new(admin_listener, "admin", settings.admin.max_connections);
         let mut admin = tokio::spawn(listener::serve_admin(
             admin_incoming,
             admin::router(admin_state, settings.max_request_bytes),
@@ -325,6 +339,9 @@ impl App {
                         .await;
                 });
             }
+        }
+        if let Some(tls) = tls {
+            tasks.spawn(tls.watch(tls::RELOAD_EVERY, stop.clone()));
         }
         let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics))
             .with_options(load_options(&settings));

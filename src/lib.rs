@@ -20,6 +20,8 @@
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
+//! - [`tls`]: the gRPC port's TLS: rustls on ring, certificates reloaded when their files
+//!   change, mTLS.
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
 //!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
 //!   comparisons, with the SVG chart. Never serves.
@@ -57,3 +59,4 @@ pub(crate) mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

@@ -11,9 +11,9 @@
 //! - **Deadline.** `grpc.request_timeout_ms`, answered `DEADLINE_EXCEEDED`: the code gRPC's
 //!   status-code specification lists for "deadline expires before server returns status".
 //!   tonic's own server timeout answers `CANCELLED`, so the server's deadline is applied here
-//!   instead, around the service, body reading included. A client's shorter `grpc-timeout` is
-//!   still applied by tonic, outside this layer, with its `CANCELLED`, which that client never
-//!   reads: its own deadline has passed, and gRPC clients report `DEADLINE_EXCEEDED` for it.
+//!   instead, around the service, body reading included. A client's shorter `grpc-timeout` wins
+//!   (read as tonic's server reads it: at most 8 digits and a unit; a malformed value is
+//!   ignored); that client never reads the answer, its own deadline having passed.
 //! - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
 //!   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
 //!   configured limit". tonic's decoder refuses such a message with `OUT_OF_RANGE` as soon as it
@@ -78,7 +78,9 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         if is_grpc_proto(req.headers().get(http::header::CONTENT_TYPE)) {
-            Either::Left(tokio::time::timeout(self.timeout, self.inner.call(req)).map(finish))
+            let timeout = client_timeout(req.headers().get("grpc-timeout"))
+                .map_or(self.timeout, |t| t.min(self.timeout));
+            Either::Left(tokio::time::timeout(timeout, self.inner.call(req)).map(finish))
         } else {
             let mut refused = http::Response::new(Body::empty());
             *refused.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
@@ -92,10 +94,30 @@ fn finish<E>(outcome: Outcome<E>) -> Result<http::Response<Body>, E> {
     match outcome {
         Ok(answer) => answer.map(exhausted),
         Err(_) => Ok(Status::deadline_exceeded(
-            "the call took longer than grpc.request_timeout_ms",
+            "the call took longer than its deadline (grpc.request_timeout_ms or a shorter grpc-timeout)",
         )
         .into_http()),
     }
+}
+
+/// The client's `grpc-timeout` (`TimeoutValue`: at most 8 digits, then `H`, `M`, `S`, `m`, `u`
+/// or `n`); `None` when absent or malformed.
+fn client_timeout(value: Option<&http::HeaderValue>) -> Option<Duration> {
+    let text = value?.to_str().ok()?;
+    let digits = text.get(..text.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match &text[digits.len()..] {
+        "H" => Duration::from_secs(n * 3_600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// `application/grpc` or `application/grpc+proto`, any case, optionally with parameters.
@@ -147,6 +169,31 @@ mod tests {
             assert!(!check(bad), "{bad}");
         }
         assert!(!is_grpc_proto(None));
+    }
+
+    #[test]
+    fn the_client_deadline_is_read_as_grpc_specifies_it() {
+        let read = |v: &str| client_timeout(Some(&http::HeaderValue::from_str(v).unwrap()));
+        assert_eq!(read("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(read("1H"), Some(Duration::from_secs(3_600)));
+        assert_eq!(read("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(read("99999999S"), Some(Duration::from_secs(99_999_999)));
+        assert_eq!(read("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(read("7n"), Some(Duration::from_nanos(7)));
+        for bad in [
+            "",
+            "m",
+            "100",
+            "123456789m",
+            "1x",
+            "-1m",
+            "+1m",
+            "1.5S",
+            "１m",
+        ] {
+            assert_eq!(read(bad), None, "{bad}");
+        }
+        assert_eq!(client_timeout(None), None);
     }
 
     #[test]

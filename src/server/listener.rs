@@ -1,28 +1,40 @@
-//! Accepting connections with bounds: what one peer, or many, can hold on a listener.
+//! Accepting and serving connections with bounds: what one peer, or many, can hold on a
+//! listener.
 //!
-//! [`Incoming`] accepts TCP connections for both ports and bounds what the tonic and hyper
-//! servers behind it cannot bound themselves:
+//! [`Incoming`] accepts TCP connections for both ports and bounds what hyper cannot bound by
+//! itself:
 //! - **connections**: at most `max_connections` are open at once; a connection accepted past the
 //!   cap is closed at once (the peer sees a reset and can try another node, instead of hanging in
 //!   the kernel backlog until its deadline), with a rate-limited warning;
 //! - **accept errors**: when `accept` fails for want of resources (`EMFILE`, `ENFILE`, `ENOBUFS`,
 //!   `ENOMEM`, ...) the loop sleeps, 5 ms doubling to 1 s, instead of retrying at once (the
 //!   pending connection stays in the backlog, so every retry fails again and the loop spins a
-//!   core); a warning at most once a second says how many accepts failed;
-//! - **idle connections** (gRPC): a connection over which the peer has sent no HEADERS or DATA
-//!   frame for `idle_timeout` is closed. The reader counts frames from their 9-byte headers, so
-//!   keep-alive PINGs (ours and their acknowledgements), SETTINGS and WINDOW_UPDATEs do not keep
-//!   a connection alive, while a connection that carries requests is never cut. tonic has no
-//!   idle timeout of its own; the connection is ended by reporting end-of-stream to hyper, so no
+//!   core); a warning at most once a second says how many accepts failed.
+//!
+//! [`serve_grpc`] serves the gRPC port, one task per connection, each with:
+//! - **TLS** (when configured): the handshake runs in the connection's task, never in the accept
+//!   loop, and is cut at the handshake timeout, so a peer that connects and never finishes it
+//!   neither blocks accepting nor holds its place under the cap for longer than that;
+//! - **an idle timeout**: a connection over which the peer has sent no HEADERS or DATA frame for
+//!   `idle_timeout` is closed. [`IdleCut`] counts frames from their 9-byte headers in the bytes
+//!   read (decrypted ones, under TLS), so keep-alive PINGs (ours and their acknowledgements),
+//!   SETTINGS and WINDOW_UPDATEs do not keep a connection alive, while a connection that carries
+//!   requests is never cut. The connection is ended by reporting end-of-stream to hyper, so no
 //!   GOAWAY is sent: the peer sees the TCP connection close with no stream open on it. Because
 //!   every call must end within the gRPC request timeout, which settings keep below the idle
 //!   timeout, a unary call is never open on a connection closed as idle. A server-streaming call
-//!   (`grpc.health.v1.Health/Watch`) with no traffic is; its client reconnects.
+//!   (`grpc.health.v1.Health/Watch`) with no traffic is; its client reconnects;
+//! - **a maximum age** (when configured): past its age (±10 % jitter) the connection is sent a
+//!   GOAWAY and its calls in flight finish; past the age and the grace it is closed, so that
+//!   clients behind a Kubernetes Service reconnect and rebalance;
+//! - **a graceful drain**: at shutdown every connection is sent a GOAWAY and the server waits
+//!   for the calls in flight (the app bounds that wait by its grace period).
 //!
-//! The HTTP/2 limits per connection (concurrent streams, header list size, keep-alive, request
-//! timeout, reset-stream limits) are set on tonic's `Server` in [`super::grpc_router`]; the admin
-//! port's header-read timeout is hyper's, set in [`serve_admin`], which is why the admin port is
-//! served with hyper's HTTP/1 connection builder rather than `axum::serve`.
+//! The HTTP/2 limits per connection (concurrent streams, header list size, keep-alive,
+//! reset-stream limits) are set on hyper's builder in [`super::grpc_connections`], the request
+//! timeout per call by the edge; the admin port's header-read timeout is hyper's, set in
+//! [`serve_admin`], which is why the admin port is served with hyper's HTTP/1 connection builder
+//! rather than `axum::serve`.
 
 use std::future::Future;
 use std::io;
@@ -33,12 +45,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::codegen::http;
+
+use crate::tls::ServerTls;
 
 /// First pause after an accept error; it doubles on every further error.
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
@@ -53,7 +66,6 @@ pub struct Incoming {
     listener: TcpListener,
     what: &'static str,
     max_connections: usize,
-    idle_timeout: Option<Duration>,
     /// Connections open now. Relaxed: a counter compared against the cap; no other memory is
     /// published through it, and a momentary overshoot by a racing close is harmless.
     open: Arc<AtomicUsize>,
@@ -64,20 +76,13 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    /// Accepts on `listener` (`what` names it in logs), holding at most `max_connections` open
-    /// and, when `idle_timeout` is given, closing HTTP/2 connections idle that long.
+    /// Accepts on `listener` (`what` names it in logs), holding at most `max_connections` open.
     #[must_use]
-    pub fn new(
-        listener: TcpListener,
-        what: &'static str,
-        max_connections: usize,
-        idle_timeout: Option<Duration>,
-    ) -> Self {
+    pub fn new(listener: TcpListener, what: &'static str, max_connections: usize) -> Self {
         Self {
             listener,
             what,
             max_connections,
-            idle_timeout,
             open: Arc::new(AtomicUsize::new(0)),
             backoff: Duration::ZERO,
             pause: None,
@@ -137,24 +142,11 @@ impl Incoming {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
         self.open.fetch_add(1, Ordering::Relaxed);
-        let info = TcpConnectInfo {
-            local_addr: stream.local_addr().ok(),
-            remote_addr: Some(peer),
-        };
         Conn {
             io: stream,
-            info,
+            peer,
             _slot: Slot(Arc::clone(&self.open)),
-            idle: self.idle_timeout.map(Idle::new),
         }
-    }
-}
-
-impl Stream for Incoming {
-    type Item = io::Result<Conn>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_conn(cx).map(|c| Some(Ok(c)))
     }
 }
 
@@ -203,22 +195,12 @@ impl Drop for Slot {
     }
 }
 
-/// An accepted connection: the TCP stream, its place under the cap and, on the gRPC port, its
-/// idle timer.
+/// An accepted connection: the TCP stream and its place under the cap, freed when it drops.
 #[derive(Debug)]
 pub struct Conn {
     io: TcpStream,
-    info: TcpConnectInfo,
+    peer: SocketAddr,
     _slot: Slot,
-    idle: Option<Idle>,
-}
-
-impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.info.clone()
-    }
 }
 
 impl AsyncRead for Conn {
@@ -227,10 +209,68 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// An HTTP/2 byte stream that reports end-of-stream once the peer has sent no request frame for
+/// the idle timeout (see the module header); writes pass through.
+#[derive(Debug)]
+pub struct IdleCut<T> {
+    io: T,
+    idle: Idle,
+    peer: SocketAddr,
+}
+
+impl<T> IdleCut<T> {
+    /// `io`, cut after `timeout` without a request frame from `peer`.
+    pub fn new(io: T, timeout: Duration, peer: SocketAddr) -> Self {
+        Self {
+            io,
+            idle: Idle::new(timeout),
+            peer,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleCut<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        let Some(idle) = this.idle.as_mut() else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
-        };
+        let idle = &mut this.idle;
         if idle.expired {
             return Poll::Ready(Ok(()));
         }
@@ -243,7 +283,7 @@ impl AsyncRead for Conn {
                 } else if now >= idle.last + idle.timeout {
                     // Upkeep frames arriving without pause must not keep the connection either:
                     // this read is delivered, the next one ends the connection.
-                    tracing::debug!(peer = ?this.info.remote_addr, "closing idle connection");
+                    tracing::debug!(peer = %this.peer, "closing idle connection");
                     idle.expired = true;
                 }
                 Poll::Ready(Ok(()))
@@ -251,7 +291,7 @@ impl AsyncRead for Conn {
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 if idle.poll_expired(cx) {
-                    tracing::debug!(peer = ?this.info.remote_addr, "closing idle connection");
+                    tracing::debug!(peer = %this.peer, "closing idle connection");
                     // End-of-stream: hyper ends the connection and drops it, closing the socket.
                     return Poll::Ready(Ok(()));
                 }
@@ -261,7 +301,7 @@ impl AsyncRead for Conn {
     }
 }
 
-impl AsyncWrite for Conn {
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleCut<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -388,6 +428,178 @@ impl FrameScan {
     }
 }
 
+/// How the gRPC port serves each connection.
+#[derive(Debug, Clone)]
+pub struct GrpcConnections {
+    /// HTTP/2 with the per-connection limits.
+    pub http2: hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+    /// TLS, when configured.
+    pub tls: Option<ServerTls>,
+    /// How long a connection may carry no request.
+    pub idle_timeout: Duration,
+    /// The maximum age (before jitter) and the grace after it, when configured.
+    pub max_age: Option<(Duration, Duration)>,
+}
+
+/// Serves `service` over HTTP/2 on `incoming`, one task per connection, until `stop`; then
+/// sends every connection a GOAWAY, waits for their calls in flight and returns.
+///
+/// # Errors
+///
+/// Never: accept errors are backed off and retried, connection errors end one connection.
+/// (The `Result` lets callers treat it like any other server's future.)
+pub async fn serve_grpc<S, B>(
+    mut incoming: Incoming,
+    service: S,
+    connections: GrpcConnections,
+    stop: CancellationToken,
+) -> Result<(), std::convert::Infallible>
+where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connections = Arc::new(connections);
+    // Every connection task holds a receiver; shutdown waits until all are dropped.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    loop {
+        let conn = tokio::select! {
+            () = stop.cancelled() => break,
+            conn = incoming.accept() => conn,
+        };
+        let (service, connections, stop, open) = (
+            service.clone(),
+            Arc::clone(&connections),
+            stop.clone(),
+            open_rx.clone(),
+        );
+        tokio::spawn(async move {
+            serve_grpc_connection(conn, service, &connections, &stop).await;
+            drop(open);
+        });
+    }
+    // Closes the listening socket at once, so new clients go elsewhere during the drain.
+    drop(incoming);
+    drop(open_rx);
+    open_tx.closed().await;
+    Ok(())
+}
+
+/// One gRPC connection: the TLS handshake when configured, then HTTP/2 until the peer leaves,
+/// the connection idles or ages out, or the server stops.
+async fn serve_grpc_connection<S, B>(
+    conn: Conn,
+    service: S,
+    connections: &GrpcConnections,
+    stop: &CancellationToken,
+) where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let peer = conn.peer;
+    let idle = connections.idle_timeout;
+    let Some(tls) = &connections.tls else {
+        let io = IdleCut::new(conn, idle, peer);
+        return serve_http2(io, service, connections, stop).await;
+    };
+    let handshake = tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(conn));
+    let stream = tokio::select! {
+        () = stop.cancelled() => return,
+        done = handshake => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out; closing the connection");
+                return;
+            }
+        },
+    };
+    // The frame counter reads the decrypted bytes.
+    let io = IdleCut::new(stream, idle, peer);
+    serve_http2(io, service, connections, stop).await;
+}
+
+async fn serve_http2<IO, S, B>(
+    io: IO,
+    service: S,
+    connections: &GrpcConnections,
+    stop: &CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let served = connections
+        .http2
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    let mut served = std::pin::pin!(served);
+    let aged = async {
+        match connections.max_age {
+            Some((age, _)) => tokio::time::sleep(jittered(age)).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = served.as_mut() => return finished_grpc(r),
+        () = stop.cancelled() => {
+            served.as_mut().graceful_shutdown();
+            // The app's grace period bounds this wait.
+            return finished_grpc(served.await);
+        }
+        () = aged => {
+            tracing::debug!("connection past its max age; sending GOAWAY");
+            served.as_mut().graceful_shutdown();
+        }
+    }
+    let grace = connections
+        .max_age
+        .map_or(Duration::ZERO, |(_, grace)| grace);
+    match tokio::time::timeout(grace, served).await {
+        Ok(r) => finished_grpc(r),
+        Err(_) => tracing::debug!("connection past its max age and grace; closing it"),
+    }
+}
+
+/// `age` ±10 %, at random, so that connections opened together do not all leave together.
+fn jittered(age: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    // A fresh random seed per call; only its spread matters here.
+    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    let permille = 900 + r % 201; // 900..=1100
+    age.mul_f64(permille as f64 / 1_000.0)
+}
+
+fn finished_grpc(r: Result<(), hyper::Error>) {
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "gRPC connection ended");
+    }
+}
+
 /// Serves `router` over HTTP/1.1 on `incoming` until `stop`, then finishes the requests in
 /// flight and returns. A connection that has not sent a complete request head within
 /// `header_read_timeout` (for its first request or the next one on a kept-alive connection) is
@@ -478,6 +690,17 @@ mod tests {
             assert!(!scan.feed(&frame(0x6, &[0; 8])), "split {split}");
             assert!(scan.feed(&frame(0x0, b"body")), "DATA, split {split}");
         }
+    }
+
+    #[test]
+    fn the_age_is_jittered_within_ten_percent() {
+        let age = Duration::from_secs(100);
+        let ages: Vec<Duration> = (0..200).map(|_| jittered(age)).collect();
+        assert!(
+            ages.iter().all(|a| (90..=110).contains(&a.as_secs())),
+            "{ages:?}"
+        );
+        assert!(ages.iter().any(|a| *a != ages[0]), "jitter varies");
     }
 
     #[test]

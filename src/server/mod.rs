@@ -3,6 +3,11 @@
 //! adapter converts its wire form to a [`crate::decision::Request`], asks the
 //! [`crate::decision::Decider`], and converts the [`crate::decision::Decision`] back; none of
 //! them counts or reaches a store.
+//!
+//! The gRPC port is served without tonic's `Server`: [`listener::serve_grpc`] accepts each
+//! connection (within the connection cap, with TLS when configured), serves it with hyper's
+//! HTTP/2 connection builder from [`grpc_connections`] and [`GrpcRoutes`] (the generated
+//! services behind the edge, routed by path), and drains, ages and idles it out.
 
 pub(crate) mod admin;
 mod edge;
@@ -13,9 +18,15 @@ pub(crate) mod rls;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tonic::transport::Server;
-use tonic::transport::server::Router;
+use std::convert::Infallible;
+
+use futures_util::future::{Either, Ready, ready};
+use hyper::body::Incoming;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthReporter;
 
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
@@ -83,35 +94,106 @@ impl Health {
 pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// Streams a connection may make us reset for its protocol errors, refused streams past
 /// `max_concurrent_streams` included, before it is sent a GOAWAY ("MadeYouReset",
-/// CVE-2025-8671; RUSTSEC-2024-0003). hyper's default; tonic passes `None`, which turns the
-/// limit off, unless it is set.
+/// CVE-2025-8671; RUSTSEC-2024-0003). hyper's default, set here so it cannot drift.
 pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
-/// The gRPC router: the rate-limit service (responses never compressed, as Envoy requires)
-/// and `grpc.health.v1`, both refusing non-gRPC content types, answering a message over the
-/// size limit `RESOURCE_EXHAUSTED` and a call past the request timeout `DEADLINE_EXCEEDED`,
-/// on a server bounded by `limits` (streams, headers, request time, keep-alive; `listener`
-/// bounds connections and idleness).
-pub(crate) fn grpc_router(
-    handler: RateLimitHandler,
-    health: tonic_health::pb::health_server::HealthServer<
-        impl tonic_health::pb::health_server::Health,
-    >,
-    max_request_bytes: usize,
+/// The HTTP/2 connection builder of the gRPC port, with every per-connection limit in `limits`
+/// (streams, header list size, keep-alive) and the reset-stream limits; [`listener::serve_grpc`]
+/// serves each connection with it. The request timeout is applied per call by the edge.
+pub(crate) fn grpc_connections(
     limits: &GrpcLimits,
-) -> Router {
-    Server::builder()
+) -> hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams)
-        .http2_max_header_list_size(limits.max_header_list_bytes)
-        .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
-        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
-        .add_service(GrpcEdge::new(health, limits.request_timeout))
-        .add_service(GrpcEdge::new(
-            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-            limits.request_timeout,
-        ))
+        .max_header_list_size(limits.max_header_list_bytes)
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS);
+    builder
+}
+
+/// Path prefix of the rate-limit service's methods.
+const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+/// Path prefix of `grpc.health.v1`'s methods.
+const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
+
+/// The gRPC port's one service: each call routed by its path to the rate-limit service
+/// (responses never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge
+/// (non-gRPC content types refused, a message over the size limit answered
+/// `RESOURCE_EXHAUSTED`, a call past the request timeout `DEADLINE_EXCEEDED`); any other path
+/// is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router answers it.
+///
+/// No router and no tower layers: a call costs a prefix comparison and the edge, and its body
+/// reaches tonic's decoder as hyper delivers it.
+pub(crate) struct GrpcRoutes<H> {
+    rls: GrpcEdge<RateLimitServiceServer<RateLimitHandler>>,
+    health: GrpcEdge<HealthServer<H>>,
+}
+
+// By hand: the generated servers are `Clone` whatever `H` is (it sits behind an `Arc`).
+impl<H> Clone for GrpcRoutes<H> {
+    fn clone(&self) -> Self {
+        Self {
+            rls: self.rls.clone(),
+            health: self.health.clone(),
+        }
+    }
+}
+
+impl<H> std::fmt::Debug for GrpcRoutes<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcRoutes").finish_non_exhaustive()
+    }
+}
+
+impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
+    /// The rate-limit service answered by `handler`, and `health`, with requests refused past
+    /// `max_request_bytes` and calls cut at `limits.request_timeout`.
+    pub(crate) fn new(
+        handler: RateLimitHandler,
+        health: HealthServer<H>,
+        max_request_bytes: usize,
+        limits: &GrpcLimits,
+    ) -> Self {
+        Self {
+            rls: GrpcEdge::new(
+                RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+                limits.request_timeout,
+            ),
+            health: GrpcEdge::new(health, limits.request_timeout),
+        }
+    }
+}
+
+type Answer = Result<http::Response<Body>, Infallible>;
+type EdgeFuture<S> = <GrpcEdge<S> as Service<http::Request<Incoming>>>::Future;
+
+impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::Request<Incoming>>
+    for GrpcRoutes<H>
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Either<
+        Either<EdgeFuture<RateLimitServiceServer<RateLimitHandler>>, EdgeFuture<HealthServer<H>>>,
+        Ready<Answer>,
+    >;
+
+    fn call(&self, req: http::Request<Incoming>) -> Self::Future {
+        // The generated servers are always ready (`poll_ready` is `Ready(Ok)`), and a clone is
+        // a reference count: the service state is behind an `Arc`.
+        let path = req.uri().path();
+        if path.starts_with(RLS_PREFIX) {
+            Either::Left(Either::Left(self.rls.clone().call(req)))
+        } else if path.starts_with(HEALTH_PREFIX) {
+            Either::Left(Either::Right(self.health.clone().call(req)))
+        } else {
+            Either::Right(ready(Ok(Status::unimplemented("").into_http())))
+        }
+    }
 }
 
 /// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.

@@ -97,7 +97,8 @@ pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, Compat
     backend(&env, &mut m)?;
     decisions(&env, &mut m)?;
     observability(&env, &mut m)?;
-    unsupported(&env, &mut m)?;
+    grpc(&env, &mut m)?;
+    unsupported(&env)?;
     Ok(m)
 }
 
@@ -602,16 +603,118 @@ fn observability(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     Ok(())
 }
 
-/// Variables that ask for what sluice does not offer yet: an error where ignoring them would
-/// change security or where configuration comes from, a warning otherwise.
-fn unsupported(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+/// `GRPC_SERVER_USE_TLS` with `GRPC_SERVER_TLS_CERT`/`_KEY`, `GRPC_CLIENT_TLS_CACERT` and
+/// `GRPC_CLIENT_TLS_SAN` (mTLS), `GRPC_MAX_CONNECTION_AGE` and `GRPC_MAX_CONNECTION_AGE_GRACE`.
+/// The reference reads the certificate variables only with `GRPC_SERVER_USE_TLS=true`, and so
+/// does this; TLS asked for without a certificate and key is an error, never plaintext.
+fn grpc(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     if env.bool("GRPC_SERVER_USE_TLS")? == Some(true) {
-        return Err(unsupported_error(
-            "GRPC_SERVER_USE_TLS",
-            "TLS on the gRPC port is not supported yet; serving plaintext instead would be \
-             wrong",
-        ));
+        for (variable, setting) in [
+            ("GRPC_SERVER_TLS_CERT", "grpc.tls.cert_file"),
+            ("GRPC_SERVER_TLS_KEY", "grpc.tls.key_file"),
+        ] {
+            let path = env.get(variable).ok_or_else(|| {
+                unsupported_error(variable, "must be set with GRPC_SERVER_USE_TLS=true")
+            })?;
+            m.set(setting, json!(path));
+        }
+        if let Some(ca) = env.get("GRPC_CLIENT_TLS_CACERT") {
+            m.set("grpc.tls.client_ca_file", json!(ca));
+        }
+        if let Some(san) = env.get("GRPC_CLIENT_TLS_SAN") {
+            if env.get("GRPC_CLIENT_TLS_CACERT").is_none() {
+                return Err(unsupported_error(
+                    "GRPC_CLIENT_TLS_SAN",
+                    "needs GRPC_CLIENT_TLS_CACERT (the CA client certificates are verified against)",
+                ));
+            }
+            m.set("grpc.tls.client_san", json!(san));
+        }
+    } else if env.any_set(&[
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+        "GRPC_CLIENT_TLS_SAN",
+    ]) {
+        m.warn(
+            "GRPC_SERVER_TLS_*/GRPC_CLIENT_TLS_*: not read without GRPC_SERVER_USE_TLS=true (as \
+             the reference); the gRPC port serves plaintext"
+                .into(),
+        );
     }
+    for (variable, setting) in [
+        ("GRPC_MAX_CONNECTION_AGE", "grpc.max_connection_age_ms"),
+        (
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "grpc.max_connection_age_grace_ms",
+        ),
+    ] {
+        if let Some(text) = env.get(variable) {
+            let ms = go_duration_ms(text)
+                .ok_or_else(|| bad(variable, text, "not a duration (e.g. 24h, 1h30m, 500ms)"))?;
+            if ms == 0 && variable == "GRPC_MAX_CONNECTION_AGE_GRACE" {
+                return Err(bad(variable, text, "not a positive duration"));
+            }
+            m.set(setting, json!(ms));
+        }
+    }
+    Ok(())
+}
+
+/// A Go `time.Duration` string (`24h`, `1h30m`, `1.5s`, `500ms`, `0`) in whole milliseconds
+/// (rounded up, so a positive duration stays positive); `None` when it does not parse, is
+/// negative or does not fit.
+fn go_duration_ms(text: &str) -> Option<u64> {
+    if text == "0" {
+        return Some(0);
+    }
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    if rest.is_empty() {
+        return None;
+    }
+    let mut nanos: u128 = 0;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(number_end);
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let per: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            _ => return None,
+        };
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+            return None;
+        }
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().ok()?
+        };
+        let mut part = whole.checked_mul(per)?;
+        let mut scale = per;
+        for digit in fraction.bytes().take(18) {
+            scale /= 10;
+            part += u128::from(digit - b'0') * scale;
+        }
+        nanos = nanos.checked_add(part)?;
+        rest = tail;
+    }
+    u64::try_from(nanos.div_ceil(1_000_000)).ok()
+}
+
+/// Variables that ask for what sluice does not offer yet, where ignoring them would change
+/// where configuration comes from or where clients connect: errors.
+fn unsupported(env: &Env<'_>) -> Result<(), CompatError> {
     if let Some(v) = env.get("CONFIG_TYPE")
         && !v.eq_ignore_ascii_case("FILE")
     {
@@ -626,14 +729,6 @@ fn unsupported(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
             "GRPC_UDS",
             "a unix socket for gRPC is not supported yet; use GRPC_HOST/GRPC_PORT",
         ));
-    }
-    for name in ["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"] {
-        if env.get(name).is_some() {
-            m.warn(format!(
-                "{name}: not supported yet; connections are kept until the peer or an idle \
-                 timeout closes them"
-            ));
-        }
     }
     Ok(())
 }
@@ -958,7 +1053,7 @@ mod tests {
             map(&[("GRPC_SERVER_USE_TLS", "true")])
                 .unwrap_err()
                 .variable,
-            "GRPC_SERVER_USE_TLS"
+            "GRPC_SERVER_TLS_CERT"
         );
         assert_eq!(
             map(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])
@@ -966,5 +1061,109 @@ mod tests {
                 .variable,
             "CONFIG_TYPE"
         );
+    }
+
+    #[test]
+    fn grpc_tls_and_mtls_map_onto_the_tls_settings() {
+        let m = map(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.crt"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.local"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "grpc.tls.cert_file"), Some(&json!("/tls/tls.crt")));
+        assert_eq!(get(&m, "grpc.tls.key_file"), Some(&json!("/tls/tls.key")));
+        assert_eq!(
+            get(&m, "grpc.tls.client_ca_file"),
+            Some(&json!("/tls/ca.crt"))
+        );
+        assert_eq!(get(&m, "grpc.tls.client_san"), Some(&json!("envoy.local")));
+        // Without GRPC_SERVER_USE_TLS the files are not read, as in the reference; said so.
+        let m = map(&[("GRPC_SERVER_TLS_CERT", "/tls/tls.crt")]).unwrap();
+        assert_eq!(get(&m, "grpc.tls.cert_file"), None);
+        assert!(
+            m.warnings[0].starts_with("GRPC_SERVER_TLS_"),
+            "{:?}",
+            m.warnings
+        );
+        for (vars, variable) in [
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/c"),
+                ][..],
+                "GRPC_SERVER_TLS_KEY",
+            ),
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_SERVER_TLS_CERT", "/c"),
+                    ("GRPC_SERVER_TLS_KEY", "/k"),
+                    ("GRPC_CLIENT_TLS_SAN", "x"),
+                ][..],
+                "GRPC_CLIENT_TLS_SAN",
+            ),
+            (&[("GRPC_SERVER_USE_TLS", "yes")][..], "GRPC_SERVER_USE_TLS"),
+        ] {
+            assert_eq!(map(vars).unwrap_err().variable, variable, "{vars:?}");
+        }
+    }
+
+    #[test]
+    fn connection_age_reads_go_durations() {
+        let m = map(&[
+            ("GRPC_MAX_CONNECTION_AGE", "24h"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1h30m"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "grpc.max_connection_age_ms"),
+            Some(&json!(86_400_000))
+        );
+        assert_eq!(
+            get(&m, "grpc.max_connection_age_grace_ms"),
+            Some(&json!(5_400_000))
+        );
+        for bad in [
+            "24",
+            "1d",
+            "-1h",
+            "h",
+            "1.2.3s",
+            "1h 30m",
+            "99999999999999999h",
+        ] {
+            let err = map(&[("GRPC_MAX_CONNECTION_AGE", bad)]).unwrap_err();
+            assert_eq!(err.variable, "GRPC_MAX_CONNECTION_AGE", "{bad}");
+        }
+        assert_eq!(
+            map(&[("GRPC_MAX_CONNECTION_AGE_GRACE", "0s")])
+                .unwrap_err()
+                .variable,
+            "GRPC_MAX_CONNECTION_AGE_GRACE"
+        );
+    }
+
+    #[test]
+    fn go_durations_in_milliseconds() {
+        for (text, ms) in [
+            ("0", 0),
+            ("500ms", 500),
+            ("1.5s", 1_500),
+            ("2m", 120_000),
+            ("1h30m", 5_400_000),
+            ("+3s", 3_000),
+            ("1us", 1),
+            ("250µs", 1),
+            ("1h0.5m10ms", 3_630_010),
+            (".5s", 500),
+        ] {
+            assert_eq!(go_duration_ms(text), Some(ms), "{text}");
+        }
+        for bad in ["", "+", "5", "s", "1.s.", "1 s", "-2s", "1y", "1..5s"] {
+            assert_eq!(go_duration_ms(bad), None, "{bad}");
+        }
     }
 }

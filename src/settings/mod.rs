@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
 pub use raw::{
-    LeaseSettings, MetricsSettings, RawSettings, RedisSettings, RequestSettings, SentinelSettings,
-    StoreSettings,
+    GrpcSettings, GrpcTlsSettings, LeaseSettings, MetricsSettings, RawSettings, RedisSettings,
+    RequestSettings, SentinelSettings, StoreSettings,
 };
 
 use crate::decision::{self, Caps, HeaderOptions};
@@ -82,6 +82,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Bounds on the gRPC port's connections and streams.
     pub grpc: GrpcLimits,
+    /// TLS on the gRPC port; `None` serves plaintext HTTP/2.
+    pub grpc_tls: Option<GrpcTls>,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
     /// Reference variables (`compat`) read but not acted on, each with why: logged at
@@ -107,6 +109,26 @@ pub struct GrpcLimits {
     /// How long a connection may carry no request before it is closed; longer than
     /// `request_timeout`, so no call is ever cut.
     pub idle_timeout: Duration,
+    /// How long a connection may stay open before it is sent a GOAWAY (±10 % jitter); `None`
+    /// keeps it as long as the peer wants.
+    pub max_connection_age: Option<Duration>,
+    /// How long a connection past its age then has for its calls in flight before it is closed.
+    pub max_connection_age_grace: Duration,
+}
+
+/// TLS on the gRPC port: the files it is loaded from (and reloaded from when they change).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcTls {
+    /// The server's certificate chain (PEM).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// With mTLS, the CA certificates (PEM) client certificates must chain to.
+    pub client_ca_file: Option<PathBuf>,
+    /// With mTLS, a DNS name client certificates must carry as a subject alternative name.
+    pub client_san: Option<String>,
+    /// Longest a connection may take to complete its handshake.
+    pub handshake_timeout: Duration,
 }
 
 /// Bounds on the admin port.
@@ -169,6 +191,14 @@ pub enum SettingsError {
          no call is on a connection closed as idle"
     )]
     IdleBeforeRequestTimeout,
+    /// A TLS setting that needs another one.
+    #[error("invalid settings: {setting} needs {needs}")]
+    TlsNeeds {
+        /// The setting given.
+        setting: &'static str,
+        /// What it needs as well.
+        needs: &'static str,
+    },
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),
@@ -303,6 +333,11 @@ impl RawSettings {
             ("grpc.keepalive_interval_ms", g.keepalive_interval_ms),
             ("grpc.keepalive_timeout_ms", g.keepalive_timeout_ms),
             ("grpc.idle_timeout_ms", g.idle_timeout_ms),
+            (
+                "grpc.max_connection_age_grace_ms",
+                g.max_connection_age_grace_ms,
+            ),
+            ("grpc.tls.handshake_timeout_ms", g.tls.handshake_timeout_ms),
             ("admin.max_connections", self.admin.max_connections as u64),
             (
                 "admin.header_read_timeout_ms",
@@ -314,6 +349,7 @@ impl RawSettings {
         if g.idle_timeout_ms <= g.request_timeout_ms {
             return Err(SettingsError::IdleBeforeRequestTimeout);
         }
+        let grpc_tls = grpc_tls(&g.tls)?;
         let ratio = self.metrics.near_limit_ratio;
         if !(0.0..=1.0).contains(&ratio) {
             return Err(SettingsError::NearLimitRatio(ratio));
@@ -403,13 +439,48 @@ impl RawSettings {
                 keepalive_interval: Duration::from_millis(g.keepalive_interval_ms),
                 keepalive_timeout: Duration::from_millis(g.keepalive_timeout_ms),
                 idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+                max_connection_age: (g.max_connection_age_ms > 0)
+                    .then(|| Duration::from_millis(g.max_connection_age_ms)),
+                max_connection_age_grace: Duration::from_millis(g.max_connection_age_grace_ms),
             },
+            grpc_tls,
             admin: AdminLimits {
                 max_connections: self.admin.max_connections,
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
             compat_warnings: self.compat_warnings,
         })
+    }
+}
+
+/// The gRPC port's TLS: `None` when neither the certificate nor the key is set; an error when
+/// only one of them is, or when an mTLS setting comes without what it needs.
+fn grpc_tls(t: &GrpcTlsSettings) -> Result<Option<GrpcTls>, SettingsError> {
+    // An empty value (an unset variable in a template) counts as unset.
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let san = t.client_san.clone().filter(|s| !s.trim().is_empty());
+    let (cert, key, ca) = (
+        path(&t.cert_file),
+        path(&t.key_file),
+        path(&t.client_ca_file),
+    );
+    let needs = |setting, needs| Err(SettingsError::TlsNeeds { setting, needs });
+    match (cert, key) {
+        (None, None) if ca.is_some() => needs("grpc.tls.client_ca_file", "grpc.tls.cert_file"),
+        (None, None) if san.is_some() => needs("grpc.tls.client_san", "grpc.tls.cert_file"),
+        (None, None) => Ok(None),
+        (Some(_), None) => needs("grpc.tls.cert_file", "grpc.tls.key_file"),
+        (None, Some(_)) => needs("grpc.tls.key_file", "grpc.tls.cert_file"),
+        (Some(_), Some(_)) if san.is_some() && ca.is_none() => {
+            needs("grpc.tls.client_san", "grpc.tls.client_ca_file")
+        }
+        (Some(cert_file), Some(key_file)) => Ok(Some(GrpcTls {
+            cert_file,
+            key_file,
+            client_ca_file: ca,
+            client_san: san.map(|s| s.trim().to_string()),
+            handshake_timeout: Duration::from_millis(t.handshake_timeout_ms),
+        })),
     }
 }
 
@@ -750,5 +821,61 @@ mod tests {
 
     fn redis_default_backend() -> BackendSettings {
         redis("redis://127.0.0.1:6379").validate().unwrap().backend
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_mtls_needs_a_certificate() {
+        let tls = |cert: &str, key: &str, ca: &str, san: &str| {
+            let mut raw = RawSettings::default();
+            let p = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
+            raw.grpc.tls.cert_file = p(cert);
+            raw.grpc.tls.key_file = p(key);
+            raw.grpc.tls.client_ca_file = p(ca);
+            raw.grpc.tls.client_san = (!san.is_empty()).then(|| san.to_string());
+            raw.validate().map(|s| s.grpc_tls)
+        };
+        assert_eq!(tls("", "", "", "").unwrap(), None);
+        let on = tls("c.pem", "k.pem", "ca.pem", "envoy.local")
+            .unwrap()
+            .unwrap();
+        assert_eq!(on.cert_file, PathBuf::from("c.pem"));
+        assert_eq!(on.client_ca_file, Some(PathBuf::from("ca.pem")));
+        assert_eq!(on.client_san.as_deref(), Some("envoy.local"));
+        assert_eq!(on.handshake_timeout, Duration::from_secs(5));
+        for (args, message) in [
+            (
+                ("c.pem", "", "", ""),
+                "grpc.tls.cert_file needs grpc.tls.key_file",
+            ),
+            (
+                ("", "k.pem", "", ""),
+                "grpc.tls.key_file needs grpc.tls.cert_file",
+            ),
+            (
+                ("", "", "ca.pem", ""),
+                "grpc.tls.client_ca_file needs grpc.tls.cert_file",
+            ),
+            (
+                ("c.pem", "k.pem", "", "x"),
+                "grpc.tls.client_san needs grpc.tls.client_ca_file",
+            ),
+        ] {
+            let err = tls(args.0, args.1, args.2, args.3).unwrap_err().to_string();
+            assert_eq!(err, format!("invalid settings: {message}"));
+        }
+    }
+
+    #[test]
+    fn connection_age_is_off_by_default_and_typed_when_set() {
+        let s = Settings::default();
+        assert_eq!(s.grpc.max_connection_age, None);
+        assert_eq!(s.grpc.max_connection_age_grace, Duration::from_secs(3_600));
+        let mut raw = RawSettings::default();
+        raw.grpc.max_connection_age_ms = 90_000;
+        raw.grpc.max_connection_age_grace_ms = 0;
+        assert!(raw.clone().validate().is_err(), "a zero grace is refused");
+        raw.grpc.max_connection_age_grace_ms = 1_000;
+        let s = raw.validate().unwrap();
+        assert_eq!(s.grpc.max_connection_age, Some(Duration::from_secs(90)));
     }
 }

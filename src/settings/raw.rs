@@ -88,8 +88,8 @@ pub struct RawSettings {
     pub compat_warnings: Vec<String>,
 }
 
-/// Bounds on the gRPC port: what one connection, and all of them, can hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Bounds on the gRPC port: what one connection, and all of them, can hold; and its TLS.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcSettings {
     /// Most connections open at once; one accepted past it is closed at once.
@@ -109,6 +109,45 @@ pub struct GrpcSettings {
     /// How long a connection may carry no request (no HEADERS or DATA frame from the peer)
     /// before it is closed, in milliseconds; longer than `request_timeout_ms`.
     pub idle_timeout_ms: u64,
+    /// How long a connection may stay open before it is asked to go (a GOAWAY; calls in flight
+    /// finish), in milliseconds, with ±10 % jitter so that connections opened together do not
+    /// leave together; 0 keeps connections for as long as their peer wants.
+    pub max_connection_age_ms: u64,
+    /// How long a connection past its age is then given for the calls in flight before it is
+    /// closed, in milliseconds.
+    pub max_connection_age_grace_ms: u64,
+    /// TLS on the gRPC port (off unless `cert_file` and `key_file` are set).
+    pub tls: GrpcTlsSettings,
+}
+
+/// TLS (and mTLS) on the gRPC port, as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcTlsSettings {
+    /// The server's certificate chain (PEM, leaf first); with `key_file`, turns TLS on.
+    pub cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to; when set, every client
+    /// must present a valid certificate (mTLS).
+    pub client_ca_file: Option<PathBuf>,
+    /// A DNS name the client certificate must carry as a subject alternative name (with
+    /// `client_ca_file`).
+    pub client_san: Option<String>,
+    /// Longest a new connection may take to complete its TLS handshake, in milliseconds.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for GrpcTlsSettings {
+    fn default() -> Self {
+        Self {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            client_san: None,
+            handshake_timeout_ms: 5_000,
+        }
+    }
 }
 
 impl Default for GrpcSettings {
@@ -121,6 +160,9 @@ impl Default for GrpcSettings {
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            max_connection_age_ms: 0,
+            max_connection_age_grace_ms: 3_600_000,
+            tls: GrpcTlsSettings::default(),
         }
     }
 }

@@ -369,3 +369,71 @@ async fn the_admin_port_closes_a_connection_that_never_finishes_its_headers() {
     let (status, body) = crate::helpers::http_get(server.admin, "/healthcheck").await;
     assert_eq!((status, body.as_str()), (200, "OK"));
 }
+
+#[tokio::test]
+async fn a_connection_past_its_max_age_is_sent_goaway_and_its_call_in_flight_completes() {
+    let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
+        s.grpc.max_connection_age_ms = 300;
+        s.grpc.max_connection_age_grace_ms = 5_000;
+    })
+    .await;
+    let addr = server.grpc;
+    let (client, conn) = h2_client(addr).await;
+    // A call in flight across the age: its headers now, its body after the GOAWAY.
+    let mut ready = client.clone().ready().await.unwrap();
+    let (resp, mut body) = ready
+        .send_request(grpc_request(addr, "application/grpc"), false)
+        .unwrap();
+    // Past the age and its jitter (at most 330 ms).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A new call on the aged connection is not taken any more.
+    let refused = match client.clone().ready().await {
+        Err(_) => true,
+        Ok(mut c) => match c.send_request(grpc_request(addr, "application/grpc"), true) {
+            Err(_) => true,
+            Ok((resp, _)) => resp.await.is_err(),
+        },
+    };
+    assert!(refused, "a new stream was accepted after the GOAWAY");
+    body.send_data(grpc_body(), true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("the call in flight is answered")
+        .expect("the call in flight completes");
+    assert_eq!(resp.status(), 200);
+    let mut recv = resp.into_body();
+    while let Some(chunk) = recv.data().await {
+        let _ = recv.flow_control().release_capacity(chunk.unwrap().len());
+    }
+    let trailers = recv.trailers().await.unwrap().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "0");
+    // With nothing left in flight the connection closes, long before the grace ends.
+    tokio::time::timeout(Duration::from_secs(3), conn)
+        .await
+        .expect("the aged connection closes once drained")
+        .unwrap();
+    // A new connection is served as usual.
+    server.ok(single("test", "free", "after")).await;
+}
+
+#[tokio::test]
+async fn a_connection_past_its_max_age_and_grace_is_closed() {
+    let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {
+        s.grpc.max_connection_age_ms = 200;
+        s.grpc.max_connection_age_grace_ms = 300;
+    })
+    .await;
+    let (client, conn) = h2_client(server.grpc).await;
+    // A header-only call that never ends by itself before the request timeout (5 s).
+    let mut ready = client.ready().await.unwrap();
+    let started = Instant::now();
+    let (_resp, _body) = ready
+        .send_request(grpc_request(server.grpc, "application/grpc"), false)
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), conn)
+        .await
+        .expect("closed at age + grace")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(400), "closed after {took:?}");
+}

@@ -46,6 +46,7 @@ impl TestServer {
 
     /// Starts a server on the policies already in `dir`.
     pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut RawSettings)) -> Self {
+        sluice::tls::install_crypto_provider();
         let mut settings = RawSettings {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
@@ -55,6 +56,7 @@ impl TestServer {
         };
         tune(&mut settings);
         let settings = settings.validate().expect("valid settings");
+        let tls = settings.grpc_tls.is_some();
         // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.
         let clock = Arc::new(ManualClock::new(1_000_000_000_000));
         let app = App::bind_with_clock(settings, clock.clone())
@@ -69,9 +71,18 @@ impl TestServer {
         let task = tokio::spawn(app.run(async {
             let _ = stopped.await;
         }));
-        let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
-            .await
-            .expect("connect");
+        // Over TLS this plaintext client could not connect: it stays unconnected, unused.
+        let client = if tls {
+            RateLimitServiceClient::new(
+                Channel::from_shared(format!("http://{grpc}"))
+                    .expect("valid uri")
+                    .connect_lazy(),
+            )
+        } else {
+            RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .expect("connect")
+        };
         Self {
             grpc,
             admin,
@@ -312,6 +323,28 @@ pub fn sentinel_missing(test: &str) -> bool {
     let _ = writeln!(
         std::io::stderr(),
         "{test}: skipped: redis-sentinel is not installed (Debian: apt-get install redis-sentinel)"
+    );
+    true
+}
+
+/// Whether a test that needs the `openssl` command (to make test certificates) must skip: it is
+/// not installed and this is not CI, where a missing `openssl` fails the test instead.
+pub fn openssl_missing(test: &str) -> bool {
+    use std::io::Write;
+    let installed = std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: openssl is required on CI (Debian: apt-get install openssl)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: openssl is not installed (Debian: apt-get install openssl)"
     );
     true
 }

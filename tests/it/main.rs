@@ -16,4 +16,5 @@ mod ops;
 mod redis;
 mod redis_sentinel;
 mod service;
+mod tls;
 mod wire;
