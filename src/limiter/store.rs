@@ -10,9 +10,14 @@
 //!
 //! Memory: an entry is a 16-byte key hash and an 8-byte TAT in a SwissTable (one control byte,
 //! load factor ≤ 7/8, capacity doubling): 28 to 55 bytes per key depending on where the table
-//! sits between two growths.
+//! sits between two growths. The tables live on the system allocator, not the global one: a
+//! table that doubles frees the old one, and glibc's malloc returns a freed block of that size
+//! to the kernel at once (`munmap`), while mimalloc, the binaries' allocator (`crate::allocator`),
+//! keeps freed memory resident until a delayed purge, which at ten million keys cost 12 more
+//! bytes per key (BENCHMARKS.md, *Memory per key*). The tables allocate only when they grow, so
+//! the hot path does not notice whose allocator it is.
 
-use std::collections::HashMap;
+use std::alloc::System;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -28,7 +33,7 @@ const MAX_ATTEMPTS: usize = 16;
 /// Entries examined to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 
-type Map = HashMap<Key, AtomicU64, KeyHash>;
+type Map = hashbrown::HashMap<Key, AtomicU64, KeyHash, System>;
 
 /// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
 pub type KeyHash = BuildHasherDefault<KeyHasher>;
