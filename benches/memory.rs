@@ -5,6 +5,10 @@
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::{KeyBuilder, MemoryStore, Quota};
 
+// The server's allocator (src/main.rs declares the same), so the figure is the server's.
+#[global_allocator]
+static ALLOCATOR: sluice::allocator::Allocator = sluice::allocator::ALLOCATOR;
+
 /// Resident set size in bytes, from `/proc/self/statm` (Linux).
 fn rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

@@ -19,7 +19,8 @@
 //! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
-//! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
+//! - [`telemetry`], [`shutdown`]: logging and signals for the binary; [`allocator`]: the global
+//!   allocator the binaries declare.
 //! - [`tls`]: the gRPC port's TLS: rustls on ring, certificates reloaded when their files
 //!   change, mTLS.
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
@@ -43,6 +44,7 @@
 //! Dependencies point one way: `limiter` and `policy` know nothing of tonic, tokio (Redis aside)
 //! or protobuf; `decision` knows no transport; the adapters reach no store.
 
+pub mod allocator;
 pub mod app;
 #[cfg(feature = "client")]
 pub mod client;

@@ -12,6 +12,9 @@ use sluice::probe::{self, ProbeConfig};
 use sluice::settings::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs, Settings};
 use sluice::{shutdown, telemetry};
 
+#[global_allocator]
+static ALLOCATOR: sluice::allocator::Allocator = sluice::allocator::ALLOCATOR;
+
 fn main() -> ExitCode {
     sluice::tls::install_crypto_provider();
     match Cli::parse()

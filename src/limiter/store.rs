@@ -8,11 +8,17 @@
 //! expiry (one whose bucket is already full when there is one, which loses nothing). The store
 //! knows nothing of policies, protobuf or async runtimes.
 //!
-//! Memory: an entry is a 16-byte key hash and an 8-byte TAT in a SwissTable (one control byte,
-//! load factor ≤ 7/8, capacity doubling): 28 to 55 bytes per key depending on where the table
-//! sits between two growths.
+//! Memory: an entry is a 16-byte key hash, held as two 8-byte halves so that it is not padded
+//! to a `u128`'s 16-byte alignment, and an 8-byte TAT: 24 bytes in a SwissTable (one control
+//! byte, load factor ≤ 7/8, capacity doubling), 29 to 57 bytes per key depending on where the
+//! table sits between two growths. The tables live on the system allocator, not the global one: a
+//! table that doubles frees the old one, and glibc's malloc returns a freed block of that size
+//! to the kernel at once (`munmap`), while mimalloc, the binaries' allocator (`crate::allocator`),
+//! keeps freed memory resident until a delayed purge, which at ten million keys cost 12 more
+//! bytes per key (BENCHMARKS.md, *Memory per key*). The tables allocate only when they grow, so
+//! the hot path does not notice whose allocator it is.
 
-use std::collections::HashMap;
+use std::alloc::System;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -28,7 +34,26 @@ const MAX_ATTEMPTS: usize = 16;
 /// Entries examined to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 
-type Map = HashMap<Key, AtomicU64, KeyHash>;
+type Map = hashbrown::HashMap<Slot, AtomicU64, KeyHash, System>;
+
+/// A [`Key`] as the tables hold it: its two halves, 8-byte aligned, so that an entry with its TAT
+/// takes 24 bytes instead of the 32 a `u128` key pads it to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot([u64; 2]);
+
+impl Slot {
+    fn of(key: Key) -> Self {
+        // Truncation intended: the low and the high half.
+        Self([key as u64, (key >> 64) as u64])
+    }
+}
+
+impl std::hash::Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The key's own hash, as for a `u128` key: `KeyHasher` folds it.
+        state.write_u128(u128::from(self.0[0]) | (u128::from(self.0[1]) << 64));
+    }
+}
 
 /// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
 pub type KeyHash = BuildHasherDefault<KeyHasher>;
@@ -121,7 +146,8 @@ impl MemoryStore {
     pub fn tat(&self, key: Key) -> u64 {
         let map = read(&self.shard(key).map);
         // Acquire: see `cas`; a clock read after this load is no older than the TAT's writer's.
-        map.get(&key).map_or(0, |v| v.load(Ordering::Acquire))
+        map.get(&Slot::of(key))
+            .map_or(0, |v| v.load(Ordering::Acquire))
     }
 
     /// Removes every key whose TAT ≤ `now` (a full bucket, the same as no entry) and returns how
@@ -293,7 +319,9 @@ impl MemoryStore {
     ///   build on ours: leave it. That can only refuse a little more than necessary.
     fn undo(&self, key: Key, before: u64, ours: u64, charge: u64, clock: &dyn Fn() -> u64) {
         let map = read(&self.shard(key).map);
-        let Some(cell) = map.get(&key) else { return };
+        let Some(cell) = map.get(&Slot::of(key)) else {
+            return;
+        };
         let mut current = cell.load(Ordering::Acquire);
         loop {
             let now = clock();
@@ -322,7 +350,7 @@ impl MemoryStore {
         f: impl Fn(u64, u64) -> Outcome,
     ) -> (Outcome, u64) {
         let shard = self.shard(key);
-        if let Some(cell) = read(&shard.map).get(&key) {
+        if let Some(cell) = read(&shard.map).get(&Slot::of(key)) {
             return cas(cell, clock, f);
         }
         let now = clock();
@@ -333,12 +361,14 @@ impl MemoryStore {
         }
         self.reserve(now);
         let mut map = write(&shard.map);
-        if let Some(cell) = map.get(&key) {
+        if let Some(cell) = map.get(&Slot::of(key)) {
             // Inserted meanwhile by another request: give the reservation back.
             self.keys.fetch_sub(1, Ordering::Relaxed);
             return cas(cell, clock, f);
         }
-        let cell = map.entry(key).or_insert_with(|| AtomicU64::new(0));
+        let cell = map
+            .entry(Slot::of(key))
+            .or_insert_with(|| AtomicU64::new(0));
         cas(cell, clock, f)
     }
 
@@ -559,6 +589,12 @@ mod tests {
         // Once buckets are full again, evicting them is free and uncounted.
         assert!(store.check(10 << 100, &q, 10 * SEC, 1).admitted);
         assert_eq!((store.len(), store.evictions()), (4, 1));
+    }
+
+    #[test]
+    fn an_entry_takes_24_bytes() {
+        // A `u128` key would pad the entry to 32 (its 16-byte alignment on x86-64 and AArch64).
+        assert_eq!(std::mem::size_of::<(Slot, AtomicU64)>(), 24);
     }
 
     #[test]
