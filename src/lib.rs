@@ -18,7 +18,8 @@
 //! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
 //!   latency histogram.
 //! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
-//! - [`telemetry`], [`shutdown`]: logging and signals for the binary.
+//! - [`telemetry`], [`shutdown`]: logging and signals for the binary; [`tls`]: the process's
+//!   rustls crypto provider (ring), installed once at start-up.
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
 //!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
 //!   comparisons, with the SVG chart. Never serves.
@@ -56,3 +57,4 @@ pub(crate) mod server;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

@@ -13,6 +13,7 @@ use sluice::settings::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs
 use sluice::{shutdown, telemetry};
 
 fn main() -> ExitCode {
+    sluice::tls::install_crypto_provider();
     match Cli::parse()
         .command
         .unwrap_or(Command::Serve(ServeArgs::default()))

@@ -20,10 +20,13 @@ use serde::{Deserialize, Serialize};
 
 pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
-pub use raw::{MetricsSettings, RawSettings, RedisSettings, RequestSettings, StoreSettings};
+pub use raw::{
+    MetricsSettings, RawSettings, RedisSettings, RedisTlsSettings, RequestSettings, StoreSettings,
+};
 
 use crate::decision::{self, Caps, HeaderOptions};
 use crate::limiter::RedisConfig;
+use crate::limiter::redis::{ConnectError, Password, RedisAuth, RedisTls};
 use crate::telemetry::LogFormat;
 
 /// Where counters live, as the `backend` setting names it.
@@ -157,6 +160,10 @@ pub enum SettingsError {
     /// `backend: redis` without a URL.
     #[error("invalid settings: redis.url is empty")]
     NoRedisUrl,
+    /// Redis settings that cannot be used: contradicting credentials or TLS options, or a
+    /// certificate, key or password file that cannot be read (named with its setting).
+    #[error("invalid settings: {0}")]
+    Redis(#[from] ConnectError),
     /// A Redis URL that does not parse.
     #[error("invalid settings: redis.url {url:?}: {source}")]
     RedisUrl {
@@ -344,8 +351,20 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
             }
         })?;
     }
-    Ok(RedisConfig {
+    let path = |p: &str| (!p.trim().is_empty()).then(|| PathBuf::from(p.trim()));
+    let config = RedisConfig {
         urls,
+        tls: RedisTls {
+            ca_file: path(&r.tls.ca_file),
+            cert_file: path(&r.tls.cert_file),
+            key_file: path(&r.tls.key_file),
+            skip_hostname_verification: r.tls.skip_hostname_verification,
+        },
+        auth: RedisAuth {
+            username: (!r.username.is_empty()).then(|| r.username.clone()),
+            password: (!r.password.is_empty()).then(|| Password::new(r.password.clone())),
+            password_file: path(&r.password_file),
+        },
         cluster: r.cluster,
         key_prefix: r.key_prefix.clone(),
         timeout: Duration::from_millis(r.timeout_ms),
@@ -353,7 +372,10 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
         breaker_failures: r.breaker_failures,
         breaker_cooldown: Duration::from_millis(r.breaker_cooldown_ms),
         deny_cache_keys: r.deny_cache_keys,
-    })
+    };
+    // The files are read here too, so `sluice check` reports one that cannot be used.
+    crate::limiter::redis::check(&config)?;
+    Ok(config)
 }
 
 #[cfg(test)]

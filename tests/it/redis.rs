@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::redis::fits_lean;
+use sluice::limiter::redis::{RedisAuth, RedisTls, fits_lean};
 use sluice::limiter::{
     ManualClock, MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime,
 };
@@ -164,6 +164,8 @@ fn config(url: &str) -> RedisConfig {
         breaker_failures: 3,
         breaker_cooldown: Duration::from_millis(200),
         deny_cache_keys: 0,
+        tls: RedisTls::default(),
+        auth: RedisAuth::default(),
     }
 }
 

@@ -25,14 +25,14 @@
 mod breaker;
 mod cache;
 mod coalesce;
+mod connect;
 mod stats;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 
@@ -42,10 +42,12 @@ pub use crate::histogram::LatencySnapshot;
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
+use connect::Connector;
+pub use connect::{ConnectError, Password, RedisAuth, RedisTls};
 pub use stats::RedisFigures;
 use stats::RedisStats;
 
-/// How to reach Redis and how hard to try. Its `Debug` hides URL credentials.
+/// How to reach Redis and how hard to try. Its `Debug` hides credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://` URLs: one for a single node, the seed nodes for a cluster.
@@ -64,6 +66,10 @@ pub struct RedisConfig {
     pub breaker_cooldown: Duration,
     /// Most counters kept in the local over-limit cache (0 disables it).
     pub deny_cache_keys: usize,
+    /// TLS files and options, for `rediss://` URLs.
+    pub tls: RedisTls,
+    /// Credentials kept out of the URLs.
+    pub auth: RedisAuth,
 }
 
 impl RedisConfig {
@@ -89,6 +95,8 @@ impl std::fmt::Debug for RedisConfig {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown", &self.breaker_cooldown)
             .field("deny_cache_keys", &self.deny_cache_keys)
+            .field("tls", &self.tls)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -147,7 +155,8 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// [`BackendError::Connection`] when a URL is malformed.
+    /// [`BackendError::Setup`] when a URL is malformed, settings contradict each other, or a
+    /// certificate, key or password file cannot be read or used.
     pub fn new(
         config: RedisConfig,
         clock: Arc<dyn Clock>,
@@ -158,7 +167,7 @@ impl RedisStore {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
             conn: ArcSwapOption::empty(),
-            connector: Connector::new(&config)?,
+            connector: Connector::new(&config).map_err(BackendError::Setup)?,
             script: Script::new(include_str!("gcra.lua")),
             lean: Script::new(include_str!("gcra_lean.lua")),
             breaker: Breaker::new(
@@ -447,6 +456,16 @@ pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
         .all(|op| op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT)
 }
 
+/// Checks that `config` can be used to connect: URLs, TLS options and credentials agree, and
+/// every certificate, key and password file can be read and used. Nothing is connected.
+///
+/// # Errors
+///
+/// [`ConnectError`] naming the setting (and the file) at fault.
+pub fn check(config: &RedisConfig) -> Result<(), ConnectError> {
+    Connector::new(config).map(drop)
+}
+
 /// A Redis URL with any `user:password@` replaced by `***@`, for logs.
 #[must_use]
 pub fn redact(url: &str) -> String {
@@ -455,45 +474,6 @@ pub fn redact(url: &str) -> String {
             format!("{}***{}", &url[..scheme + 3], &url[at..])
         }
         _ => url.to_string(),
-    }
-}
-
-/// Opens connections for a config.
-enum Connector {
-    Single(redis::Client, ConnectionManagerConfig),
-    Cluster(redis::cluster::ClusterClient),
-}
-
-impl Connector {
-    fn new(config: &RedisConfig) -> Result<Self, BackendError> {
-        let bad = BackendError::Connection;
-        if config.cluster {
-            let client = ClusterClientBuilder::new(config.urls.clone())
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(config.timeout)
-                .retries(0)
-                .build()
-                .map_err(bad)?;
-            Ok(Self::Cluster(client))
-        } else {
-            let url = config.urls.first().ok_or(BackendError::NotConnected)?;
-            let client = redis::Client::open(url.as_str()).map_err(bad)?;
-            let cm = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_secs(1));
-            Ok(Self::Single(client, cm))
-        }
-    }
-
-    async fn connect(&self) -> Result<Conn, RedisError> {
-        match self {
-            Self::Single(client, cm) => Ok(Conn::Single(
-                ConnectionManager::new_with_config(client.clone(), cm.clone()).await?,
-            )),
-            Self::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
-        }
     }
 }
 
