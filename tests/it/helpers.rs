@@ -54,6 +54,7 @@ impl TestServer {
             ..RawSettings::default()
         };
         tune(&mut settings);
+        sluice::tls::install_crypto_provider();
         let settings = settings.validate().expect("valid settings");
         // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.
         let clock = Arc::new(ManualClock::new(1_000_000_000_000));
@@ -287,6 +288,28 @@ pub fn redis_missing(test: &str) -> bool {
     let _ = writeln!(
         std::io::stderr(),
         "{test}: skipped: redis-server or redis-cli is not installed (Debian: apt-get install redis-server redis-tools)"
+    );
+    true
+}
+
+/// Whether a test that needs the `openssl` command (to make its certificates) must skip: it is
+/// not installed and this is not CI, where it fails instead (as [`redis_missing`]).
+pub fn openssl_missing(test: &str) -> bool {
+    use std::io::Write;
+    let installed = std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return false;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: openssl is required on CI (Debian: apt-get install openssl)"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: openssl is not installed (Debian: apt-get install openssl)"
     );
     true
 }

@@ -11,5 +11,6 @@ mod lab;
 mod memory;
 mod ops;
 mod redis;
+mod redis_tls;
 mod service;
 mod wire;

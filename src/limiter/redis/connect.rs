@@ -12,7 +12,7 @@
 //!   altogether, is refused.
 //! - Credentials come from the URL (`redis://user:pass@host`) or from `username` with
 //!   `password` or `password_file`, never from both. [`Password`] and every error keep the
-//!   secret out of logs: redis-rs's own errors name the problem (`WRONGPASS ...`) only.
+//!   secret out of logs: a refused login is reported with the user name and the problem only.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -106,6 +106,18 @@ pub enum ConnectError {
     /// Settings that contradict each other or the URLs.
     #[error("{0}")]
     Invalid(String),
+    /// Redis refused the user name and password (redis-rs keeps the server's `WRONGPASS`
+    /// text to itself).
+    #[error(
+        "redis refused the login as user {user:?} ({source}): wrong password, or the user is \
+         unknown or disabled"
+    )]
+    Login {
+        /// The user logged in as (`default` when none was given).
+        user: String,
+        /// redis-rs's error.
+        source: redis::RedisError,
+    },
     /// Redis (or the network, or the TLS handshake) refused the connection.
     #[error("{0}")]
     Redis(#[from] redis::RedisError),
@@ -246,6 +258,26 @@ impl Connector {
 
     /// Connects once (reading the files again) and checks the connection with a `PING`.
     pub(super) async fn connect(&self) -> Result<Conn, ConnectError> {
+        self.open().await.map_err(|e| match e {
+            ConnectError::Redis(source)
+                if source.kind() == redis::ErrorKind::AuthenticationFailed =>
+            {
+                let user = self
+                    .auth
+                    .username
+                    .as_deref()
+                    .or_else(|| self.urls[0].redis_settings().username())
+                    .unwrap_or("default");
+                ConnectError::Login {
+                    user: user.to_string(),
+                    source,
+                }
+            }
+            e => e,
+        })
+    }
+
+    async fn open(&self) -> Result<Conn, ConnectError> {
         let material = self.material()?;
         let password = material.password.as_deref();
         if self.cluster {

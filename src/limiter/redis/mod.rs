@@ -220,6 +220,18 @@ impl RedisStore {
         }
     }
 
+    /// One connection attempt with these settings (files read, handshake, login, `PING`),
+    /// the connection then dropped: why Redis cannot be reached, for diagnostics. Serving
+    /// connects with [`RedisStore::connect`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError`] naming the problem (a refused certificate, `WRONGPASS ...`), never a
+    /// secret.
+    pub async fn try_connect(&self) -> Result<(), ConnectError> {
+        self.connector.connect().await.map(drop)
+    }
+
     /// Whether a connection has been established.
     #[must_use]
     pub fn is_connected(&self) -> bool {
