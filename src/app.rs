@@ -147,7 +147,7 @@ impl App {
             }
             BackendSettings::Redis(config) => {
                 tracing::info!(redis = %config.redacted_urls(), cluster = config.cluster, "counting in redis");
-                RedisStore::new(config.clone(), clock, RedisTime::Server)?.backend()
+                RedisStore::new((**config).clone(), clock, RedisTime::Server)?.backend()
             }
         };
         Ok(Self {

@@ -121,8 +121,8 @@ pub enum BackendSettings {
         /// How often counters with a full bucket (no information) are removed.
         sweep_interval: Duration,
     },
-    /// Counters in Redis.
-    Redis(RedisConfig),
+    /// Counters in Redis (boxed: its TLS and credential paths make it much the larger).
+    Redis(Box<RedisConfig>),
 }
 
 /// Why settings could not be loaded.
@@ -272,7 +272,7 @@ impl RawSettings {
                 max_keys: self.store.max_keys,
                 sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
             },
-            BackendKind::Redis => BackendSettings::Redis(redis_config(&self.redis)?),
+            BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
         };
         Ok(Settings {
             grpc_addr: self.grpc_addr,
