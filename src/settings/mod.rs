@@ -415,6 +415,33 @@ mod tests {
     }
 
     #[test]
+    fn redis_files_and_contradictions_are_checked_naming_the_setting() {
+        let mut raw = redis("rediss://10.0.0.5:6380");
+        raw.redis.tls.ca_file = "/nonexistent/ca.pem".into();
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "invalid settings: redis.tls.ca_file /nonexistent/ca.pem: cannot be read"
+            ),
+            "{err}"
+        );
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.tls.skip_hostname_verification = true;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("not rediss://"), "{err}");
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.username = "sluice".into();
+        raw.redis.password = "hunter2".into();
+        let s = raw.validate().unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(redis.auth.username.as_deref(), Some("sluice"));
+        assert!(redis.auth.password.is_some());
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
     fn header_names_and_the_near_limit_ratio_are_checked() {
         let mut raw = RawSettings::default();
         raw.legacy_headers.remaining = "X-Left".into();
