@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice::limiter::gcra::NANOS_PER_SEC;
+use sluice::limiter::redis::{RedisAuth, RedisTls};
 use sluice::limiter::{
     Backend, KeyBuilder, MemoryStore, Mode, MonotonicClock, Op, Quota, RedisConfig, RedisStore,
     RedisTime,
@@ -115,6 +116,8 @@ fn main() {
             breaker_cooldown: Duration::from_secs(1),
             deny_cache_keys: 0,
             sentinel: None,
+            tls: RedisTls::default(),
+            auth: RedisAuth::default(),
         }, Arc::new(MonotonicClock::new()), RedisTime::Server)
         .expect("valid url");
         let connecting = tokio::spawn({

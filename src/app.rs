@@ -164,7 +164,8 @@ impl App {
             }
             BackendSettings::Redis(config) => {
                 tracing::info!(redis = %config.describe(), cluster = config.cluster, leased = settings.lease.is_some(), "counting in redis");
-                let redis = RedisStore::new(config.clone(), Arc::clone(&clock), RedisTime::Server)?;
+                let redis =
+                    RedisStore::new((**config).clone(), Arc::clone(&clock), RedisTime::Server)?;
                 match settings.lease {
                     Some(lease) => LeasedStore::new(redis, lease, Arc::clone(&clock)).backend(),
                     None => redis.backend(),

@@ -400,3 +400,15 @@ impl ClientCertVerifier for RequireSan {
         self.inner.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn installing_twice_is_harmless() {
+        install_crypto_provider();
+        install_crypto_provider();
+        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
+    }
+}

@@ -376,6 +376,8 @@ descriptors:
             breaker_cooldown: std::time::Duration::from_millis(5),
             deny_cache_keys: 0,
             sentinel: None,
+            tls: crate::limiter::redis::RedisTls::default(),
+            auth: crate::limiter::redis::RedisAuth::default(),
         };
         RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server)
             .unwrap()

@@ -164,6 +164,10 @@ pub enum BackendError {
     /// Redis answered with something the script never returns.
     #[error("unexpected script reply: {0}")]
     Reply(String),
+    /// The connection cannot be set up: a malformed URL, contradicting settings, or a
+    /// certificate, key or password file that cannot be used.
+    #[error("{0}")]
+    Setup(#[source] super::redis::ConnectError),
 }
 
 impl BackendError {
@@ -172,7 +176,7 @@ impl BackendError {
     pub const fn kind(&self) -> ErrorKind {
         match self {
             Self::Timeout(_) => ErrorKind::Timeout,
-            Self::NotConnected | Self::Connection(_) => ErrorKind::Connection,
+            Self::NotConnected | Self::Connection(_) | Self::Setup(_) => ErrorKind::Connection,
             Self::BreakerOpen => ErrorKind::BreakerOpen,
             Self::Redis(_) | Self::Reply(_) => ErrorKind::Redis,
         }

@@ -257,8 +257,8 @@ fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
 }
 
 /// `BACKEND_TYPE`, `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_URL`, `REDIS_AUTH`,
-/// `REDIS_SENTINEL_AUTH`, `REDIS_TLS`,
-/// `CACHE_KEY_PREFIX`, `LOCAL_CACHE_SIZE_IN_BYTES`.
+/// `REDIS_SENTINEL_AUTH`, `REDIS_TLS` and its certificate variables, `CACHE_KEY_PREFIX`,
+/// `LOCAL_CACHE_SIZE_IN_BYTES`.
 fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     match env
         .get("BACKEND_TYPE")
@@ -317,21 +317,8 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
             );
         }
     }
-    for (name, why) in [
-        (
-            "REDIS_TLS_CLIENT_CERT",
-            "client certificates for Redis are not supported yet",
-        ),
-        (
-            "REDIS_TLS_CLIENT_KEY",
-            "client keys for Redis are not supported yet",
-        ),
-        ("REDIS_TLS_CACERT", "a CA for Redis is not supported yet"),
-    ] {
-        if env.get(name).is_some() {
-            m.warn(format!("{name}: {why}; not read"));
-        }
-    }
+    redis_auth(env, m);
+    redis_tls(env, m)?;
     if env.bool("REDIS_PERSECOND")? == Some(true) {
         m.warn(
             "REDIS_PERSECOND=true: one Redis holds every counter (REDIS_URL); the \
@@ -388,10 +375,64 @@ fn host_port(item: &str) -> Result<(), CompatError> {
     Ok(())
 }
 
+/// `REDIS_AUTH`, `password` or `user:password`, as `redis.password` (and `redis.username`),
+/// out of the URL.
+fn redis_auth(env: &Env<'_>, m: &mut Mapped) {
+    let Some(auth) = env.get("REDIS_AUTH") else {
+        return;
+    };
+    match auth.split_once(':') {
+        Some((user, password)) if !user.is_empty() => {
+            m.set("redis.username", json!(user));
+            m.set("redis.password", json!(password));
+        }
+        Some((_, password)) => m.set("redis.password", json!(password)),
+        None => m.set("redis.password", json!(auth)),
+    }
+}
+
+/// With `REDIS_TLS=true` (the URLs made `rediss://` by [`redis_urls`]), the certificate
+/// variables as `redis.tls.*`; without it the reference does not read them, and neither does
+/// sluice (a warning says so).
+fn redis_tls(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
+    let files = [
+        ("REDIS_TLS_CACERT", "redis.tls.ca_file"),
+        ("REDIS_TLS_CLIENT_CERT", "redis.tls.cert_file"),
+        ("REDIS_TLS_CLIENT_KEY", "redis.tls.key_file"),
+    ];
+    let skip = env.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?;
+    if env.bool("REDIS_TLS")? == Some(true) {
+        for (variable, setting) in files {
+            if let Some(path) = env.get(variable) {
+                m.set(setting, json!(path));
+            }
+        }
+        if let Some(skip) = skip {
+            m.set("redis.tls.skip_hostname_verification", json!(skip));
+        }
+    } else {
+        for (variable, _) in files {
+            if env.get(variable).is_some() {
+                m.warn(format!(
+                    "{variable}: read only with REDIS_TLS=true; not read"
+                ));
+            }
+        }
+        if skip == Some(true) {
+            m.warn(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: read only with REDIS_TLS=true; not read"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `REDIS_TYPE=sentinel`: `REDIS_URL` is `master_name,host:port,...` (the sentinels), with
-/// `REDIS_SENTINEL_AUTH` folded into the sentinels' URLs and `REDIS_AUTH` into the master's
-/// (`redis.url`, whose host and port the sentinels' answer replaces).
-fn sentinel_target(env: &Env<'_>, unix: bool) -> Result<RedisTarget, CompatError> {
+/// `REDIS_SENTINEL_AUTH` folded into the sentinels' URLs. The master's credentials are
+/// `REDIS_AUTH`'s (see [`redis_auth`]) and its scheme `REDIS_TLS`'s (`redis.url`, whose host
+/// and port the sentinels' answer replaces).
+fn sentinel_target(env: &Env<'_>, unix: bool, tls: bool) -> Result<RedisTarget, CompatError> {
     if unix {
         return Err(unsupported_error(
             "REDIS_SOCKET_TYPE",
@@ -425,12 +466,8 @@ fn sentinel_target(env: &Env<'_>, unix: bool) -> Result<RedisTarget, CompatError
             sentinel_auth.as_deref().unwrap_or("")
         ));
     }
-    let master_auth = env.get("REDIS_AUTH").map(userinfo);
     Ok(RedisTarget {
-        url: format!(
-            "redis://{}127.0.0.1:6379",
-            master_auth.as_deref().unwrap_or("")
-        ),
+        url: format!("{}://127.0.0.1:6379", if tls { "rediss" } else { "redis" }),
         cluster: false,
         sentinel: Some(((*master_name).to_string(), urls.join(","))),
     })
@@ -471,16 +508,10 @@ fn redis_urls(env: &Env<'_>) -> Result<RedisTarget, CompatError> {
             ));
         }
     };
-    if env.bool("REDIS_TLS")? == Some(true) {
-        return Err(unsupported_error(
-            "REDIS_TLS",
-            "TLS to Redis is not supported yet",
-        ));
-    }
+    let tls = env.bool("REDIS_TLS")? == Some(true);
     if sentinel {
-        return sentinel_target(env, unix);
+        return sentinel_target(env, unix, tls);
     }
-    let userinfo = env.get("REDIS_AUTH").map(userinfo);
     let raw = env.get("REDIS_URL").unwrap_or(DEFAULT_REDIS_URL);
     let mut urls = Vec::new();
     for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -494,20 +525,16 @@ fn redis_urls(env: &Env<'_>) -> Result<RedisTarget, CompatError> {
                     "unix with REDIS_TYPE=cluster: cluster nodes are reached over tcp",
                 ));
             }
-            if userinfo.is_some() {
+            if tls {
                 return Err(unsupported_error(
-                    "REDIS_AUTH",
-                    "a password over a unix socket is not supported yet; use \
-                     REDIS_SOCKET_TYPE=tcp",
+                    "REDIS_TLS",
+                    "true with REDIS_SOCKET_TYPE=unix: TLS runs over tcp",
                 ));
             }
             urls.push(format!("unix://{item}"));
         } else {
             host_port(item)?;
-            urls.push(format!(
-                "redis://{}{item}",
-                userinfo.as_deref().unwrap_or("")
-            ));
+            urls.push(format!("{}://{item}", if tls { "rediss" } else { "redis" }));
         }
     }
     if urls.is_empty() {
@@ -844,11 +871,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(get(&m, "backend"), Some(&json!("redis")));
-        // user:password, each percent-encoded.
-        assert_eq!(
-            get(&m, "redis.url"),
-            Some(&json!("redis://p%40ss:w%2Frd@redis:6379"))
-        );
+        // user:password, out of the URL: the user is what comes before the first colon.
+        assert_eq!(get(&m, "redis.url"), Some(&json!("redis://redis:6379")));
+        assert_eq!(get(&m, "redis.username"), Some(&json!("p@ss")));
+        assert_eq!(get(&m, "redis.password"), Some(&json!("w/rd")));
         assert_eq!(get(&m, "redis.cluster"), Some(&json!(false)));
         let m = map(&[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -859,9 +885,18 @@ mod tests {
         .unwrap();
         assert_eq!(
             get(&m, "redis.url"),
-            Some(&json!("redis://:secret@a:7000,redis://:secret@b:7001"))
+            Some(&json!("redis://a:7000,redis://b:7001"))
         );
+        assert_eq!(get(&m, "redis.password"), Some(&json!("secret")));
+        assert_eq!(get(&m, "redis.username"), None);
         assert_eq!(get(&m, "redis.cluster"), Some(&json!(true)));
+        // A password over the reference's default unix socket.
+        let m = map(&[("REDIS_AUTH", ":secret")]).unwrap();
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("unix:///var/run/nutcracker/ratelimit.sock"))
+        );
+        assert_eq!(get(&m, "redis.password"), Some(&json!("secret")));
         let m = map(&[("CACHE_KEY_PREFIX", "rl_")]).unwrap();
         assert_eq!(get(&m, "redis.key_prefix"), Some(&json!("rl_")));
         assert_eq!(map(&[("CACHE_KEY_PREFIX", "")]).unwrap(), Mapped::default());
@@ -876,6 +911,19 @@ mod tests {
             (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
             (&[("REDIS_TLS", "true")][..], "REDIS_TLS"),
             (
+                &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_TLS", "yes")][..],
+                "REDIS_TLS",
+            ),
+            (
+                &[
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_URL", "r:6379"),
+                    ("REDIS_TLS", "true"),
+                    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "maybe"),
+                ][..],
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            ),
+            (
                 &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis")][..],
                 "REDIS_URL",
             ),
@@ -887,7 +935,9 @@ mod tests {
         ] {
             assert_eq!(map(vars).unwrap_err().variable, variable, "{vars:?}");
         }
-        let err = map(&[("REDIS_AUTH", "topsecret")]).unwrap_err().to_string();
+        let err = map(&[("REDIS_AUTH", "topsecret"), ("REDIS_URL", "redis://x:1")])
+            .unwrap_err()
+            .to_string();
         assert!(!err.contains("topsecret"), "{err}");
     }
 
@@ -912,11 +962,10 @@ mod tests {
                  redis://:s3cret%2Fpw@[::1]:26381"
             ))
         );
-        // The master's credentials; its address comes from the sentinels.
-        assert_eq!(
-            get(&m, "redis.url"),
-            Some(&json!("redis://app:master%2Dpw@127.0.0.1:6379"))
-        );
+        // The master's credentials as settings; its address comes from the sentinels.
+        assert_eq!(get(&m, "redis.url"), Some(&json!("redis://127.0.0.1:6379")));
+        assert_eq!(get(&m, "redis.username"), Some(&json!("app")));
+        assert_eq!(get(&m, "redis.password"), Some(&json!("master-pw")));
         assert_eq!(get(&m, "redis.cluster"), Some(&json!(false)));
         let m = map(&[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -992,6 +1041,53 @@ mod tests {
             m.warnings
                 .iter()
                 .any(|w| w.starts_with("REDIS_SENTINEL_AUTH")),
+            "{:?}",
+            m.warnings
+        );
+    }
+
+    #[test]
+    fn redis_tls_and_its_certificates() {
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "10.0.0.1:6379,10.0.0.2:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/certs/ca.pem"),
+            ("REDIS_TLS_CLIENT_CERT", "/certs/tls.crt"),
+            ("REDIS_TLS_CLIENT_KEY", "/certs/tls.key"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ])
+        .unwrap();
+        assert_eq!(
+            get(&m, "redis.url"),
+            Some(&json!("rediss://10.0.0.1:6379,rediss://10.0.0.2:6379"))
+        );
+        assert_eq!(get(&m, "redis.tls.ca_file"), Some(&json!("/certs/ca.pem")));
+        assert_eq!(
+            get(&m, "redis.tls.cert_file"),
+            Some(&json!("/certs/tls.crt"))
+        );
+        assert_eq!(
+            get(&m, "redis.tls.key_file"),
+            Some(&json!("/certs/tls.key"))
+        );
+        assert_eq!(
+            get(&m, "redis.tls.skip_hostname_verification"),
+            Some(&json!(true))
+        );
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        // Without REDIS_TLS=true the reference does not read them: a warning, no setting.
+        let m = map(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_TLS_CACERT", "/certs/ca.pem"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "redis.url"), Some(&json!("redis://r:6379")));
+        assert_eq!(get(&m, "redis.tls.ca_file"), None);
+        assert!(
+            m.warnings[0].starts_with("REDIS_TLS_CACERT"),
             "{:?}",
             m.warnings
         );

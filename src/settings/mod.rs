@@ -22,11 +22,11 @@ pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
 pub use raw::{
     GrpcSettings, GrpcTlsSettings, LeaseSettings, MetricsSettings, RawSettings, RedisSettings,
-    RequestSettings, SentinelSettings, StoreSettings,
+    RedisTlsSettings, RequestSettings, SentinelSettings, StoreSettings,
 };
 
 use crate::decision::{self, Caps, HeaderOptions};
-use crate::limiter::redis::SentinelConfig;
+use crate::limiter::redis::{ConnectError, Password, RedisAuth, RedisTls, SentinelConfig};
 use crate::limiter::{LeaseConfig, RedisConfig};
 use crate::telemetry::LogFormat;
 
@@ -150,8 +150,8 @@ pub enum BackendSettings {
         /// How often counters with a full bucket (no information) are removed.
         sweep_interval: Duration,
     },
-    /// Counters in Redis.
-    Redis(RedisConfig),
+    /// Counters in Redis (boxed: its TLS and credential paths make it much the larger).
+    Redis(Box<RedisConfig>),
 }
 
 /// How a node counts while Redis cannot decide (`on_backend_error: local`).
@@ -229,6 +229,10 @@ pub enum SettingsError {
         /// The range it must be in, in words.
         range: &'static str,
     },
+    /// Redis settings that cannot be used: contradicting credentials or TLS options, or a
+    /// certificate, key or password file that cannot be read (named with its setting).
+    #[error("invalid settings: {0}")]
+    Redis(#[from] ConnectError),
     /// A Redis URL that does not parse.
     #[error("invalid settings: redis.url {url:?}: {source}")]
     RedisUrl {
@@ -391,7 +395,7 @@ impl RawSettings {
                 max_keys: self.store.max_keys,
                 sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
             },
-            BackendKind::Redis => BackendSettings::Redis(redis_config(&self.redis)?),
+            BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
         };
         let lease = lease_config(&self.redis.lease)?
             .filter(|_| matches!(backend, BackendSettings::Redis(_)));
@@ -547,8 +551,20 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
         })?;
     }
     let sentinel = sentinel_config(r, urls.len())?;
-    Ok(RedisConfig {
+    let path = |p: &str| (!p.trim().is_empty()).then(|| PathBuf::from(p.trim()));
+    let config = RedisConfig {
         urls,
+        tls: RedisTls {
+            ca_file: path(&r.tls.ca_file),
+            cert_file: path(&r.tls.cert_file),
+            key_file: path(&r.tls.key_file),
+            skip_hostname_verification: r.tls.skip_hostname_verification,
+        },
+        auth: RedisAuth {
+            username: (!r.username.is_empty()).then(|| r.username.clone()),
+            password: (!r.password.is_empty()).then(|| Password::new(r.password.clone())),
+            password_file: path(&r.password_file),
+        },
         cluster: r.cluster,
         key_prefix: r.key_prefix.clone(),
         timeout: Duration::from_millis(r.timeout_ms),
@@ -557,7 +573,10 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
         breaker_cooldown: Duration::from_millis(r.breaker_cooldown_ms),
         deny_cache_keys: r.deny_cache_keys,
         sentinel,
-    })
+    };
+    // The files are read here too, so `sluice check` reports one that cannot be used.
+    crate::limiter::redis::check(&config)?;
+    Ok(config)
 }
 
 /// Redis Sentinel's part of the config: none while its master name and sentinels are empty.
@@ -703,6 +722,33 @@ mod tests {
         raw.redis.heartbeat_interval_ms = MAX_HEARTBEAT_INTERVAL_MS + 1;
         let err = raw.validate().unwrap_err().to_string();
         assert!(err.contains("longer than an hour"), "{err}");
+    }
+
+    #[test]
+    fn redis_files_and_contradictions_are_checked_naming_the_setting() {
+        let mut raw = redis("rediss://10.0.0.5:6380");
+        raw.redis.tls.ca_file = "/nonexistent/ca.pem".into();
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "invalid settings: redis.tls.ca_file /nonexistent/ca.pem: cannot be read"
+            ),
+            "{err}"
+        );
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.tls.skip_hostname_verification = true;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("not rediss://"), "{err}");
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.username = "sluice".into();
+        raw.redis.password = "hunter2".into();
+        let s = raw.validate().unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(redis.auth.username.as_deref(), Some("sluice"));
+        assert!(redis.auth.password.is_some());
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 
     #[test]

@@ -215,12 +215,22 @@ pub struct StoreSettings {
     pub sweep_interval_ms: u64,
 }
 
-/// Redis, for `backend: redis`. Its `Debug` hides URL credentials.
+/// Redis, for `backend: redis`. Its `Debug` hides the password and URL credentials.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://host:port`; for a cluster, the seed nodes, comma-separated.
+    /// `redis://host:port` (`rediss://` for TLS, `redis://user:password@host:port` for an
+    /// ACL user); for a cluster, the seed nodes, comma-separated.
     pub url: String,
+    /// ACL user name, when not in the URL; empty: Redis's `default` user.
+    pub username: String,
+    /// Password, when not in the URL (e.g. from `SLUICE_REDIS__PASSWORD`); empty: none.
+    pub password: String,
+    /// File holding the password (a mounted Kubernetes Secret), read at each connection
+    /// attempt, one trailing newline dropped; empty: none.
+    pub password_file: String,
+    /// TLS, for `rediss://` URLs.
+    pub tls: RedisTlsSettings,
     /// Talk Redis Cluster.
     pub cluster: bool,
     /// Prefix of every key sluice writes.
@@ -311,10 +321,29 @@ impl std::fmt::Debug for SentinelSettings {
     }
 }
 
+/// TLS to Redis (with `rediss://` URLs). Empty paths are unset.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisTlsSettings {
+    /// PEM CA certificate(s) the server's certificate must chain to; empty: the system's roots.
+    pub ca_file: String,
+    /// PEM client certificate, for servers that require one (mTLS); with `key_file`.
+    pub cert_file: String,
+    /// PEM private key of `cert_file`.
+    pub key_file: String,
+    /// Accept a server certificate whose names do not match the host (a hosted Redis reached
+    /// by IP); the chain is still verified against the CA.
+    pub skip_hostname_verification: bool,
+}
+
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379".into(),
+            username: String::new(),
+            password: String::new(),
+            password_file: String::new(),
+            tls: RedisTlsSettings::default(),
             cluster: false,
             key_prefix: "sluice:".into(),
             timeout_ms: 10,
@@ -334,6 +363,13 @@ impl std::fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &self.redacted_url())
+            .field("username", &self.username)
+            .field(
+                "password",
+                &if self.password.is_empty() { "" } else { "***" },
+            )
+            .field("password_file", &self.password_file)
+            .field("tls", &self.tls)
             .field("cluster", &self.cluster)
             .field("key_prefix", &self.key_prefix)
             .field("timeout_ms", &self.timeout_ms)
@@ -779,6 +815,7 @@ mod tests {
     fn redis_credentials_stay_out_of_logs() {
         let r = RedisSettings {
             url: "redis://user:secret@10.0.0.5:6379,redis://10.0.0.6:6379".into(),
+            password: "hunter2".into(),
             ..RedisSettings::default()
         };
         assert_eq!(
@@ -786,6 +823,7 @@ mod tests {
             "redis://***@10.0.0.5:6379,redis://10.0.0.6:6379"
         );
         assert!(!format!("{r:?}").contains("secret"));
+        assert!(!format!("{r:?}").contains("hunter2"));
     }
 
     #[test]

@@ -55,6 +55,7 @@ impl TestServer {
             ..RawSettings::default()
         };
         tune(&mut settings);
+        sluice::tls::install_crypto_provider();
         let settings = settings.validate().expect("valid settings");
         let tls = settings.grpc_tls.is_some();
         // Start well away from 0 so "TAT 0 = fresh key" is never confused with a real time.

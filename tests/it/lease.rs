@@ -33,6 +33,8 @@ fn config(url: &str) -> RedisConfig {
         breaker_failures: 0,
         breaker_cooldown: Duration::from_millis(100),
         deny_cache_keys: 0,
+        tls: sluice::limiter::redis::RedisTls::default(),
+        auth: sluice::limiter::redis::RedisAuth::default(),
         sentinel: None,
     }
 }

@@ -15,6 +15,7 @@ mod metadata;
 mod ops;
 mod redis;
 mod redis_sentinel;
+mod redis_tls;
 mod service;
 mod tls;
 mod wire;

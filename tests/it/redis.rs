@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::redis::fits_lean;
+use sluice::limiter::redis::{RedisAuth, RedisTls, fits_lean};
 use sluice::limiter::{
     ManualClock, MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime,
 };
@@ -165,6 +165,8 @@ fn config(url: &str) -> RedisConfig {
         breaker_cooldown: Duration::from_millis(200),
         deny_cache_keys: 0,
         sentinel: None,
+        tls: RedisTls::default(),
+        auth: RedisAuth::default(),
     }
 }
 

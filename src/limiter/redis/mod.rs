@@ -27,6 +27,7 @@
 mod breaker;
 mod cache;
 mod coalesce;
+mod connect;
 mod heartbeat;
 mod lease;
 mod sentinel;
@@ -36,8 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 
@@ -47,13 +47,15 @@ pub use crate::histogram::LatencySnapshot;
 use breaker::Breaker;
 pub use breaker::BreakerState;
 use cache::DenyCache;
+use connect::Connector;
+pub use connect::{ConnectError, Password, RedisAuth, RedisTls};
 pub use heartbeat::Heartbeat;
 pub use lease::{LeaseConfig, LeaseFigures, LeasedStore};
 pub use sentinel::{SentinelConfig, SentinelError};
 pub use stats::RedisFigures;
 use stats::RedisStats;
 
-/// How to reach Redis and how hard to try. Its `Debug` hides URL credentials.
+/// How to reach Redis and how hard to try. Its `Debug` hides credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://` URLs: one for a single node, the seed nodes for a cluster. With
@@ -76,6 +78,10 @@ pub struct RedisConfig {
     pub deny_cache_keys: usize,
     /// Find the master through Redis Sentinel (never with `cluster`).
     pub sentinel: Option<SentinelConfig>,
+    /// TLS files and options, for `rediss://` URLs.
+    pub tls: RedisTls,
+    /// Credentials kept out of the URLs.
+    pub auth: RedisAuth,
 }
 
 impl RedisConfig {
@@ -116,6 +122,8 @@ impl std::fmt::Debug for RedisConfig {
             .field("breaker_cooldown", &self.breaker_cooldown)
             .field("deny_cache_keys", &self.deny_cache_keys)
             .field("sentinel", &self.sentinel)
+            .field("tls", &self.tls)
+            .field("auth", &self.auth)
             .finish()
     }
 }
@@ -176,7 +184,8 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// [`BackendError::Connection`] when a URL is malformed.
+    /// [`BackendError::Setup`] when a URL is malformed, settings contradict each other, or a
+    /// certificate, key or password file cannot be read or used.
     pub fn new(
         config: RedisConfig,
         clock: Arc<dyn Clock>,
@@ -188,7 +197,7 @@ impl RedisStore {
             queued: std::sync::Mutex::new(Some(queued)),
             answering: std::sync::atomic::AtomicBool::new(false),
             conn: ArcSwapOption::empty(),
-            connector: Connector::new(&config)?,
+            connector: Connector::new(&config).map_err(BackendError::Setup)?,
             script: Script::new(include_str!("gcra.lua")),
             lean: Script::new(include_str!("gcra_lean.lua")),
             breaker: Breaker::new(
@@ -239,6 +248,18 @@ impl RedisStore {
                 }
             }
         }
+    }
+
+    /// One connection attempt with these settings (files read, handshake, login, `PING`),
+    /// the connection then dropped: why Redis cannot be reached, for diagnostics. Serving
+    /// connects with [`RedisStore::connect`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError`] naming the problem (a refused certificate, `WRONGPASS ...`), never a
+    /// secret.
+    pub async fn try_connect(&self) -> Result<(), ConnectError> {
+        self.connector.connect().await.map(drop)
     }
 
     /// Whether a connection has been established.
@@ -497,6 +518,16 @@ pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
         .all(|op| op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT)
 }
 
+/// Checks that `config` can be used to connect: URLs, TLS options and credentials agree, and
+/// every certificate, key and password file can be read and used. Nothing is connected.
+///
+/// # Errors
+///
+/// [`ConnectError`] naming the setting (and the file) at fault.
+pub fn check(config: &RedisConfig) -> Result<(), ConnectError> {
+    Connector::new(config).map(drop)
+}
+
 /// A Redis URL with any `user:password@` replaced by `***@`, for logs.
 #[must_use]
 pub fn redact(url: &str) -> String {
@@ -505,51 +536,6 @@ pub fn redact(url: &str) -> String {
             format!("{}***{}", &url[..scheme + 3], &url[at..])
         }
         _ => url.to_string(),
-    }
-}
-
-/// Opens connections for a config.
-enum Connector {
-    Single(redis::Client, ConnectionManagerConfig),
-    Cluster(redis::cluster::ClusterClient),
-    Sentinel(Box<sentinel::Sentinels>),
-}
-
-impl Connector {
-    fn new(config: &RedisConfig) -> Result<Self, BackendError> {
-        let bad = BackendError::Connection;
-        if config.cluster {
-            let client = ClusterClientBuilder::new(config.urls.clone())
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(config.timeout)
-                .retries(0)
-                .build()
-                .map_err(bad)?;
-            Ok(Self::Cluster(client))
-        } else if let Some(s) = &config.sentinel {
-            Ok(Self::Sentinel(Box::new(sentinel::Sentinels::new(
-                config, s,
-            )?)))
-        } else {
-            let url = config.urls.first().ok_or(BackendError::NotConnected)?;
-            let client = redis::Client::open(url.as_str()).map_err(bad)?;
-            let cm = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.timeout))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_secs(1));
-            Ok(Self::Single(client, cm))
-        }
-    }
-
-    async fn connect(&self) -> Result<Conn, RedisError> {
-        match self {
-            Self::Single(client, cm) => Ok(Conn::Single(
-                ConnectionManager::new_with_config(client.clone(), cm.clone()).await?,
-            )),
-            Self::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
-            Self::Sentinel(s) => Ok(Conn::Single(s.connect().await?)),
-        }
     }
 }
 

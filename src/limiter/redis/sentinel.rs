@@ -145,9 +145,12 @@ pub(super) struct Sentinels {
 }
 
 impl Sentinels {
+    /// The sentinels of `sentinel`, and `master`: the master's connection settings
+    /// (credentials, database, scheme), whose address the sentinels will name.
     pub(super) fn new(
         config: &RedisConfig,
         sentinel: &SentinelConfig,
+        master: ConnectionInfo,
     ) -> Result<Self, BackendError> {
         let bad = BackendError::Connection;
         let mut sentinels = Vec::with_capacity(sentinel.urls.len());
@@ -160,9 +163,6 @@ impl Sentinels {
             }
             sentinels.push((redact(url), Client::open(info).map_err(bad)?));
         }
-        let template = config.urls.first().ok_or(BackendError::NotConnected)?;
-        let master =
-            redis::IntoConnectionInfo::into_connection_info(template.as_str()).map_err(bad)?;
         Ok(Self {
             master_name: sentinel.master_name.clone(),
             sentinels,
@@ -339,7 +339,7 @@ impl Sentinels {
             BackendError::Redis(e) => {
                 e.code() == Some("READONLY") || e.to_string().contains("READONLY")
             }
-            BackendError::NotConnected | BackendError::Reply(_) => false,
+            BackendError::NotConnected | BackendError::Reply(_) | BackendError::Setup(_) => false,
         }
     }
 }
@@ -347,7 +347,7 @@ impl Sentinels {
 impl Connector {
     /// Notes a failed call; with Sentinel, one a failover explains wakes the follower.
     pub(super) fn failed(&self, e: &BackendError) {
-        if let Self::Sentinel(s) = self
+        if let Some(s) = &self.sentinel
             && Sentinels::wakes(e)
         {
             s.wake.notify_one();
@@ -360,7 +360,7 @@ impl RedisStore {
     /// sentinels and swaps the connection when they name a new master. Returns at once
     /// otherwise.
     pub(super) async fn follow_failovers(&self) {
-        let Connector::Sentinel(sentinels) = &self.connector else {
+        let Some(sentinels) = &self.connector.sentinel else {
             return;
         };
         let mut delay = FOLLOW_MIN;
