@@ -22,9 +22,13 @@ use crate::limiter::{
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
+#[cfg(not(feature = "bench-floor"))]
+use crate::server::GrpcRoutes;
 use crate::server::admin::{self, AdminState};
-use crate::server::listener::{self, GrpcConnections, Incoming};
-use crate::server::{self, GrpcRoutes, Health, rls::RateLimitHandler};
+#[cfg(not(feature = "bench-floor"))]
+use crate::server::listener::GrpcConnections;
+use crate::server::listener::{self, Incoming};
+use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
 
@@ -69,6 +73,10 @@ pub enum ServeError {
     /// It returned although nothing asked it to stop.
     #[error("stopped unexpectedly")]
     Stopped,
+    /// The bench-floor build's tonic server failed.
+    #[cfg(feature = "bench-floor")]
+    #[error(transparent)]
+    Floor(#[from] tonic::transport::Error),
 }
 
 impl From<std::convert::Infallible> for ServeError {
@@ -266,28 +274,42 @@ impl App {
             backend: backend.clone(),
             policies: policies.clone(),
         };
-        let limits = settings.grpc;
-        let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
-        let connections = GrpcConnections {
-            http2: server::grpc_connections(&limits),
-            tls: tls.clone(),
-            idle_timeout: limits.idle_timeout,
-            max_age: limits
-                .max_connection_age
-                .map(|age| (age, limits.max_connection_age_grace)),
+        #[cfg(feature = "bench-floor")]
+        let mut grpc = {
+            let _ = &tls;
+            tokio::spawn(server::bench_floor(
+                grpc_listener,
+                RateLimitHandler::new(decider),
+                health_service,
+                settings.max_request_bytes,
+                stop.clone(),
+            ))
         };
-        let routes = GrpcRoutes::new(
-            RateLimitHandler::new(decider),
-            health_service,
-            settings.max_request_bytes,
-            &limits,
-        );
-        let mut grpc = tokio::spawn(listener::serve_grpc(
-            incoming,
-            routes,
-            connections,
-            stop.clone(),
-        ));
+        #[cfg(not(feature = "bench-floor"))]
+        let mut grpc = {
+            let limits = settings.grpc;
+            let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
+            let connections = GrpcConnections {
+                http2: server::grpc_connections(&limits),
+                tls: tls.clone(),
+                idle_timeout: limits.idle_timeout,
+                max_age: limits
+                    .max_connection_age
+                    .map(|age| (age, limits.max_connection_age_grace)),
+            };
+            let routes = GrpcRoutes::new(
+                RateLimitHandler::new(decider),
+                health_service,
+                settings.max_request_bytes,
+                &limits,
+            );
+            tokio::spawn(listener::serve_grpc(
+                incoming,
+                routes,
+                connections,
+                stop.clone(),
+            ))
+        };
         let admin_incoming = Incoming::new(admin_listener, "admin", settings.admin.max_connections);
         let mut admin = tokio::spawn(listener::serve_admin(
             admin_incoming,

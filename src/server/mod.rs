@@ -7,7 +7,12 @@
 //! The gRPC port is served without tonic's `Server`: [`listener::serve_grpc`] accepts each
 //! connection (within the connection cap, with TLS when configured), serves it with hyper's
 //! HTTP/2 connection builder from [`grpc_connections`] and [`GrpcRoutes`] (the generated
-//! services behind the edge, routed by path), and drains, ages and idles it out.
+//! services behind the edge, routed by path), and drains, ages and idles it out. The
+//! `bench-floor` build serves a default tonic server instead (`bench_floor`), the reference
+//! the load benchmark measures this path against.
+
+// The lean path goes unused in the bench-floor build.
+#![cfg_attr(feature = "bench-floor", allow(dead_code))]
 
 pub(crate) mod admin;
 mod edge;
@@ -207,4 +212,28 @@ pub(crate) fn override_unit(value: i32) -> Option<Unit> {
         RateLimitUnit::Month => Unit::Month,
         RateLimitUnit::Year => Unit::Year,
     })
+}
+
+/// The load benchmark's reference (the `bench-floor` build only): a default tonic server, its
+/// `Server` and `Router` with none of sluice's limits, in front of the handler that answers a
+/// constant OK without deciding, so the lean path's gain shows against what tonic gives out of
+/// the box.
+#[cfg(feature = "bench-floor")]
+pub(crate) async fn bench_floor(
+    listener: tokio::net::TcpListener,
+    handler: RateLimitHandler,
+    health: HealthServer<impl tonic_health::pb::health_server::Health>,
+    max_request_bytes: usize,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(
+            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+        )
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            stop.cancelled_owned(),
+        )
+        .await
 }
