@@ -277,75 +277,50 @@ pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> (String, String) {
     )
 }
 
-/// Whether a test that needs `redis-server` and `redis-cli` must skip: they are not installed
-/// and this is not CI. On CI (`CI` set, as `.ci/run` runs) a missing Redis fails the test
-/// instead, so the Redis tests cannot silently stop running there.
-pub fn redis_missing(test: &str) -> bool {
+/// Whether a test that needs `programs` (each run with `version_arg`, from the Debian
+/// `packages`) must skip: one is not installed and this is not CI. On CI (`CI` set, as
+/// `.ci/run` runs) a missing program fails the test instead, so such tests cannot silently stop
+/// running there.
+fn missing(test: &str, programs: &[&str], version_arg: &str, packages: &str) -> bool {
     use std::io::Write;
-    let installed = ["redis-server", "redis-cli"].iter().all(|bin| {
+    let installed = programs.iter().all(|bin| {
         std::process::Command::new(bin)
-            .arg("--version")
+            .arg(version_arg)
             .output()
             .is_ok_and(|o| o.status.success())
     });
     if installed {
         return false;
     }
+    let names = programs.join(" and ");
     assert!(
         std::env::var_os("CI").is_none(),
-        "{test}: redis-server and redis-cli are required on CI (Debian: apt-get install redis-server redis-tools)"
+        "{test}: {names} required on CI (Debian: apt-get install {packages})"
     );
     // Straight to stderr, past the test harness's capture, so the skip is seen.
     let _ = writeln!(
         std::io::stderr(),
-        "{test}: skipped: redis-server or redis-cli is not installed (Debian: apt-get install redis-server redis-tools)"
+        "{test}: skipped: {names} not installed (Debian: apt-get install {packages})"
     );
     true
 }
 
-/// As [`redis_missing`], for tests that also need `redis-sentinel` (Debian package
-/// redis-sentinel).
+/// Whether a test that needs `redis-server` and `redis-cli` must skip (see [`missing`]).
+pub fn redis_missing(test: &str) -> bool {
+    missing(
+        test,
+        &["redis-server", "redis-cli"],
+        "--version",
+        "redis-server redis-tools",
+    )
+}
+
+/// As [`redis_missing`], for tests that also need `redis-sentinel`.
 pub fn sentinel_missing(test: &str) -> bool {
-    use std::io::Write;
-    if redis_missing(test) {
-        return true;
-    }
-    let installed = std::process::Command::new("redis-sentinel")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if installed {
-        return false;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: redis-sentinel is required on CI (Debian: apt-get install redis-sentinel)"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "{test}: skipped: redis-sentinel is not installed (Debian: apt-get install redis-sentinel)"
-    );
-    true
+    redis_missing(test) || missing(test, &["redis-sentinel"], "--version", "redis-sentinel")
 }
 
-/// Whether a test that needs the `openssl` command (to make test certificates) must skip: it is
-/// not installed and this is not CI, where a missing `openssl` fails the test instead.
+/// Whether a test that needs the `openssl` command (to make test certificates) must skip.
 pub fn openssl_missing(test: &str) -> bool {
-    use std::io::Write;
-    let installed = std::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if installed {
-        return false;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: openssl is required on CI (Debian: apt-get install openssl)"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "{test}: skipped: openssl is not installed (Debian: apt-get install openssl)"
-    );
-    true
+    missing(test, &["openssl"], "version", "openssl")
 }
