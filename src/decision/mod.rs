@@ -48,6 +48,9 @@ pub struct Options {
     pub caps: Caps,
     /// Global shadow mode: never refuse, report as usual.
     pub shadow_mode: bool,
+    /// Global quota mode (envoyproxy/ratelimit's `QUOTA_MODE`): every limited rule counts as
+    /// `quota_mode`, so a request is refused only when all its quota descriptors are over.
+    pub quota_mode: bool,
     /// The answer when the backend cannot decide.
     pub on_backend_error: OnBackendError,
     /// Fill [`Decision::dynamic_metadata`], in envoyproxy/ratelimit's shape.
@@ -209,7 +212,12 @@ impl Decider {
             self.metrics.decided(start.elapsed());
             return Ok(decision);
         };
-        let plan = plan::plan(req, domain, self.options.shadow_mode);
+        let plan = plan::plan(
+            req,
+            domain,
+            self.options.shadow_mode,
+            self.options.quota_mode,
+        );
         let batch = match self.backend.check(&plan.ops).await {
             Ok(b) => {
                 // A request without ops never reached the backend: it says nothing of Redis.
@@ -391,6 +399,45 @@ descriptors:
     fn now<T>(f: impl std::future::Future<Output = T>) -> T {
         use futures_util::FutureExt;
         f.now_or_never().expect("no await on the memory path")
+    }
+
+    #[test]
+    fn global_quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
+        let policy = r"
+domain: d
+descriptors:
+  - key: x
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: y
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+        let decider = |quota_mode| {
+            Decider::new(
+                PolicyHandle::new(load_str(&[("q.yaml", policy)]).unwrap()),
+                memory(),
+                Arc::new(Metrics::install(10)),
+                Options {
+                    quota_mode,
+                    ..Options::default()
+                },
+            )
+        };
+        let both = req(&[&[("x", "1")], &[("y", "1")]]);
+        let d = decider(true);
+        assert_eq!(now(d.decide(&both)).unwrap().overall, Code::Ok);
+        // x is over, y still fits: admitted, x reported over.
+        let second = now(d.decide(&both)).unwrap();
+        assert_eq!(second.overall, Code::Ok);
+        assert_eq!(
+            (second.statuses[0].code, second.statuses[1].code),
+            (Code::OverLimit, Code::Ok)
+        );
+        // Both over: refused.
+        assert_eq!(now(d.decide(&both)).unwrap().overall, Code::OverLimit);
+        // Without the switch the second request is refused by x alone.
+        let d = decider(false);
+        assert_eq!(now(d.decide(&both)).unwrap().overall, Code::Ok);
+        assert_eq!(now(d.decide(&both)).unwrap().overall, Code::OverLimit);
     }
 
     #[test]

@@ -91,8 +91,14 @@ fn replaced(matched: &[Matched<'_>], rule: &Rule) -> bool {
     })
 }
 
-/// Matches a (valid) request against its domain; `shadow_mode` is the global switch.
-pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> Plan<'p> {
+/// Matches a (valid) request against its domain; `shadow_mode` and `quota_mode` are the global
+/// switches (shadow wins, as a rule's own `shadow_mode` does).
+pub(super) fn plan<'p>(
+    req: &Request,
+    domain: &'p Domain,
+    shadow_mode: bool,
+    quota_mode: bool,
+) -> Plan<'p> {
     let mut matched: Vec<Matched<'p>> = Vec::with_capacity(req.descriptors.len());
     for desc in &req.descriptors {
         matched.push(match desc.limit {
@@ -118,7 +124,7 @@ pub(super) fn plan<'p>(req: &Request, domain: &'p Domain, shadow_mode: bool) -> 
     let mode = |rule: Option<&Rule>| match rule {
         _ if shadow_mode => Mode::Shadow,
         Some(r) if r.shadow_mode => Mode::Shadow,
-        Some(r) if r.quota_mode => Mode::Quota,
+        Some(r) if r.quota_mode || quota_mode => Mode::Quota,
         _ => Mode::Enforce,
     };
     for (i, desc) in req.descriptors.iter().enumerate() {

@@ -560,12 +560,8 @@ fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     if let Some(shadow) = env.bool("SHADOW_MODE")? {
         m.set("shadow_mode", json!(shadow));
     }
-    if env.bool("QUOTA_MODE")? == Some(true) {
-        return Err(unsupported_error(
-            "QUOTA_MODE",
-            "a global quota mode is not supported yet (quota_mode: true on a rule is); without \
-             it every limit would be enforced where the reference only warns",
-        ));
+    if let Some(quota) = env.bool("QUOTA_MODE")? {
+        m.set("quota_mode", json!(quota));
     }
     if let Some(enabled) = env.bool("LIMIT_RESPONSE_HEADERS_ENABLED")? {
         m.set(
@@ -1116,8 +1112,10 @@ mod tests {
                 "NEAR_LIMIT_RATIO"
             );
         }
+        let m = map(&[("QUOTA_MODE", "true")]).unwrap();
+        assert_eq!(get(&m, "quota_mode"), Some(&json!(true)));
         assert_eq!(
-            map(&[("QUOTA_MODE", "true")]).unwrap_err().variable,
+            map(&[("QUOTA_MODE", "sometimes")]).unwrap_err().variable,
             "QUOTA_MODE"
         );
         let m = map(&[("RESPONSE_DYNAMIC_METADATA", "true")]).unwrap();

@@ -418,6 +418,7 @@ impl RawSettings {
                     max_value_bytes: r.max_value_bytes,
                 },
                 shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
                 on_backend_error: self.on_backend_error,
                 dynamic_metadata: self.response_dynamic_metadata,
                 headers: HeaderOptions {

@@ -50,6 +50,8 @@ pub struct RawSettings {
     pub log_level: String,
     /// Global shadow mode: count and report as usual, never answer OVER_LIMIT overall.
     pub shadow_mode: bool,
+    /// Global quota mode: every limited rule counts as `quota_mode`.
+    pub quota_mode: bool,
     /// Rate-limit header fields to add to responses: `none`, `draft` or `legacy`.
     pub response_headers: HeaderMode,
     /// The names of the `legacy` header fields (`limit`, `remaining`, `reset`).
@@ -432,6 +434,7 @@ impl Default for RawSettings {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             shadow_mode: false,
+            quota_mode: false,
             response_headers: HeaderMode::None,
             legacy_headers: LegacyNames::default(),
             retry_after_jitter_seconds: 2,
