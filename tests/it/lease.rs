@@ -19,23 +19,18 @@ use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
 use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request};
-use crate::redis::RedisProcess;
+use crate::redis::{Lcg, RedisProcess};
 
 const MS: u64 = 1_000_000;
 
 fn config(url: &str) -> RedisConfig {
     RedisConfig {
-        urls: vec![url.to_string()],
-        cluster: false,
         key_prefix: "sluice-lease:".into(),
         timeout: Duration::from_millis(500),
         connect_timeout: Duration::from_millis(500),
         breaker_failures: 0,
         breaker_cooldown: Duration::from_millis(100),
-        deny_cache_keys: 0,
-        tls: sluice::limiter::redis::RedisTls::default(),
-        auth: sluice::limiter::redis::RedisAuth::default(),
-        sentinel: None,
+        ..crate::redis::config(url)
     }
 }
 
@@ -83,19 +78,6 @@ async fn shared_remaining(probe: &Arc<LeasedStore>, key: u128, quota: Quota) -> 
         .await
         .unwrap();
     b.outcomes[0].remaining
-}
-
-/// A small deterministic generator, so a failing schedule can be replayed from its seed.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// The model: three nodes share one hot counter (100 per second, burst 20, so T = 10 ms) under

@@ -47,18 +47,16 @@ impl RedisProcess {
     }
 
     pub fn spawn(port: u16, extra: &[&str]) -> Self {
+        Self::listening(port, &["--port", &port.to_string()], extra)
+    }
+
+    /// A `redis-server` told how to listen by `listen` (e.g. `--port 0 --tls-port P`), with
+    /// `extra` arguments, once it accepts connections on `port`.
+    pub fn listening(port: u16, listen: &[&str], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(listen)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(extra)
             .arg("--dir")
             .arg(dir.path())
@@ -154,7 +152,8 @@ impl RedisCluster {
     }
 }
 
-fn config(url: &str) -> RedisConfig {
+/// A one-node config for `url` with this file's test timeouts; other tests override fields.
+pub fn config(url: &str) -> RedisConfig {
     RedisConfig {
         urls: vec![url.to_string()],
         cluster: false,
@@ -201,10 +200,11 @@ async fn connected(store: &Arc<RedisStore>) {
 }
 
 /// A small deterministic generator, so a failing schedule can be replayed.
-struct Lcg(u64);
+pub struct Lcg(pub u64);
 
 impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
+    /// The next number below `n`.
+    pub fn next(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6_364_136_223_846_793_005)

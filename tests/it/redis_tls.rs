@@ -10,17 +10,18 @@
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::redis::{Password, RedisAuth, RedisTls};
+use sluice::limiter::redis::Password;
 use sluice::limiter::{ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime};
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
 use crate::helpers::{TestServer, eventually, http_get, openssl_missing, redis_missing, single};
+use crate::redis::RedisProcess;
 
 /// Whether the test must skip (a notice printed) for want of Redis or openssl.
 fn missing(test: &str) -> bool {
@@ -142,93 +143,44 @@ impl Pki {
     }
 }
 
-/// A `redis-server` on a free port, killed on drop.
-struct Server {
-    port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
+/// `redis-server` on a free port, plain TCP, with `extra` arguments.
+fn plain(extra: &[&str]) -> RedisProcess {
+    let port = free_port();
+    RedisProcess::spawn(port, extra)
 }
 
-impl Server {
-    /// Plain TCP on `port` with `extra` arguments.
-    fn plain(extra: &[&str]) -> Self {
-        let port = free_port();
-        Self::spawn(port, &["--port", &port.to_string()], extra)
-    }
-
-    /// TLS only, with the `cert` certificate of `pki`; client certificates required when
-    /// `auth_clients`.
-    fn tls(pki: &Pki, cert: &str, auth_clients: bool, extra: &[&str]) -> Self {
-        let port = free_port();
-        let path = |name: &str| pki.path(name).display().to_string();
-        Self::spawn(
-            port,
-            &[
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--tls-cert-file",
-                &path(&format!("{cert}.pem")),
-                "--tls-key-file",
-                &path(&format!("{cert}.key")),
-                "--tls-ca-cert-file",
-                &path("ca.pem"),
-                "--tls-auth-clients",
-                if auth_clients { "yes" } else { "no" },
-            ],
-            extra,
-        )
-    }
-
-    fn spawn(port: u16, listen: &[&str], extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args(listen)
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (Debian package redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self {
-            port,
-            child,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `redis-server` on a free port, TLS only, with the `cert` certificate of `pki`; client
+/// certificates required when `auth_clients`.
+fn tls(pki: &Pki, cert: &str, auth_clients: bool, extra: &[&str]) -> RedisProcess {
+    let port = free_port();
+    let path = |name: &str| pki.path(name).display().to_string();
+    RedisProcess::listening(
+        port,
+        &[
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &path(&format!("{cert}.pem")),
+            "--tls-key-file",
+            &path(&format!("{cert}.key")),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            if auth_clients { "yes" } else { "no" },
+        ],
+        extra,
+    )
 }
 
 fn config(url: &str) -> RedisConfig {
     RedisConfig {
-        urls: vec![url.to_string()],
-        cluster: false,
         key_prefix: "sluice-tls:".into(),
         timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
         breaker_failures: 0,
-        breaker_cooldown: Duration::from_millis(200),
-        deny_cache_keys: 0,
-        tls: RedisTls::default(),
-        auth: RedisAuth::default(),
-        sentinel: None,
+        ..crate::redis::config(url)
     }
 }
 
@@ -289,7 +241,7 @@ async fn decisions_go_through_tls_and_an_untrusted_ca_is_refused() {
         return;
     }
     let pki = Pki::new();
-    let redis = Server::tls(&pki, "server", false, &[]);
+    let redis = tls(&pki, "server", false, &[]);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     decides(trusting(&url, &pki)).await;
     // Also by the name in the certificate.
@@ -319,7 +271,7 @@ async fn a_certificate_for_another_name_is_refused_unless_hostname_verification_
         return;
     }
     let pki = Pki::new();
-    let redis = Server::tls(&pki, "elsewhere", false, &[]);
+    let redis = tls(&pki, "elsewhere", false, &[]);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     let err = refused(trusting(&url, &pki)).await;
     assert!(err.contains("not valid for name"), "{err}");
@@ -334,7 +286,7 @@ async fn a_server_requiring_client_certificates_wants_one() {
         return;
     }
     let pki = Pki::new();
-    let redis = Server::tls(&pki, "server", true, &[]);
+    let redis = tls(&pki, "server", true, &[]);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     let err = refused(trusting(&url, &pki)).await;
     // The server's TLS alert, as rustls reports it.
@@ -363,9 +315,9 @@ async fn a_tls_cluster_decides() {
         return;
     }
     let pki = Pki::new();
-    let nodes: Vec<Server> = (0..3)
+    let nodes: Vec<RedisProcess> = (0..3)
         .map(|_| {
-            Server::tls(
+            tls(
                 &pki,
                 "server",
                 false,
@@ -425,8 +377,8 @@ async fn a_tls_cluster_decides() {
 
 /// A server whose `default` user is off and whose `sluice` user has a password, with only the
 /// keys and the commands sluice needs (as the README lists them).
-fn acl_server() -> Server {
-    Server::plain(&[
+fn acl_server() -> RedisProcess {
+    plain(&[
         "--user",
         "default",
         "off",
@@ -494,7 +446,7 @@ async fn the_server_decides_over_tls_with_an_acl_user_from_its_settings() {
         return;
     }
     let pki = Pki::new();
-    let redis = Server::tls(
+    let redis = tls(
         &pki,
         "server",
         true,
