@@ -308,12 +308,7 @@ impl std::fmt::Debug for SentinelSettings {
             .field("master_name", &self.master_name)
             .field(
                 "urls",
-                &self
-                    .urls
-                    .split(',')
-                    .map(crate::limiter::redis::redact)
-                    .collect::<Vec<_>>()
-                    .join(","),
+                &crate::limiter::redis::redact_all(self.urls.split(',')),
             )
             .field(
                 "password",
@@ -391,11 +386,7 @@ impl RedisSettings {
     /// The URL(s) with any `user:password@` replaced by `***@`, for logs.
     #[must_use]
     pub fn redacted_url(&self) -> String {
-        self.url
-            .split(',')
-            .map(crate::limiter::redis::redact)
-            .collect::<Vec<_>>()
-            .join(",")
+        crate::limiter::redis::redact_all(self.url.split(','))
     }
 }
 

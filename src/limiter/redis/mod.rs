@@ -88,11 +88,7 @@ impl RedisConfig {
     /// The URLs with any `user:password@` replaced by `***@`, comma-separated, for logs.
     #[must_use]
     pub fn redacted_urls(&self) -> String {
-        self.urls
-            .iter()
-            .map(|u| redact(u))
-            .collect::<Vec<_>>()
-            .join(",")
+        redact_all(self.urls.iter().map(String::as_str))
     }
 
     /// What is connected to, for logs: the URLs, or the master's name and its sentinels;
@@ -526,6 +522,12 @@ pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
 /// [`ConnectError`] naming the setting (and the file) at fault.
 pub fn check(config: &RedisConfig) -> Result<(), ConnectError> {
     Connector::new(config).map(drop)
+}
+
+/// `urls` each through [`redact`], comma-separated.
+#[must_use]
+pub fn redact_all<'a>(urls: impl IntoIterator<Item = &'a str>) -> String {
+    urls.into_iter().map(redact).collect::<Vec<_>>().join(",")
 }
 
 /// A Redis URL with any `user:password@` replaced by `***@`, for logs.

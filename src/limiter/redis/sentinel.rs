@@ -27,7 +27,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::sync::Notify;
 
-use super::{BackendError, Conn, Connector, RedisConfig, RedisStore, redact};
+use super::{BackendError, Conn, Connector, RedisConfig, RedisStore, redact, redact_all};
 
 /// The shortest and longest wait between two checks of the sentinels after failures.
 const FOLLOW_MIN: Duration = Duration::from_millis(100);
@@ -48,11 +48,7 @@ impl SentinelConfig {
     /// The sentinel URLs with any `user:password@` replaced by `***@`, comma-separated.
     #[must_use]
     pub fn redacted_urls(&self) -> String {
-        self.urls
-            .iter()
-            .map(|u| redact(u))
-            .collect::<Vec<_>>()
-            .join(",")
+        redact_all(self.urls.iter().map(String::as_str))
     }
 }
 
