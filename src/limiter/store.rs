@@ -277,13 +277,22 @@ impl MemoryStore {
         blocked
     }
 
-    /// Applies the planned charges. Returns false (with this attempt's charges undone where
-    /// nobody has built on them) when a concurrent request took the room a charge needed; the
-    /// caller then plans again.
+    /// Applies the planned charges. Returns false (with this attempt's charges undone) when a
+    /// concurrent request took the room a charge needed; the caller then plans again.
+    ///
+    /// Charges are made in key order, whatever the request's order, as locks are taken in one
+    /// global order: a charge on a key can then fail only against requests that already hold
+    /// all their smaller keys, and the request holding the largest key in contention always
+    /// completes. In request order, two requests naming two full keys in opposite orders could
+    /// each take one key, fail on the other and undo, round after round, and admit nobody.
     fn commit(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
+        // A stable sort: two ops on one key keep their request order, which the plan followed.
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        order.sort_by_key(|&i| ops[i].key);
         // (key, TAT before, TAT written, charge in ns) of each charge this attempt made.
         let mut written: Vec<(Key, u64, u64, u64)> = Vec::new();
-        for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
+        for i in order {
+            let (op, out) = (&ops[i], &mut outcomes[i]);
             if op.refund || !out.admitted || op.cost == 0 {
                 continue;
             }
@@ -312,9 +321,12 @@ impl MemoryStore {
     /// Takes back a charge of `charge` ns that moved `key` from `before` to `ours`, without ever
     /// taking back anything another request charged:
     /// - the key still holds `ours`: put `before` back, exactly;
-    /// - others have charged on top, and the time (read after their writes) is still before `ours`:
-    ///   each of them started from a TAT at or past `ours`, so each added its whole cost on top
-    ///   of ours, and subtracting ours is exact;
+    /// - the key has moved, and the time (read after its last write) is still before `ours`:
+    ///   our debt has not run out, so every later write built on it. A charge added its whole
+    ///   cost on top of ours, and an undo below ours (another request's, whose charge sat
+    ///   under or over ours) took back its own cost only: ours is still in the TAT, and
+    ///   subtracting it is exact. Leaving it there instead would refuse its cost for nothing;
+    ///   two requests undoing on one key in the wrong order would do exactly that;
     /// - otherwise our debt may have run out before someone else's charge, which then did not
     ///   build on ours: leave it. That can only refuse a little more than necessary.
     fn undo(&self, key: Key, before: u64, ours: u64, charge: u64, clock: &dyn Fn() -> u64) {
@@ -327,7 +339,7 @@ impl MemoryStore {
             let now = clock();
             let target = if current == ours {
                 before
-            } else if now < ours && current > ours {
+            } else if now < ours && current > now {
                 current.saturating_sub(charge).max(now)
             } else {
                 return;
@@ -518,6 +530,59 @@ mod tests {
         assert_eq!(b.outcomes[0].remaining, 10);
         assert!(!b.outcomes[1].admitted);
         assert_eq!(store.tat(1), 0);
+    }
+
+    /// Two half-committed requests undo their charges on one key in either order, the one
+    /// charged first undoing first included: the key ends exactly where it began.
+    #[test]
+    fn undos_in_either_order_take_back_exactly_their_charges() {
+        let q = Quota::new(SEC, 10, 10).unwrap();
+        let (now, i) = (5 * SEC, q.interval());
+        for first_undoes_first in [false, true] {
+            let store = MemoryStore::new();
+            assert!(store.check(1, &q, now, 1).admitted);
+            let base = store.tat(1);
+            let (a, a_before) = store.update(1, &|| now, |t, n| gcra::decide(&q, t, n, 2));
+            let (b, b_before) = store.update(1, &|| now, |t, n| gcra::decide(&q, t, n, 3));
+            assert_eq!((a_before, b_before), (base, a.tat));
+            let a = (a_before, a.tat, 2 * i);
+            let b = (b_before, b.tat, 3 * i);
+            let order = if first_undoes_first { [a, b] } else { [b, a] };
+            for (before, ours, charge) in order {
+                store.undo(1, before, ours, charge, &|| now);
+            }
+            assert_eq!(
+                store.tat(1),
+                base,
+                "first undoes first: {first_undoes_first}"
+            );
+        }
+    }
+
+    /// Commits run in key order: a request naming its keys in the opposite order charges the
+    /// smaller key first, so two such requests cannot each hold one key and undo each other.
+    #[test]
+    fn commits_charge_keys_in_key_order() {
+        let store = MemoryStore::new();
+        let q = Quota::new(SEC, 2, 2).unwrap();
+        let i = q.interval();
+        // Both keys exist, so the commit reads the clock under read locks only, and the clock
+        // below can look at the store.
+        assert!(store.check(4, &q, 0, 1).admitted && store.check(9, &q, 0, 1).admitted);
+        let seen = std::cell::RefCell::new(Vec::new());
+        let ops = [op(9, q, 1), op(4, q, 1)];
+        let mut outcomes = vec![Outcome::NONE; 2];
+        assert!(!store.plan(&ops, &|| 0, &mut outcomes));
+        let clock = || {
+            seen.borrow_mut().push((store.tat(4), store.tat(9)));
+            0
+        };
+        assert!(store.commit(&ops, &clock, &mut outcomes));
+        // Key 4 is charged first: the clock read for key 9 already sees key 4 charged.
+        let seen = seen.borrow();
+        assert_eq!(seen.first(), Some(&(i, i)));
+        assert_eq!(seen.last(), Some(&(2 * i, i)));
+        assert_eq!((store.tat(4), store.tat(9)), (2 * i, 2 * i));
     }
 
     #[test]
