@@ -110,13 +110,13 @@ impl Guarantee {
         self.warns().then(|| {
             format!(
                 "{}: burst inherited from requests_per_unit ({}): {} may arrive at once, \
-                 and {} in one {}, as many as a fixed window lets through; set `burst` to what \
+                 and {} in {}, as many as a fixed window lets through; set `burst` to what \
                  the service behind it takes at once",
                 self.label(),
                 self.requests_per_unit,
                 self.burst,
                 self.worst_period,
-                self.period_name()
+                self.one_period()
             )
         })
     }
@@ -129,6 +129,15 @@ impl Guarantee {
             unit
         } else {
             format!("{} {unit}s", self.unit_multiplier)
+        }
+    }
+
+    /// The period as a span of time: `one second`, `one minute`, `5 minutes`.
+    fn one_period(&self) -> String {
+        if self.unit_multiplier == 1 {
+            format!("one {}", self.period_name())
+        } else {
+            self.period_name()
         }
     }
 
@@ -342,7 +351,14 @@ descriptors:
         assert_eq!(inh.worst_second, 5000 + 83);
         assert_eq!(inh.worst_period, 5000 + 5000);
         assert_eq!(inh.fixed_window_worst_second, 10_000);
-        assert!(inh.warning().unwrap().contains("burst inherited"));
+        let warning = inh.warning().unwrap();
+        assert!(warning.contains("burst inherited"), "{warning}");
+        assert!(warning.contains("and 10000 in one minute,"), "{warning}");
+        let five = Guarantee {
+            unit_multiplier: 5,
+            ..inh.clone()
+        };
+        assert!(five.warning().unwrap().contains(" in 5 minutes,"));
         assert_eq!(
             (cho.name.as_str(), cho.burst, cho.burst_set),
             ("paced", 100, true)

@@ -16,12 +16,13 @@
 //!   ignored); that client never reads the answer, its own deadline having passed.
 //! - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
 //!   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
-//!   configured limit". tonic's decoder refuses such a message with `OUT_OF_RANGE` as soon as it
-//!   reads the length prefix, before the body is buffered, and that check must stay: it is what
-//!   bounds the memory one call can take. So the check stays in tonic and only its code is
-//!   corrected here, on the way out. None of sluice's own answers is `OUT_OF_RANGE` (the
-//!   adapter's one mapping gives `INVALID_ARGUMENT` or `UNAVAILABLE`), so every `OUT_OF_RANGE`
-//!   the service returns is that decoder's; its message (the length and the limit) is kept.
+//!   configured limit", as soon as its length prefix is read, before the body is buffered: that
+//!   check is what bounds the memory one call can take. `ShouldRateLimit`'s own reader
+//!   (`super::unary`) answers so itself. tonic's decoder, which reads the health service's
+//!   requests, refuses with `OUT_OF_RANGE` instead, so its code is corrected here, on the way
+//!   out. None of sluice's own answers is `OUT_OF_RANGE` (the adapter's one mapping gives
+//!   `INVALID_ARGUMENT` or `UNAVAILABLE`), so every `OUT_OF_RANGE` a service returns is that
+//!   decoder's; its message (the length and the limit) is kept.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -31,7 +32,6 @@ use futures_util::future::{Either, Map, Ready, ready};
 use tokio::time::Timeout;
 use tokio::time::error::Elapsed;
 use tonic::Status;
-use tonic::body::Body;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 
@@ -59,16 +59,17 @@ impl<S: NamedService> NamedService for GrpcEdge<S> {
     const NAME: &'static str = S::NAME;
 }
 
-type Outcome<E> = Result<Result<http::Response<Body>, E>, Elapsed>;
+type Outcome<R, E> = Result<Result<http::Response<R>, E>, Elapsed>;
 
-impl<S, B> Service<http::Request<B>> for GrpcEdge<S>
+impl<S, B, R> Service<http::Request<B>> for GrpcEdge<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<Body>>,
+    S: Service<http::Request<B>, Response = http::Response<R>>,
+    R: Default,
 {
-    type Response = http::Response<Body>;
+    type Response = http::Response<R>;
     type Error = S::Error;
     type Future = Either<
-        Map<Timeout<S::Future>, fn(Outcome<S::Error>) -> Result<Self::Response, S::Error>>,
+        Map<Timeout<S::Future>, fn(Outcome<R, S::Error>) -> Result<Self::Response, S::Error>>,
         Ready<Result<Self::Response, S::Error>>,
     >;
 
@@ -82,7 +83,7 @@ where
                 .map_or(self.timeout, |t| t.min(self.timeout));
             Either::Left(tokio::time::timeout(timeout, self.inner.call(req)).map(finish))
         } else {
-            let mut refused = http::Response::new(Body::empty());
+            let mut refused = http::Response::new(R::default());
             *refused.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
             Either::Right(ready(Ok(refused)))
         }
@@ -90,7 +91,7 @@ where
 }
 
 /// The service's answer with its code corrected, or `DEADLINE_EXCEEDED` when it took too long.
-fn finish<E>(outcome: Outcome<E>) -> Result<http::Response<Body>, E> {
+fn finish<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E> {
     match outcome {
         Ok(answer) => answer.map(exhausted),
         Err(_) => Ok(Status::deadline_exceeded(
@@ -132,7 +133,7 @@ fn is_grpc_proto(value: Option<&http::HeaderValue>) -> bool {
 
 /// The decoder's refusal comes before any message, as a trailers-only response: its status is
 /// in the headers.
-fn exhausted(mut response: http::Response<Body>) -> http::Response<Body> {
+fn exhausted<R>(mut response: http::Response<R>) -> http::Response<R> {
     let headers = response.headers_mut();
     if headers
         .get("grpc-status")
@@ -146,6 +147,7 @@ fn exhausted(mut response: http::Response<Body>) -> http::Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::body::Body;
 
     #[test]
     fn protobuf_grpc_media_types_only() {

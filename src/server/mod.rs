@@ -6,8 +6,9 @@
 //!
 //! The gRPC port is served without tonic's `Server`: [`listener::serve_grpc`] accepts each
 //! connection (within the connection cap, with TLS when configured), serves it with hyper's
-//! HTTP/2 connection builder from [`grpc_connections`] and [`GrpcRoutes`] (the generated
-//! services behind the edge, routed by path), and drains, ages and idles it out. The
+//! HTTP/2 connection builder from [`grpc_connections`] and [`GrpcRoutes`] (`ShouldRateLimit`
+//! served by hand, [`unary`], and the generated health service, each behind the edge, routed by
+//! path), and drains, ages and idles it out. The
 //! `bench-floor` build serves a default tonic server instead (`bench_floor`), the reference
 //! the load benchmark measures this path against.
 
@@ -19,13 +20,15 @@ mod edge;
 pub(crate) mod json;
 pub(crate) mod listener;
 pub(crate) mod rls;
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod unary;
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
-use futures_util::future::{Either, Ready, ready};
+use futures_util::future::{Either, MapOk, Ready, TryFutureExt, ready};
 use hyper::body::Incoming;
 use tonic::Status;
 use tonic::body::Body;
@@ -40,6 +43,7 @@ use crate::policy::Unit;
 use crate::settings::GrpcLimits;
 use edge::GrpcEdge;
 use rls::RateLimitHandler;
+use unary::{ShouldRateLimit, UnaryBody};
 
 /// The gRPC health service name envoyproxy/ratelimit registers, kept for existing probes.
 pub(crate) const HEALTH_SERVICE: &str = "ratelimit";
@@ -112,6 +116,9 @@ pub(crate) fn grpc_connections(
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        // No `date` header: gRPC does not use it, and grpc-go's server (envoyproxy/ratelimit's)
+        // sends none. hyper would format it once a second and HPACK-encode it on every answer.
+        .auto_date_header(false)
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(limits.max_header_list_bytes)
         .keep_alive_interval(limits.keepalive_interval)
@@ -121,21 +128,22 @@ pub(crate) fn grpc_connections(
     builder
 }
 
-/// Path prefix of the rate-limit service's methods.
-const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+/// The path of the rate-limit service's one method.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// Path prefix of `grpc.health.v1`'s methods.
 const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 
-/// The gRPC port's one service: each call routed by its path to the rate-limit service
-/// (responses never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge
-/// (non-gRPC content types refused, a message over the size limit answered
-/// `RESOURCE_EXHAUSTED`, a call past the request timeout `DEADLINE_EXCEEDED`); any other path
-/// is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router answers it.
+/// The gRPC port's one service: each call routed by its path to `ShouldRateLimit` (responses
+/// never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge (non-gRPC
+/// content types refused, a message over the size limit answered `RESOURCE_EXHAUSTED`, a call
+/// past the request timeout `DEADLINE_EXCEEDED`). Any other method, of the rate-limit service
+/// or of none, is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router
+/// and generated server answer it.
 ///
-/// No router and no tower layers: a call costs a prefix comparison and the edge, and its body
-/// reaches tonic's decoder as hyper delivers it.
+/// No router and no tower layers: a call costs a path comparison and the edge, and its body
+/// reaches the reader as hyper delivers it.
 pub(crate) struct GrpcRoutes<H> {
-    rls: GrpcEdge<RateLimitServiceServer<RateLimitHandler>>,
+    rls: GrpcEdge<ShouldRateLimit>,
     health: GrpcEdge<HealthServer<H>>,
 }
 
@@ -166,7 +174,7 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
     ) -> Self {
         Self {
             rls: GrpcEdge::new(
-                RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
+                ShouldRateLimit::new(handler, max_request_bytes),
                 limits.request_timeout,
             ),
             health: GrpcEdge::new(health, limits.request_timeout),
@@ -174,29 +182,80 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
     }
 }
 
-type Answer = Result<http::Response<Body>, Infallible>;
 type EdgeFuture<S> = <GrpcEdge<S> as Service<http::Request<Incoming>>>::Future;
+type Wrap<F, B> = MapOk<F, fn(http::Response<B>) -> http::Response<GrpcBody>>;
 
 impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::Request<Incoming>>
     for GrpcRoutes<H>
 {
-    type Response = http::Response<Body>;
+    type Response = http::Response<GrpcBody>;
     type Error = Infallible;
     type Future = Either<
-        Either<EdgeFuture<RateLimitServiceServer<RateLimitHandler>>, EdgeFuture<HealthServer<H>>>,
-        Ready<Answer>,
+        Either<
+            Wrap<EdgeFuture<ShouldRateLimit>, UnaryBody>,
+            Wrap<EdgeFuture<HealthServer<H>>, Body>,
+        >,
+        Ready<Result<http::Response<GrpcBody>, Infallible>>,
     >;
 
     fn call(&self, req: http::Request<Incoming>) -> Self::Future {
-        // The generated servers are always ready (`poll_ready` is `Ready(Ok)`), and a clone is
-        // a reference count: the service state is behind an `Arc`.
+        // Both services are always ready (`poll_ready` is `Ready(Ok)`), and a clone is a
+        // reference count: their state is behind an `Arc`.
         let path = req.uri().path();
-        if path.starts_with(RLS_PREFIX) {
-            Either::Left(Either::Left(self.rls.clone().call(req)))
+        if path == SHOULD_RATE_LIMIT {
+            let answer: fn(_) -> _ = |r: http::Response<UnaryBody>| r.map(GrpcBody::Unary);
+            Either::Left(Either::Left(self.rls.clone().call(req).map_ok(answer)))
         } else if path.starts_with(HEALTH_PREFIX) {
-            Either::Left(Either::Right(self.health.clone().call(req)))
+            let answer: fn(_) -> _ = |r: http::Response<Body>| r.map(GrpcBody::Tonic);
+            Either::Left(Either::Right(self.health.clone().call(req).map_ok(answer)))
         } else {
+            // The generated server's answer to a method it does not have, and the router's to
+            // a service it does not have: trailers-only, no message.
             Either::Right(ready(Ok(Status::unimplemented("").into_http())))
+        }
+    }
+}
+
+/// The body of a gRPC answer: `ShouldRateLimit`'s own, or one of tonic's (health).
+#[derive(Debug)]
+pub(crate) enum GrpcBody {
+    Unary(UnaryBody),
+    Tonic(Body),
+}
+
+impl Default for GrpcBody {
+    fn default() -> Self {
+        Self::Unary(UnaryBody::default())
+    }
+}
+
+impl hyper::body::Body for GrpcBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Status>>> {
+        match self.get_mut() {
+            Self::Unary(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Self::Tonic(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Unary(body) => body.is_end_stream(),
+            Self::Tonic(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Self::Unary(body) => body.size_hint(),
+            Self::Tonic(body) => body.size_hint(),
         }
     }
 }

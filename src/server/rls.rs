@@ -25,24 +25,32 @@ impl RateLimitHandler {
     }
 }
 
+impl RateLimitHandler {
+    /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
+    pub(crate) async fn answer(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let req = from_pb(request)
+            .inspect_err(|_| self.decider.count_malformed())
+            .map_err(|e| status(e.into()))?;
+        if cfg!(feature = "bench-floor") {
+            // The transport floor of the load benchmark: decode, answer OK, decide nothing.
+            return Ok(floor(&req));
+        }
+        self.decider.decide(&req).await.map(to_pb).map_err(status)
+    }
+}
+
+/// The generated service, as tonic's server serves it: the bench-floor build's reference. The
+/// gRPC port itself serves the call through `super::unary`.
 #[tonic::async_trait]
 impl RateLimitService for RateLimitHandler {
     async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let req = from_pb(request.into_inner())
-            .inspect_err(|_| self.decider.count_malformed())
-            .map_err(|e| status(e.into()))?;
-        if cfg!(feature = "bench-floor") {
-            // The transport floor of the load benchmark: decode, answer OK, decide nothing.
-            return Ok(Response::new(floor(&req)));
-        }
-        self.decider
-            .decide(&req)
-            .await
-            .map(|d| Response::new(to_pb(d)))
-            .map_err(status)
+        self.answer(request.into_inner()).await.map(Response::new)
     }
 }
 

@@ -232,50 +232,99 @@ where
     }
 }
 
-/// Sends `message` (the bytes of one protobuf message, framed here) as one `ShouldRateLimit`
-/// call over a raw HTTP/2 connection and returns the answer's `grpc-status` and
-/// `grpc-message`.
-pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> (String, String) {
+/// A gRPC answer as the wire carried it.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub headers: http::HeaderMap,
+    pub data: Vec<u8>,
+    pub trailers: Option<http::HeaderMap>,
+}
+
+impl RawAnswer {
+    /// `grpc-status` and `grpc-message`: in the headers of a trailers-only answer, else in the
+    /// trailers.
+    pub fn status(&self) -> (String, String) {
+        let field = |headers: &http::HeaderMap, name: &str| {
+            headers
+                .get(name)
+                .map(|v| v.to_str().unwrap_or_default().to_string())
+        };
+        let from = if self.headers.contains_key("grpc-status") {
+            &self.headers
+        } else {
+            self.trailers.as_ref().expect("trailers")
+        };
+        (
+            field(from, "grpc-status").unwrap_or_default(),
+            field(from, "grpc-message").unwrap_or_default(),
+        )
+    }
+}
+
+/// `message` with its gRPC prefix (not compressed).
+pub fn grpc_framed(message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// One call to `path` over a raw HTTP/2 connection, with `headers` beside the content type,
+/// its body sent as the given DATA frames; the stream is ended after the last one when `end`.
+/// Reads the whole answer.
+pub async fn raw_exchange(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    frames: &[&[u8]],
+    end: bool,
+) -> (RawAnswer, h2::SendStream<bytes::Bytes>) {
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (h2, conn) = h2::client::handshake(tcp).await.expect("handshake");
     tokio::spawn(conn);
     let mut h2 = h2.ready().await.expect("ready");
-    let req = http::Request::post(format!(
-        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .expect("request");
-    let (response, mut body) = h2.send_request(req, false).expect("send");
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    frame.extend_from_slice(message);
-    body.send_data(frame.into(), true).expect("data");
+    let mut req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let (response, mut body) = h2
+        .send_request(req.body(()).expect("request"), frames.is_empty() && end)
+        .expect("send");
+    for (i, frame) in frames.iter().enumerate() {
+        let last = i + 1 == frames.len();
+        body.send_data(bytes::Bytes::copy_from_slice(frame), last && end)
+            .expect("data");
+    }
     let response = response.await.expect("response");
-    // An error may come as a trailers-only response (in the headers) or in the trailers.
-    let field = |headers: &http::HeaderMap, name: &str| {
-        headers
-            .get(name)
-            .map(|v| v.to_str().unwrap_or_default().to_string())
-    };
-    let (status, message) = (
-        field(response.headers(), "grpc-status"),
-        field(response.headers(), "grpc-message"),
-    );
-    if let Some(status) = status {
-        return (status, message.unwrap_or_default());
-    }
+    let headers = response.headers().clone();
     let mut recv = response.into_body();
+    let mut data = Vec::new();
     while let Some(chunk) = recv.data().await {
-        chunk.expect("body");
+        data.extend_from_slice(&chunk.expect("body"));
     }
-    let trailers = recv.trailers().await.expect("trailers").unwrap_or_default();
+    let trailers = recv.trailers().await.expect("trailers");
     (
-        field(&trailers, "grpc-status").unwrap_or_default(),
-        field(&trailers, "grpc-message").unwrap_or_default(),
+        RawAnswer {
+            headers,
+            data,
+            trailers,
+        },
+        body,
     )
 }
+
+/// Sends `message` (gRPC-framed here) to `ShouldRateLimit` over a raw HTTP/2 connection and
+/// returns the answer's `grpc-status` and `grpc-message`.
+pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> (String, String) {
+    let framed = grpc_framed(message);
+    let (answer, _) = raw_exchange(addr, SHOULD_RATE_LIMIT, &[], &[&framed], true).await;
+    answer.status()
+}
+
+/// The path of `ShouldRateLimit`.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Whether a test that needs `programs` (each run with `version_arg`, from the Debian
 /// `packages`) must skip: one is not installed and this is not CI. On CI (`CI` set, as

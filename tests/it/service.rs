@@ -6,7 +6,10 @@ use sluice::pb::rate_limit_descriptor::RateLimitOverride;
 use sluice::pb::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit};
 use tonic::Code as GrpcCode;
 
-use crate::helpers::{TestServer, descriptor, http_get, raw_call, request, single};
+use crate::helpers::{
+    SHOULD_RATE_LIMIT, TestServer, descriptor, grpc_framed, http_get, raw_call, raw_exchange,
+    request, single,
+};
 
 const SEC: u64 = 1_000_000_000;
 
@@ -527,6 +530,105 @@ async fn oversized_requests_are_resource_exhausted_on_the_wire() {
         s.ok(single("test", "burst", "x")).await.overall_code,
         Code::Ok as i32
     );
+}
+
+/// gRPC's framing of a unary call, on the wire, as tonic's generated server answered it: a
+/// message split at every byte is one message; the answer is `application/grpc`, one framed
+/// message and `grpc-status: 0` in the trailers, with no `content-length` (and no `date`, as
+/// grpc-go's server answers); an oversized prefix is refused before the rest is sent;
+/// compression, a missing or cut message, and an unknown method each get their status
+/// (`grpc-message` percent-encoded, as gRPC sends it); a second message is read and dropped.
+#[tokio::test]
+async fn unary_framing_on_the_wire() {
+    use prost::Message;
+    let s = TestServer::start_with(&[("test.yaml", POLICY)], |settings| {
+        settings.requests.max_request_bytes = 1024;
+    })
+    .await;
+    let call = |frames: Vec<Vec<u8>>, headers: Vec<(&'static str, &'static str)>| {
+        let addr = s.grpc;
+        async move {
+            let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+            raw_exchange(addr, SHOULD_RATE_LIMIT, &headers, &frames, true)
+                .await
+                .0
+        }
+    };
+    let body = grpc_framed(&single("test", "free", "x").encode_to_vec());
+
+    let bytewise = call(body.iter().map(|b| vec![*b]).collect(), vec![]).await;
+    assert_eq!(bytewise.headers["content-type"], "application/grpc");
+    assert!(bytewise.headers.get("content-length").is_none());
+    // As grpc-go's server answers (envoyproxy/ratelimit's): no `date`.
+    assert!(bytewise.headers.get("date").is_none());
+    assert!(bytewise.headers.get("grpc-status").is_none());
+    assert_eq!(bytewise.status(), ("0".into(), String::new()));
+    let (prefix, message) = bytewise.data.split_at(5);
+    assert_eq!(prefix[0], 0);
+    assert_eq!(
+        u32::from_be_bytes(prefix[1..].try_into().unwrap()) as usize,
+        message.len()
+    );
+    let answer = sluice::pb::RateLimitResponse::decode(message).unwrap();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    assert_eq!(answer.statuses.len(), 1);
+
+    // Two messages: the first is answered.
+    let two = call(vec![[body.clone(), body.clone()].concat()], vec![]).await;
+    assert_eq!(two.status().0, "0");
+    assert_eq!(
+        sluice::pb::RateLimitResponse::decode(&two.data[5..]).unwrap(),
+        answer
+    );
+
+    // Only the prefix of an oversized message, the stream left open: answered at once.
+    let mut over = vec![0u8];
+    over.extend_from_slice(&1025u32.to_be_bytes());
+    let (refused, _open) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        raw_exchange(s.grpc, SHOULD_RATE_LIMIT, &[], &[&over], false),
+    )
+    .await
+    .expect("answered before the message was sent");
+    let (status, message) = refused.status();
+    assert_eq!(status, "8", "{message}");
+    assert!(
+        message.contains("1025") && message.contains("1024"),
+        "{message}"
+    );
+
+    let gzip = call(vec![body.clone()], vec![("grpc-encoding", "gzip")]).await;
+    assert_eq!(gzip.status().0, "12", "{:?}", gzip.status());
+    assert_eq!(gzip.headers["grpc-accept-encoding"], "identity");
+    let mut compressed = body.clone();
+    compressed[0] = 1;
+    let (status, message) = call(vec![compressed], vec![]).await.status();
+    assert_eq!(status, "13");
+    assert!(message.contains("compressed-flag"), "{message}");
+    let (status, message) = call(vec![], vec![]).await.status();
+    assert_eq!(
+        (status.as_str(), message.as_str()),
+        ("13", "Missing%20request%20message.")
+    );
+    let (status, message) = call(vec![body[..body.len() - 1].to_vec()], vec![])
+        .await
+        .status();
+    assert_eq!(
+        (status.as_str(), message.as_str()),
+        ("13", "Unexpected%20EOF%20decoding%20stream.")
+    );
+
+    let (other, _) = raw_exchange(
+        s.grpc,
+        "/envoy.service.ratelimit.v3.RateLimitService/Other",
+        &[],
+        &[&body],
+        true,
+    )
+    .await;
+    assert_eq!(other.status().0, "12");
+    assert!(other.data.is_empty());
+    s.stop().await.unwrap();
 }
 
 /// A request that does not decode is the client's error: INVALID_ARGUMENT with prost's reason,
