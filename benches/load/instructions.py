@@ -3,7 +3,8 @@
 other load on the machine does not move. Runs each given server build under
 `valgrind --tool=callgrind`, zeroes the counters once it is healthy, drives it with h2load (a fixed
 count of hot-key calls) and with loadgen (two descriptors over 100,000 keys, for a fixed time),
-dumps, and divides the instructions by the decisions the server itself counted.
+dumps, and divides the instructions by the decisions the server itself counted (by the calls the
+driver saw answered for a bench-floor build, which decides nothing and counts no decision).
 
     python3 benches/load/instructions.py --loadgen LOADGEN NAME=BIN [NAME=BIN ...]
 """
@@ -46,7 +47,7 @@ def measure(binary, policies, drive, work):
         server = type("S", (), {"grpc": grpc, "admin": admin})
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
         before = decisions(admin)
-        drive(server)
+        answered = drive(server)
         after = decisions(admin)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
@@ -58,7 +59,9 @@ def measure(binary, policies, drive, work):
     total = int(re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
     for p in Path(work).glob("callgrind.out*"):
         p.unlink()
-    calls = after - before
+    calls = after - before or answered
+    if not calls:
+        sys.exit("instructions: no call was answered")
     return total / calls, calls
 
 
@@ -70,13 +73,22 @@ def main():
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
     policies, body = run.setup(work)
-    hot = lambda s: subprocess.run(
-        ["h2load", "-c", "10", "-m", "10", "-n", str(args.calls), "-d", str(body("hot")),
-         "-H", "content-type: application/grpc", "-H", "te: trailers",
-         f"http://127.0.0.1:{s.grpc}{run.RLS_PATH}"], check=True, capture_output=True)
-    many = lambda s: subprocess.run(
-        [args.loadgen, "--addr", f"127.0.0.1:{s.grpc}", "-c", "10", "-m", "10", "-D", "10",
-         "--keys", "100000"], check=True, capture_output=True)
+
+    def hot(s):
+        out = subprocess.run(
+            ["h2load", "-c", "10", "-m", "10", "-n", str(args.calls), "-d", str(body("hot")),
+             "-H", "content-type: application/grpc", "-H", "te: trailers",
+             f"http://127.0.0.1:{s.grpc}{run.RLS_PATH}"],
+            check=True, capture_output=True, text=True).stdout
+        return int(re.search(r"(\d+) succeeded", out).group(1))
+
+    def many(s):
+        out = subprocess.run(
+            [args.loadgen, "--addr", f"127.0.0.1:{s.grpc}", "-c", "10", "-m", "10", "-D", "10",
+             "--keys", "100000"], check=True, capture_output=True, text=True).stdout
+        kv = dict(pair.split("=") for pair in out.split())
+        return int(kv["ok"]) + int(kv["over_limit"])
+
     for spec in args.builds:
         name, binary = spec.split("=", 1)
         for scenario, drive in [("one descriptor, hot key", hot), ("two descriptors, 100k keys", many)]:
