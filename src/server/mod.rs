@@ -128,19 +128,18 @@ pub(crate) fn grpc_connections(
     builder
 }
 
-/// The path of the rate-limit service's one method.
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// Path prefix of the rate-limit service's methods.
+const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 /// Path prefix of `grpc.health.v1`'s methods.
 const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 
-/// The gRPC port's one service: each call routed by its path to `ShouldRateLimit` (responses
-/// never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge (non-gRPC
-/// content types refused, a message over the size limit answered `RESOURCE_EXHAUSTED`, a call
-/// past the request timeout `DEADLINE_EXCEEDED`). Any other method, of the rate-limit service
-/// or of none, is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router
-/// and generated server answer it.
+/// The gRPC port's one service: each call routed by its path to the rate-limit service
+/// (responses never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge
+/// (non-gRPC content types refused, a message over the size limit answered
+/// `RESOURCE_EXHAUSTED`, a call past the request timeout `DEADLINE_EXCEEDED`); any other path
+/// is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router answers it.
 ///
-/// No router and no tower layers: a call costs a path comparison and the edge, and its body
+/// No router and no tower layers: a call costs a prefix comparison and the edge, and its body
 /// reaches the reader as hyper delivers it.
 pub(crate) struct GrpcRoutes<H> {
     rls: GrpcEdge<ShouldRateLimit>,
@@ -202,15 +201,14 @@ impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::R
         // Both services are always ready (`poll_ready` is `Ready(Ok)`), and a clone is a
         // reference count: their state is behind an `Arc`.
         let path = req.uri().path();
-        if path == SHOULD_RATE_LIMIT {
+        if path.starts_with(RLS_PREFIX) {
             let answer: fn(_) -> _ = |r: http::Response<UnaryBody>| r.map(GrpcBody::Unary);
             Either::Left(Either::Left(self.rls.clone().call(req).map_ok(answer)))
         } else if path.starts_with(HEALTH_PREFIX) {
             let answer: fn(_) -> _ = |r: http::Response<Body>| r.map(GrpcBody::Tonic);
             Either::Left(Either::Right(self.health.clone().call(req).map_ok(answer)))
         } else {
-            // The generated server's answer to a method it does not have, and the router's to
-            // a service it does not have: trailers-only, no message.
+            // The router's answer to a service it does not have: trailers-only, no message.
             Either::Right(ready(Ok(Status::unimplemented("").into_http())))
         }
     }

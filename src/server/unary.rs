@@ -3,6 +3,7 @@
 //! body boxed twice over, the encode body and its buffer, and two boxed futures).
 //!
 //! The call behaves on the wire as tonic's generated server made it behave, answer for answer:
+//! - another method of the service: `UNIMPLEMENTED`, trailers-only;
 //! - the request's `grpc-encoding`: absent or `identity`, else `UNIMPLEMENTED` with
 //!   `grpc-accept-encoding: identity` (no compression is offered);
 //! - each message's 5-byte prefix, checked as soon as it arrives, before the message is
@@ -34,6 +35,9 @@ use super::rls::RateLimitHandler;
 use crate::pb::RateLimitRequest;
 use crate::pb::codec::Wire;
 
+/// The path of the rate-limit service's one method.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
 /// The length of a gRPC message's prefix: the compressed flag and a 4-byte big-endian length.
 const PREFIX: usize = 5;
 
@@ -53,6 +57,10 @@ impl ShouldRateLimit {
     }
 
     async fn answer(self, req: http::Request<Incoming>) -> http::Response<UnaryBody> {
+        if req.uri().path() != SHOULD_RATE_LIMIT {
+            // The generated server's answer to a method the service does not have.
+            return Status::unimplemented("").into_http();
+        }
         let answered = async {
             refuse_compression(req.headers())?;
             let message = read_message(req.into_body(), self.max_request_bytes).await?;

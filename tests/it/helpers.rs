@@ -235,6 +235,7 @@ where
 /// A gRPC answer as the wire carried it.
 #[derive(Debug)]
 pub struct RawAnswer {
+    pub http: http::StatusCode,
     pub headers: http::HeaderMap,
     pub data: Vec<u8>,
     pub trailers: Option<http::HeaderMap>,
@@ -269,8 +270,8 @@ pub fn grpc_framed(message: &[u8]) -> Vec<u8> {
     frame
 }
 
-/// One call to `path` over a raw HTTP/2 connection, with `headers` beside the content type,
-/// its body sent as the given DATA frames; the stream is ended after the last one when `end`.
+/// One call to `path` over a raw HTTP/2 connection, with `headers` (and `content-type:
+/// application/grpc` unless they name one), its body sent as the given DATA frames; the stream is ended after the last one when `end`.
 /// Reads the whole answer.
 pub async fn raw_exchange(
     addr: SocketAddr,
@@ -283,9 +284,10 @@ pub async fn raw_exchange(
     let (h2, conn) = h2::client::handshake(tcp).await.expect("handshake");
     tokio::spawn(conn);
     let mut h2 = h2.ready().await.expect("ready");
-    let mut req = http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
+    let mut req = http::Request::post(format!("http://{addr}{path}")).header("te", "trailers");
+    if !headers.iter().any(|(name, _)| *name == "content-type") {
+        req = req.header("content-type", "application/grpc");
+    }
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
@@ -298,6 +300,7 @@ pub async fn raw_exchange(
             .expect("data");
     }
     let response = response.await.expect("response");
+    let http = response.status();
     let headers = response.headers().clone();
     let mut recv = response.into_body();
     let mut data = Vec::new();
@@ -307,6 +310,7 @@ pub async fn raw_exchange(
     let trailers = recv.trailers().await.expect("trailers");
     (
         RawAnswer {
+            http,
             headers,
             data,
             trailers,

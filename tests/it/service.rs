@@ -628,6 +628,16 @@ async fn unary_framing_on_the_wire() {
     .await;
     assert_eq!(other.status().0, "12");
     assert!(other.data.is_empty());
+    // Behind the edge like the service's method: not gRPC, not answered.
+    let (plain, _) = raw_exchange(
+        s.grpc,
+        "/envoy.service.ratelimit.v3.RateLimitService/Other",
+        &[("content-type", "text/plain")],
+        &[&body],
+        true,
+    )
+    .await;
+    assert_eq!(plain.http, http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
     s.stop().await.unwrap();
 }
 
