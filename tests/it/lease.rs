@@ -217,12 +217,12 @@ async fn schedule(url: &str, seed: u64, key: u128, max_gap: u64) -> Run {
 
 /// Unused tokens go back when their slice reaches L, and all of them at shutdown: the shared
 /// bucket is then exactly what was used.
-#[tokio::test]
-async fn unused_tokens_go_back_at_expiry_and_at_shutdown() {
-    if redis_missing("unused_tokens_go_back_at_expiry_and_at_shutdown") {
-        return;
-    }
-    let redis = RedisProcess::start();
+/// A node leasing with L = 1 s, leasing at 30 hits a second and up to half the burst, no low
+/// water; a probe node beside it; a counter of 1000 per second with a burst of 100 (T = 1 ms,
+/// slices of up to 50); their clock.
+async fn one_hot_counter(
+    redis: &RedisProcess,
+) -> (Arc<ManualClock>, Quota, Arc<LeasedStore>, Arc<LeasedStore>) {
     let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
     let lease = LeaseConfig {
         max_age: Duration::from_secs(1),
@@ -230,10 +230,19 @@ async fn unused_tokens_go_back_at_expiry_and_at_shutdown() {
         max_burst_share: 0.5,
         low_water: 0.0,
     };
-    // 1000 per second, burst 100: T = 1 ms; slices of up to 50.
     let quota = Quota::new(NANOS_PER_SEC, 1_000, 100).unwrap();
     let a = node(&redis.url(), &clock, lease).await;
     let probe = node(&redis.url(), &clock, lease).await;
+    (clock, quota, a, probe)
+}
+
+#[tokio::test]
+async fn unused_tokens_go_back_at_expiry_and_at_shutdown() {
+    if redis_missing("unused_tokens_go_back_at_expiry_and_at_shutdown") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let (clock, quota, a, probe) = one_hot_counter(&redis).await;
     let key = 0xabc;
     // Cold, then hot at the 30th hit: 30 round trips, and a slice of rate × L = 30.
     for _ in 0..30 {
@@ -515,4 +524,39 @@ async fn a_leased_server_reports_its_leases_in_metrics() {
         "slices {slices}, tokens {taken}"
     );
     server.stop().await.unwrap();
+}
+
+/// Takes and give-backs ride in the coalesced round trips as a pipeline of `EVALSHA`s, which
+/// do not load a script Redis has lost: after a `SCRIPT FLUSH` (as after a restart) each is
+/// sent again with its script loaded, and nothing is lost or charged twice.
+#[tokio::test]
+async fn takes_and_give_backs_survive_a_script_flush() {
+    if redis_missing("takes_and_give_backs_survive_a_script_flush") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let flush = || async {
+        let client = ::redis::Client::open(redis.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = ::redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    };
+    let (clock, quota, a, probe) = one_hot_counter(&redis).await;
+    let key = 0xf1;
+    // Hot at the 30th hit; its take, the first lease call, finds no script.
+    flush().await;
+    for _ in 0..30 {
+        assert!(!decide(&a, &[op(key, quota, 1)]).await.blocked);
+    }
+    assert_eq!(a.held(key), 30, "the take was sent again and granted");
+    assert_eq!(shared_remaining(&probe, key, quota).await, 100 - 30 - 30);
+    // The give-back at L finds no script either.
+    flush().await;
+    clock.advance(NANOS_PER_SEC);
+    a.expire().await;
+    assert_eq!(a.figures().tokens_returned, 30);
+    assert_eq!(shared_remaining(&probe, key, quota).await, 100);
 }

@@ -6,6 +6,10 @@
 //! connection sends a lone request at once, and under load a call carries many. `gcra_lean.lua`
 //! decides a call's requests one after the other, each all or nothing on its own, exactly as
 //! separate calls in that order would.
+//!
+//! Leased counting's `lease.lua` calls (takes and give-backs) queue here too and ride in the
+//! same round trip: the call's script and the lease calls go out as one pipeline, each command
+//! atomic on its own as when sent alone. Queued with no request, they still leave together.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -21,9 +25,25 @@ pub(super) const IN_FLIGHT: usize = 2;
 pub(super) const MAX_REQUESTS: usize = 128;
 /// Most counters in one call (the script unpacks them onto Lua's stack for one `MGET`).
 pub(super) const MAX_KEYS: usize = 1_024;
+/// Most `lease.lua` calls in one round trip.
+pub(super) const MAX_LEASE_CALLS: usize = 64;
 
 /// One request's answer: blocked, and one outcome per op.
 pub(super) type Answer = Result<(bool, Vec<Outcome>), BackendError>;
+
+/// What waits for the next round trip.
+pub(super) enum Job {
+    /// A request for the lean script.
+    Check(Pending),
+    /// A `lease.lua` call, sent beside the next one.
+    Lease(LeaseCall),
+}
+
+/// A `lease.lua` call (`EVALSHA`, built whole) waiting for a round trip.
+pub(super) struct LeaseCall {
+    pub(super) cmd: redis::Cmd,
+    pub(super) reply: oneshot::Sender<Result<Value, BackendError>>,
+}
 
 /// A request waiting for a call.
 pub(super) struct Pending {
@@ -37,34 +57,55 @@ pub(super) struct Pending {
 impl RedisStore {
     /// Sends the queued requests, [`IN_FLIGHT`] calls at most at a time, until the queue closes
     /// (the store is dropped) or this future is dropped.
-    pub(super) async fn coalesce(&self, mut queue: mpsc::UnboundedReceiver<Pending>) {
+    pub(super) async fn coalesce(&self, mut queue: mpsc::UnboundedReceiver<Job>) {
         let mut in_flight = FuturesUnordered::new();
-        let mut carry: Option<Pending> = None;
+        let mut carry: Option<Job> = None;
         loop {
             tokio::select! {
                 next = recv(&mut carry, &mut queue), if in_flight.len() < IN_FLIGHT => {
-                    let Some(first) = next else { return };
-                    let mut keys = first.ops.len();
-                    let mut batch = vec![first];
-                    while batch.len() < MAX_REQUESTS && keys < MAX_KEYS {
-                        let Ok(p) = queue.try_recv() else { break };
-                        if p.now != batch[0].now || keys + p.ops.len() > MAX_KEYS {
-                            carry = Some(p);
+                    let Some(mut job) = next else { return };
+                    let (mut batch, mut leases, mut keys) = (Vec::new(), Vec::new(), 0);
+                    loop {
+                        match job {
+                            Job::Check(p) => {
+                                if batch.first().is_some_and(|f: &Pending| {
+                                    p.now != f.now || keys + p.ops.len() > MAX_KEYS
+                                }) {
+                                    carry = Some(Job::Check(p));
+                                    break;
+                                }
+                                keys += p.ops.len();
+                                batch.push(p);
+                            }
+                            Job::Lease(l) => leases.push(l),
+                        }
+                        if batch.len() >= MAX_REQUESTS
+                            || keys >= MAX_KEYS
+                            || leases.len() >= MAX_LEASE_CALLS
+                        {
                             break;
                         }
-                        keys += p.ops.len();
-                        batch.push(p);
+                        let Ok(next) = queue.try_recv() else { break };
+                        job = next;
                     }
-                    in_flight.push(self.send(batch));
+                    in_flight.push(self.send(batch, leases));
                 }
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
             }
         }
     }
 
-    /// One call for `batch`; every request gets its own answer, or the call's error.
-    async fn send(&self, batch: Vec<Pending>) {
-        let answers = self.call(&batch).await;
+    /// One round trip for `batch` and `leases`; every request and lease call gets its own
+    /// answer, or the round trip's error.
+    async fn send(&self, batch: Vec<Pending>, leases: Vec<LeaseCall>) {
+        let (answers, leased) = if leases.is_empty() {
+            (self.call(&batch).await, Vec::new())
+        } else {
+            match self.call_with_leases(&batch, &leases).await {
+                Ok((answers, leased)) => (answers, leased),
+                Err(e) => (Err(e.clone()), vec![Err(e); leases.len()]),
+            }
+        };
         match answers {
             Ok(answers) => {
                 for (p, a) in batch.into_iter().zip(answers) {
@@ -77,9 +118,20 @@ impl RedisStore {
                 }
             }
         }
+        for (l, a) in leases.into_iter().zip(leased) {
+            let _ = l.reply.send(a);
+        }
     }
 
-    async fn call(&self, batch: &[Pending]) -> Result<Vec<(bool, Vec<Outcome>)>, BackendError> {
+    /// One pipeline: the lean script over `batch` (when it has requests), then each lease
+    /// call. A command Redis refuses with `NOSCRIPT` did not run, so it is sent again alone,
+    /// its script loaded; nothing that ran is sent twice.
+    #[allow(clippy::type_complexity)]
+    async fn call_with_leases(
+        &self,
+        batch: &[Pending],
+        leases: &[LeaseCall],
+    ) -> Result<(Answers, Vec<Result<Value, BackendError>>), BackendError> {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
@@ -88,15 +140,77 @@ impl RedisStore {
                 "coalescing runs on a single node only".into(),
             ));
         };
-        let mut call = self.lean.prepare_invoke();
-        call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(batch.len());
+        let timeout = self.config.timeout;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         let mut sizes = Vec::with_capacity(batch.len());
-        for p in batch {
-            let all: Vec<usize> = (0..p.ops.len()).collect();
-            self.push_request(&mut call, &p.ops, &all, true, true);
-            sizes.push(p.ops.len());
+        if !batch.is_empty() {
+            let call = self.lean_call(batch, &mut sizes);
+            pipe.invoke_script(&call);
         }
+        for l in leases {
+            pipe.add_command(l.cmd.clone());
+        }
+        self.stats.round_trip();
+        let mut replies: std::vec::IntoIter<redis::RedisResult<Value>> = pipe
+            .query_async::<Vec<redis::RedisResult<Value>>>(&mut c.clone())
+            .await
+            .map_err(|e| classify(e, timeout))?
+            .into_iter();
+        let answers = if batch.is_empty() {
+            Ok(Vec::new())
+        } else {
+            match replies.next() {
+                Some(Ok(Value::Array(reply))) => parse_lean(&reply, &sizes),
+                Some(Err(e)) if no_script(&e) => self.call(batch).await,
+                Some(Err(e)) => Err(classify(e, timeout)),
+                other => Err(BackendError::Reply(format!("{other:?}"))),
+            }
+        };
+        let mut leased = Vec::with_capacity(leases.len());
+        for l in leases {
+            leased.push(match replies.next() {
+                Some(Ok(v)) => Ok(v),
+                Some(Err(e)) if no_script(&e) => self.lease_alone(c, &l.cmd).await,
+                Some(Err(e)) => Err(classify(e, timeout)),
+                None => Err(BackendError::Reply("a pipeline reply is missing".into())),
+            });
+        }
+        Ok((answers, leased))
+    }
+
+    /// A lease call sent alone after `NOSCRIPT`: the script loaded, then the call again.
+    async fn lease_alone(
+        &self,
+        c: &redis::aio::ConnectionManager,
+        cmd: &redis::Cmd,
+    ) -> Result<Value, BackendError> {
+        let timeout = self.config.timeout;
+        let mut c = c.clone();
+        super::lease::script()
+            .load_async(&mut c)
+            .await
+            .map_err(|e| classify(e, timeout))?;
+        self.stats.round_trip();
+        cmd.query_async(&mut c)
+            .await
+            .map_err(|e| classify(e, timeout))
+    }
+
+    async fn call(&self, batch: &[Pending]) -> Answers {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(conn) = self.conn.load_full() else {
+            return Err(BackendError::NotConnected);
+        };
+        let Conn::Single(c) = &*conn else {
+            return Err(BackendError::Reply(
+                "coalescing runs on a single node only".into(),
+            ));
+        };
+        let mut sizes = Vec::with_capacity(batch.len());
+        let call = self.lean_call(batch, &mut sizes);
         self.stats.round_trip();
         let reply: Vec<Value> = call
             .invoke_async(&mut c.clone())
@@ -106,11 +220,32 @@ impl RedisStore {
     }
 }
 
-/// The carried-over request if any, else the next one from the queue.
-async fn recv(
-    carry: &mut Option<Pending>,
-    queue: &mut mpsc::UnboundedReceiver<Pending>,
-) -> Option<Pending> {
+/// The lean script's answers to a batch, one per request.
+type Answers = Result<Vec<(bool, Vec<Outcome>)>, BackendError>;
+
+impl RedisStore {
+    /// The lean script's invocation over `batch`, with each request's op count in `sizes`.
+    fn lean_call(&self, batch: &[Pending], sizes: &mut Vec<usize>) -> redis::ScriptInvocation<'_> {
+        let mut call = self.lean.prepare_invoke();
+        call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(batch.len());
+        for p in batch {
+            let all: Vec<usize> = (0..p.ops.len()).collect();
+            self.push_request(&mut call, &p.ops, &all, true, true);
+            sizes.push(p.ops.len());
+        }
+        call
+    }
+}
+
+/// Whether Redis refused a script call because it does not hold the script (after a restart or
+/// a `SCRIPT FLUSH`): the call did not run.
+fn no_script(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The carried-over job if any, else the next one from the queue.
+async fn recv(carry: &mut Option<Job>, queue: &mut mpsc::UnboundedReceiver<Job>) -> Option<Job> {
     match carry.take() {
         Some(p) => Some(p),
         None => queue.recv().await,

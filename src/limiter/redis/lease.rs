@@ -13,7 +13,8 @@
 //!   this node's recent hits per second on the counter: never more than the node would use
 //!   within L, never a share of the burst that starves the other nodes. The next slice is taken
 //!   in the background when the lease falls below `low_water` of the last one (one take in
-//!   flight per counter).
+//!   flight per counter). On a single node takes and give-backs queue with the coalesced
+//!   requests and share their round trip (`super::coalesce`).
 //! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
 //!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
 //!   allocate nothing; they stay on the exact path (`RedisStore::check_batch`), which charges
@@ -44,6 +45,11 @@ use super::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
+
+/// `lease.lua`, for the coalescing loop to load when Redis lost it.
+pub(super) fn script() -> &'static Script {
+    &SCRIPT
+}
 
 /// Slots of the hotness table: a power of two, fixed, so tracking never grows with the keys.
 const HEAT_SLOTS: usize = 4_096;
@@ -717,31 +723,49 @@ impl RedisStore {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
-        let mut invocation = SCRIPT.prepare_invoke();
-        invocation
-            .key(self.key(key))
-            .arg(match self.time {
-                RedisTime::Server => String::new(),
-                RedisTime::Clock => now.to_string(),
-            })
-            .arg(match call {
-                Call::Take => "take",
-                Call::Give => "give",
-            })
-            .arg(quota.interval())
-            .arg(quota.tolerance())
-            .arg(n);
-        self.stats.round_trip();
+        let time = match self.time {
+            RedisTime::Server => String::new(),
+            RedisTime::Clock => now.to_string(),
+        };
+        let verb = match call {
+            Call::Take => "take",
+            Call::Give => "give",
+        };
+        let args = (time, verb, quota.interval(), quota.tolerance(), n);
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
-                Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-                Conn::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+                Conn::Single(_) => {
+                    // Beside the next coalesced call, in its round trip (`coalesce`).
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(SCRIPT.get_hash())
+                        .arg(1)
+                        .arg(self.key(key))
+                        .arg(&args);
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let call = super::coalesce::LeaseCall { cmd, reply };
+                    self.queue
+                        .send(super::coalesce::Job::Lease(call))
+                        .map_err(|_| BackendError::NotConnected)?;
+                    match answer.await.map_err(|_| BackendError::NotConnected)?? {
+                        Value::Array(values) => Ok(values),
+                        other => Err(BackendError::Reply(format!("{other:?}"))),
+                    }
+                }
+                Conn::Cluster(c) => {
+                    self.stats.round_trip();
+                    SCRIPT
+                        .key(self.key(key))
+                        .arg(&args)
+                        .invoke_async(&mut c.clone())
+                        .await
+                        .map_err(|e| classify(e, timeout))
+                }
             }
         };
         let reply: Result<Vec<Value>, BackendError> =
             match tokio::time::timeout(timeout, sent).await {
-                Ok(r) => r.map_err(|e| classify(e, timeout)),
+                Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };
         let parsed = reply.and_then(|r| match r.as_slice() {

@@ -157,11 +157,11 @@ pub struct RedisStore {
     clock: Arc<dyn Clock>,
     time: RedisTime,
     /// Requests for the lean script on a single node, coalesced by [`RedisStore::connect`].
-    queue: tokio::sync::mpsc::UnboundedSender<coalesce::Pending>,
+    queue: tokio::sync::mpsc::UnboundedSender<coalesce::Job>,
     /// Whether the last call sent to Redis got an answer (a deny-cache answer is not one).
     answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
-    queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<coalesce::Pending>>>,
+    queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<coalesce::Job>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -353,7 +353,7 @@ impl RedisStore {
                     reply,
                 };
                 self.queue
-                    .send(pending)
+                    .send(coalesce::Job::Check(pending))
                     .map_err(|_| BackendError::NotConnected)?;
                 // A dropped answer: the sending loop stopped (shutdown).
                 let (blocked, outcomes) =
@@ -551,7 +551,6 @@ fn classify(e: RedisError, timeout: Duration) -> BackendError {
     }
 }
 
-/// Reads the script's reply: `{blocked, now, then per op: admitted, remaining, wait}`.
 /// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`.
 fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError> {
     let bad = || BackendError::Reply(format!("{reply:?}"));
