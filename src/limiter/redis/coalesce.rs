@@ -126,12 +126,11 @@ impl RedisStore {
     /// One pipeline: the lean script over `batch` (when it has requests), then each lease
     /// call. A command Redis refuses with `NOSCRIPT` did not run, so it is sent again alone,
     /// its script loaded; nothing that ran is sent twice.
-    #[allow(clippy::type_complexity)]
     async fn call_with_leases(
         &self,
         batch: &[Pending],
         leases: &[LeaseCall],
-    ) -> Result<(Answers, Vec<Result<Value, BackendError>>), BackendError> {
+    ) -> Result<(Answers, LeaseAnswers), BackendError> {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
@@ -222,6 +221,8 @@ impl RedisStore {
 
 /// The lean script's answers to a batch, one per request.
 type Answers = Result<Vec<(bool, Vec<Outcome>)>, BackendError>;
+/// The replies to the lease calls of a round trip, one per call.
+type LeaseAnswers = Vec<Result<Value, BackendError>>;
 
 impl RedisStore {
     /// The lean script's invocation over `batch`, with each request's op count in `sizes`.
