@@ -232,6 +232,16 @@ where
     }
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, then released), for a server a
+/// test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A gRPC answer as the wire carried it.
 #[derive(Debug)]
 pub struct RawAnswer {

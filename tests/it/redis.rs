@@ -7,7 +7,6 @@
 //! skips, except on CI (`CI` set), where they are required; `.ci/run` installs Debian's
 //! packages.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +20,9 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
-use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request, single};
+use crate::helpers::{
+    TestServer, descriptor, eventually, free_port, metric, redis_missing, request, single,
+};
 
 const SEC: u64 = NANOS_PER_SEC;
 
@@ -34,12 +35,7 @@ pub struct RedisProcess {
 
 impl RedisProcess {
     pub fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Self::start_on(port)
+        Self::start_on(free_port())
     }
 
     pub fn start_on(port: u16) -> Self {
@@ -104,13 +100,8 @@ impl RedisCluster {
     pub fn start() -> Self {
         let nodes: Vec<RedisProcess> = (0..3)
             .map(|_| {
-                let port = TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port();
                 RedisProcess::spawn(
-                    port,
+                    free_port(),
                     &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
                 )
             })

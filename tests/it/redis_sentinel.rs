@@ -9,7 +9,6 @@
 //! prints a notice and skips, except on CI (`CI` set), where they are required.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,19 +20,13 @@ use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 use sluice::settings::BackendKind;
 
-use crate::helpers::{TestServer, descriptor, eventually, metric, sentinel_missing, single};
+use crate::helpers::{
+    TestServer, descriptor, eventually, free_port, metric, sentinel_missing, single,
+};
 use crate::redis::RedisProcess;
 
 const MASTER: &str = "mymaster";
 const POLICY: &str = "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: year, requests_per_unit: 1000000}\n";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `redis-cli -p port args...`, its output.
 fn cli(port: u16, args: &[&str]) -> String {

@@ -8,7 +8,6 @@
 //! skips, except on CI (`CI` set), where they are required.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -20,20 +19,14 @@ use sluice::limiter::{ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, Red
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
-use crate::helpers::{TestServer, eventually, http_get, openssl_missing, redis_missing, single};
+use crate::helpers::{
+    TestServer, eventually, free_port, http_get, openssl_missing, redis_missing, single,
+};
 use crate::redis::RedisProcess;
 
 /// Whether the test must skip (a notice printed) for want of Redis or openssl.
 fn missing(test: &str) -> bool {
     redis_missing(test) || openssl_missing(test)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A CA, another CA nobody trusts, and certificates signed by the first: `server` for
