@@ -14,6 +14,7 @@
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use redis::Value;
+use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{BackendError, Conn, Outcome, RedisStore, classify, parse_lean};
@@ -131,14 +132,7 @@ impl RedisStore {
         batch: &[Pending],
         leases: &[LeaseCall],
     ) -> Result<(Answers, LeaseAnswers), BackendError> {
-        let Some(conn) = self.conn.load_full() else {
-            return Err(BackendError::NotConnected);
-        };
-        let Conn::Single(c) = &*conn else {
-            return Err(BackendError::Reply(
-                "coalescing runs on a single node only".into(),
-            ));
-        };
+        let mut c = self.single()?;
         let timeout = self.config.timeout;
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -152,7 +146,7 @@ impl RedisStore {
         }
         self.stats.round_trip();
         let mut replies: std::vec::IntoIter<redis::RedisResult<Value>> = pipe
-            .query_async::<Vec<redis::RedisResult<Value>>>(&mut c.clone())
+            .query_async::<Vec<redis::RedisResult<Value>>>(&mut c)
             .await
             .map_err(|e| classify(e, timeout))?
             .into_iter();
@@ -170,7 +164,7 @@ impl RedisStore {
         for l in leases {
             leased.push(match replies.next() {
                 Some(Ok(v)) => Ok(v),
-                Some(Err(e)) if no_script(&e) => self.lease_alone(c, &l.cmd).await,
+                Some(Err(e)) if no_script(&e) => self.lease_alone(&c, &l.cmd).await,
                 Some(Err(e)) => Err(classify(e, timeout)),
                 None => Err(BackendError::Reply("a pipeline reply is missing".into())),
             });
@@ -181,7 +175,7 @@ impl RedisStore {
     /// A lease call sent alone after `NOSCRIPT`: the script loaded, then the call again.
     async fn lease_alone(
         &self,
-        c: &redis::aio::ConnectionManager,
+        c: &ConnectionManager,
         cmd: &redis::Cmd,
     ) -> Result<Value, BackendError> {
         let timeout = self.config.timeout;
@@ -200,19 +194,12 @@ impl RedisStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let Some(conn) = self.conn.load_full() else {
-            return Err(BackendError::NotConnected);
-        };
-        let Conn::Single(c) = &*conn else {
-            return Err(BackendError::Reply(
-                "coalescing runs on a single node only".into(),
-            ));
-        };
+        let mut c = self.single()?;
         let mut sizes = Vec::with_capacity(batch.len());
         let call = self.lean_call(batch, &mut sizes);
         self.stats.round_trip();
         let reply: Vec<Value> = call
-            .invoke_async(&mut c.clone())
+            .invoke_async(&mut c)
             .await
             .map_err(|e| classify(e, self.config.timeout))?;
         parse_lean(&reply, &sizes)
@@ -225,6 +212,17 @@ type Answers = Result<Vec<(bool, Vec<Outcome>)>, BackendError>;
 type LeaseAnswers = Vec<Result<Value, BackendError>>;
 
 impl RedisStore {
+    /// The connection to the single node the coalesced calls go to.
+    fn single(&self) -> Result<ConnectionManager, BackendError> {
+        match self.conn.load_full().as_deref() {
+            None => Err(BackendError::NotConnected),
+            Some(Conn::Single(c)) => Ok(c.clone()),
+            Some(Conn::Cluster(_)) => Err(BackendError::Reply(
+                "coalescing runs on a single node only".into(),
+            )),
+        }
+    }
+
     /// The lean script's invocation over `batch`, with each request's op count in `sizes`.
     fn lean_call(&self, batch: &[Pending], sizes: &mut Vec<usize>) -> redis::ScriptInvocation<'_> {
         let mut call = self.lean.prepare_invoke();
