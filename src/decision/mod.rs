@@ -359,7 +359,11 @@ descriptors:
 ";
 
     fn decider(backend: Backend, options: Options) -> Decider {
-        let set = load_str(&[("p.yaml", POLICY)]).unwrap();
+        decider_of(POLICY, backend, options)
+    }
+
+    fn decider_of(policy: &str, backend: Backend, options: Options) -> Decider {
+        let set = load_str(&[("p.yaml", policy)]).unwrap();
         Decider::new(
             PolicyHandle::new(set),
             backend,
@@ -412,15 +416,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ";
         let decider = |quota_mode| {
-            Decider::new(
-                PolicyHandle::new(load_str(&[("q.yaml", policy)]).unwrap()),
-                memory(),
-                Arc::new(Metrics::install(10)),
-                Options {
-                    quota_mode,
-                    ..Options::default()
-                },
-            )
+            let options = Options {
+                quota_mode,
+                ..Options::default()
+            };
+            decider_of(policy, memory(), options)
         };
         let both = req(&[&[("x", "1")], &[("y", "1")]]);
         let d = decider(true);

@@ -23,9 +23,7 @@ impl RateLimitHandler {
     pub fn new(decider: Decider) -> Self {
         Self { decider }
     }
-}
 
-impl RateLimitHandler {
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
     pub(crate) async fn answer(
         &self,
