@@ -50,8 +50,10 @@ impl Backend {
         }
         match self {
             Self::Memory { store, clock } => Ok(store.check_batch_with(ops, &|| clock.now())),
-            Self::Redis(redis) => redis.check_batch(ops).await,
-            Self::Leased(leased) => leased.check_batch(ops).await,
+            // Boxed, so that the futures of every decision, memory ones included, are not
+            // sized for a Redis round trip's state.
+            Self::Redis(redis) => Box::pin(redis.check_batch(ops)).await,
+            Self::Leased(leased) => Box::pin(leased.check_batch(ops)).await,
         }
     }
 
