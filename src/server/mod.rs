@@ -176,7 +176,12 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
                 ShouldRateLimit::new(handler, max_request_bytes),
                 limits.request_timeout,
             ),
-            health: GrpcEdge::new(health, limits.request_timeout),
+            // The same cap on the health service's messages, refused by tonic's decoder (its
+            // `OUT_OF_RANGE` made `RESOURCE_EXHAUSTED` by the edge).
+            health: GrpcEdge::new(
+                health.max_decoding_message_size(max_request_bytes),
+                limits.request_timeout,
+            ),
         }
     }
 }

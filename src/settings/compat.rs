@@ -265,13 +265,14 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
-        None => {}
-        Some("redis") => m.set("backend", json!("redis")),
+        // Unset is the reference's default, Redis: a Deployment that names only `REDIS_URL`
+        // shares its budgets, as it did, instead of counting alone on every replica.
+        None | Some("redis") => m.set("backend", json!("redis")),
         Some("memcache") => {
             return Err(unsupported_error(
                 "BACKEND_TYPE",
-                "memcache is not supported; use redis (or leave BACKEND_TYPE unset and set \
-                 SLUICE_BACKEND=memory for counters in memory)",
+                "memcache is not supported; use redis (or set SLUICE_BACKEND=memory for \
+                 counters in memory on each node)",
             ));
         }
         Some(_) => {
@@ -290,16 +291,21 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         "REDIS_AUTH",
         "REDIS_TLS",
     ];
-    if env.any_set(&redis_vars) || env.get("BACKEND_TYPE").is_some() {
-        let target = redis_urls(env)?;
-        m.set("redis.url", json!(target.url));
-        m.set("redis.cluster", json!(target.cluster));
-        if let Some((master_name, sentinels)) = target.sentinel {
-            m.set("redis.sentinel.master_name", json!(master_name));
-            m.set("redis.sentinel.urls", json!(sentinels));
-        } else if env.get("REDIS_SENTINEL_AUTH").is_some() {
-            m.warn("REDIS_SENTINEL_AUTH: not read without REDIS_TYPE=sentinel".into());
-        }
+    let target = redis_urls(env)?;
+    if !env.any_set(&redis_vars) && env.get("BACKEND_TYPE").is_none() {
+        m.warn(format!(
+            "BACKEND_TYPE and REDIS_URL unset: counting in Redis at the reference's default, \
+             {}; set SLUICE_BACKEND=memory for counters in memory on each node",
+            target.url
+        ));
+    }
+    m.set("redis.url", json!(target.url));
+    m.set("redis.cluster", json!(target.cluster));
+    if let Some((master_name, sentinels)) = target.sentinel {
+        m.set("redis.sentinel.master_name", json!(master_name));
+        m.set("redis.sentinel.urls", json!(sentinels));
+    } else if env.get("REDIS_SENTINEL_AUTH").is_some() {
+        m.warn("REDIS_SENTINEL_AUTH: not read without REDIS_TYPE=sentinel".into());
     }
     // Empty is the reference's default (no prefix); sluice keeps its own then.
     if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
@@ -596,8 +602,8 @@ fn decisions(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
 
 /// `USE_STATSD`, `USE_DOG_STATSD`, `USE_PROMETHEUS`, `PROMETHEUS_ADDR`, `PROMETHEUS_PATH`.
 fn observability(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
-    let statsd = env.bool("USE_STATSD")?;
-    if statsd == Some(true) || (statsd.is_none() && env.any_set(&["STATSD_HOST", "STATSD_PORT"])) {
+    // Unset is the reference's default, true: such a Deployment fed statsd.
+    if env.bool("USE_STATSD")? != Some(false) {
         m.warn(
             "USE_STATSD: statsd is not offered; metrics are served for Prometheus on the admin \
              port's /metrics, under the reference's Prometheus names"
@@ -778,10 +784,35 @@ mod tests {
             .flatten()
     }
 
+    /// `vars` with what a Deployment that feeds no statsd and names its backend sets, for the
+    /// tests of other variables' warnings.
+    fn quiet(vars: &[(&str, &str)]) -> Result<Mapped, CompatError> {
+        let mut all = vec![("USE_STATSD", "false"), ("BACKEND_TYPE", "redis")];
+        all.extend_from_slice(vars);
+        map(&all)
+    }
+
     #[test]
-    fn no_reference_variable_no_override() {
+    fn no_reference_variable_the_references_defaults() {
         let m = map(&[("PATH", "/bin"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")]).unwrap();
-        assert_eq!(m, Mapped::default());
+        // The reference counts in Redis over its default unix socket, and feeds statsd.
+        assert_eq!(
+            Value::Object(m.overrides),
+            json!({"backend": "redis", "redis": {
+                "url": "unix:///var/run/nutcracker/ratelimit.sock", "cluster": false}})
+        );
+        assert_eq!(m.warnings.len(), 2, "{:?}", m.warnings);
+        assert!(m.warnings[0].starts_with("BACKEND_TYPE and REDIS_URL unset"));
+        assert!(m.warnings[1].starts_with("USE_STATSD"));
+        // Naming either the backend or a Redis variable says enough.
+        for vars in [
+            &[("BACKEND_TYPE", "redis")][..],
+            &[("REDIS_URL", "/r.sock")],
+        ] {
+            let m = map(vars).unwrap();
+            assert_eq!(get(&m, "backend"), Some(&json!("redis")));
+            assert!(!m.warnings.iter().any(|w| w.starts_with("BACKEND_TYPE")));
+        }
     }
 
     #[test]
@@ -842,7 +873,7 @@ mod tests {
                 .variable,
             "RUNTIME_IGNOREDOTFILES"
         );
-        let m = map(&[("RUNTIME_ROOT", "/r"), ("MERGE_DOMAIN_CONFIG", "true")]).unwrap();
+        let m = quiet(&[("RUNTIME_ROOT", "/r"), ("MERGE_DOMAIN_CONFIG", "true")]).unwrap();
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
         assert_eq!(get(&m, "merge_domains"), Some(&json!(true)));
         // Read on its own too, and false is said as well.
@@ -895,7 +926,7 @@ mod tests {
         assert_eq!(get(&m, "redis.password"), Some(&json!("secret")));
         let m = map(&[("CACHE_KEY_PREFIX", "rl_")]).unwrap();
         assert_eq!(get(&m, "redis.key_prefix"), Some(&json!("rl_")));
-        assert_eq!(map(&[("CACHE_KEY_PREFIX", "")]).unwrap(), Mapped::default());
+        assert_eq!(map(&[("CACHE_KEY_PREFIX", "")]).unwrap(), map(&[]).unwrap());
         // The reference's defaults: a unix socket.
         let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
         assert_eq!(
@@ -1044,7 +1075,7 @@ mod tests {
 
     #[test]
     fn redis_tls_and_its_certificates() {
-        let m = map(&[
+        let m = quiet(&[
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_TYPE", "cluster"),
             ("REDIS_URL", "10.0.0.1:6379,10.0.0.2:6379"),
@@ -1118,7 +1149,7 @@ mod tests {
             map(&[("QUOTA_MODE", "sometimes")]).unwrap_err().variable,
             "QUOTA_MODE"
         );
-        let m = map(&[("RESPONSE_DYNAMIC_METADATA", "true")]).unwrap();
+        let m = quiet(&[("RESPONSE_DYNAMIC_METADATA", "true")]).unwrap();
         assert_eq!(get(&m, "response_dynamic_metadata"), Some(&json!(true)));
         assert!(m.warnings.is_empty(), "{:?}", m.warnings);
         let m = map(&[("RESPONSE_DYNAMIC_METADATA", "False")]).unwrap();
@@ -1137,9 +1168,15 @@ mod tests {
 
     #[test]
     fn statsd_is_a_warning_and_security_an_error() {
-        let m = map(&[("USE_STATSD", "true")]).unwrap();
-        assert!(m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
-        assert!(m.overrides.is_empty());
+        // Unset is the reference's default, true: warned of too.
+        for vars in [&[("USE_STATSD", "true")][..], &[]] {
+            let m = map(vars).unwrap();
+            assert!(m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
+            assert_eq!(
+                m.overrides,
+                map(&[("USE_STATSD", "false")]).unwrap().overrides
+            );
+        }
         let m = map(&[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
         assert!(!m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
         assert!(m.warnings.iter().any(|w| w.starts_with("USE_PROMETHEUS")));
@@ -1178,7 +1215,7 @@ mod tests {
         let m = map(&[("GRPC_SERVER_TLS_CERT", "/tls/tls.crt")]).unwrap();
         assert_eq!(get(&m, "grpc.tls.cert_file"), None);
         assert!(
-            m.warnings[0].starts_with("GRPC_SERVER_TLS_"),
+            m.warnings.iter().any(|w| w.starts_with("GRPC_SERVER_TLS_")),
             "{:?}",
             m.warnings
         );

@@ -634,7 +634,9 @@ mod tests {
         .unwrap();
         assert_eq!(s.admin_addr, "0.0.0.0:2".parse().unwrap());
         assert!(
-            s.compat_warnings[0].starts_with("USE_STATSD"),
+            s.compat_warnings
+                .iter()
+                .any(|w| w.starts_with("USE_STATSD")),
             "{:?}",
             s.compat_warnings
         );
@@ -655,6 +657,8 @@ mod tests {
             ("SLUICE_COMPAT", "envoy-ratelimit"),
             ("MERGE_DOMAIN_CONFIG", "true"),
             ("RESPONSE_DYNAMIC_METADATA", "true"),
+            ("USE_STATSD", "false"),
+            ("BACKEND_TYPE", "redis"),
         ]);
         let s = RawSettings::load_with_env(None, &ServeArgs::default(), reference.clone())
             .unwrap()

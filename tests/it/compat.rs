@@ -1,7 +1,9 @@
-//! `compat: envoy-ratelimit`: the binary started with nothing but envoyproxy/ratelimit's
-//! variables and its runtime layout (files without a `.yaml` extension, a dot file, the root a
-//! symlink) decides exactly as one started with the equivalent sluice settings, and follows a
-//! symlink swap of the root.
+//! `compat: envoy-ratelimit`: the binary started with envoyproxy/ratelimit's variables and its
+//! runtime layout (files without a `.yaml` extension, a dot file, the root a symlink) decides
+//! exactly as one started with the equivalent sluice settings, and follows a symlink swap of the
+//! root. Here both count in memory (`SLUICE_BACKEND=memory`, which wins over the reference's
+//! default backend, Redis); `tests/interop/test_compat.py` runs the same with nothing but the
+//! reference's variables, in Redis, through Envoy's generated client.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -161,6 +163,7 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
         ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
         ("NEAR_LIMIT_RATIO", "0.5"),
         ("SHADOW_MODE", "false"),
+        ("SLUICE_BACKEND", "memory"),
     ]);
     let policies = current.join("ratelimit").join("config");
     let native = spawn(&[
@@ -283,6 +286,7 @@ async fn merge_domain_config_and_response_dynamic_metadata_from_the_reference_en
         ("RUNTIME_ROOT", current.to_str().unwrap()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("USE_STATSD", "false"),
+        ("SLUICE_BACKEND", "memory"),
     ];
     // Without MERGE_DOMAIN_CONFIG the second file is refused, by `sluice check` and `serve`.
     for command in ["check", "serve"] {
