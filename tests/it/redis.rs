@@ -263,6 +263,69 @@ async fn the_lean_script_gives_the_same_decisions_as_memory() {
     assert_eq!(lean, 400, "every request fits the lean script");
 }
 
+/// Requests of hundreds of descriptors, on both sides of the lean script's 256-op switch from
+/// one unpack of its arguments to one per op: plain charges, then a mix of refunds, shadow and
+/// quota ops and repeated counters (the general path), each answer the memory store's.
+#[tokio::test]
+async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
+    if redis_missing("requests_of_hundreds_of_descriptors_decide_as_in_memory") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(0));
+    let mut config = config(&redis.url());
+    config.key_prefix = "wide:".into();
+    let store = open_at(config, &clock);
+    connected(&store).await;
+    let mut quotas = quotas();
+    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    let memory = MemoryStore::new();
+    let mut rng = Lcg(0x31de);
+    let mut now = 1_800_000_000 * SEC;
+    for (round, n) in [256_usize, 300, 256, 300, 300, 300].into_iter().enumerate() {
+        let mixed = round >= 2;
+        let ops: Vec<Op> = (0..n)
+            .map(|i| {
+                let q = if mixed { rng.next(4) as usize } else { i % 2 };
+                Op {
+                    key: if mixed {
+                        1 + u128::from(rng.next(200))
+                    } else {
+                        i as u128 + 1
+                    },
+                    quota: quotas[q],
+                    cost: if mixed { rng.next(3) } else { 1 },
+                    refund: mixed && rng.next(5) == 0,
+                    mode: match (mixed, rng.next(4)) {
+                        (true, 0) => Mode::Shadow,
+                        (true, 1) => Mode::Quota,
+                        _ => Mode::Enforce,
+                    },
+                }
+            })
+            .collect();
+        assert!(fits_lean(&ops));
+        now += SEC / 2;
+        clock.set(now);
+        let expected = memory.check_batch(&ops, now);
+        let got = store.check_batch(&ops).await.unwrap();
+        assert_eq!(got.blocked, expected.blocked, "round {round}");
+        let triples = |b: &sluice::limiter::Batch| -> Vec<(bool, u64, u64)> {
+            b.outcomes
+                .iter()
+                .map(|o| (o.admitted, o.remaining, o.wait))
+                .collect()
+        };
+        let (g, e) = (triples(&got), triples(&expected));
+        if let Some(i) = (0..n).find(|&i| g[i] != e[i]) {
+            panic!(
+                "round {round}, op {i} of {n}: {:?} against {:?}",
+                g[i], e[i]
+            );
+        }
+    }
+}
+
 /// Parity over the coalesced path: 32 clients each run their own random schedule on their own
 /// counters, all at once, one step per round at a shared instant, so their requests queue and
 /// leave Redis together; every answer is the memory store's for that client's schedule, and

@@ -17,7 +17,7 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{BackendError, Conn, Outcome, RedisStore, classify, parse_lean};
+use super::{BackendError, Conn, Outcome, RedisStore, classify, lean_args, lean_len, parse_lean};
 use crate::limiter::Op;
 
 /// Calls in flight at once on the connection; the next requests queue behind them.
@@ -226,13 +226,16 @@ impl RedisStore {
     /// The lean script's invocation over `batch`, with each request's op count in `sizes`.
     fn lean_call(&self, batch: &[Pending], sizes: &mut Vec<usize>) -> redis::ScriptInvocation<'_> {
         let mut call = self.lean.prepare_invoke();
-        call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(batch.len());
+        let mut args = Vec::with_capacity(batch.iter().map(|p| lean_len(p.ops.len())).sum());
         for p in batch {
             let all: Vec<usize> = (0..p.ops.len()).collect();
-            self.push_request(&mut call, &p.ops, &all, true, true);
+            self.push_keys(&mut call, &p.ops, &all);
+            lean_args(&mut args, &p.ops, &all, true);
             sizes.push(p.ops.len());
         }
+        call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(batch.len())
+            .arg(args);
         call
     }
 }

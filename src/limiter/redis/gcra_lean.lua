@@ -16,14 +16,18 @@
 -- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME; an injected time is for tests, and then
 --          keys get no TTL
 -- ARGV[2]  the number of requests
--- then per request: whole (1 when the whole request is decided here, 0 for one hash-slot group
---          of a cluster request, whose quota-mode verdict is the caller's), its number of ops,
---          then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota;
---          +4 refund), period (ns, the wait reported by a ban)
+-- ARGV[3]  the requests, as little-endian doubles (every value is an integer below 2^53, so each
+--          is exact): per request whole (1 when the whole request is decided here, 0 for one
+--          hash-slot group of a cluster request, whose quota-mode verdict is the caller's) and its
+--          number of ops, then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
+--          2 quota; +4 refund), period (ns, the wait reported by a ban). Binary, because reading
+--          decimal arguments (tonumber, strtod) took about a quarter of a decision's Redis work.
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns).
 
 local G = 1000000000
 local floor = math.floor
+local unpack_args = struct.unpack
+local args = ARGV[3]
 
 local now_s, now_ns
 local injected = ARGV[1] ~= ''
@@ -44,14 +48,15 @@ end
 -- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
 -- path. Its TAT write is `write` below, inlined: defining that function first (a closure per
 -- call) would cost this path about 5 % more Redis work.
-if ARGV[2] == '1' and #KEYS == 1 and tonumber(ARGV[9]) < 4 then
-  local whole = ARGV[3] == '1'
-  local mode = tonumber(ARGV[9])
-  local burst = tonumber(ARGV[7])
+local w1, n1, mode, burst, period, T, tol, c
+if ARGV[2] == '1' and #KEYS == 1 then
+  w1, n1, T, tol, burst, c, mode, period = unpack_args('<dddddddd', args)
+end
+if mode and mode < 4 then
+  local whole = w1 == 1
   if burst == 0 then
-    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, ARGV[10] }
+    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period }
   end
-  local T, tol, c = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
   local key = KEYS[1]
   local d = 0
   local v = redis.call('GET', key)
@@ -135,13 +140,11 @@ end
 
 local reply = {}
 local k = 0 -- KEYS before this request's
-local a = 3 -- this request's first ARGV
+local pos = 1 -- this request's first byte in args
 -- One charge of a batch: the straight path above, on the batch's view of its counter.
-local function one(whole, o, key)
-  local mode, burst = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 2])
+local function one(whole, T, tol, burst, c, mode, period, key)
   local blocked = (mode == 0 or (mode == 2 and whole)) and 1 or 0
-  if burst == 0 then return blocked, 0, 0, ARGV[o + 5] end
-  local T, tol, c = tonumber(ARGV[o]), tonumber(ARGV[o + 1]), tonumber(ARGV[o + 3])
+  if burst == 0 then return blocked, 0, 0, period end
   local d = cur[key]
   if d > tol then d = tol elseif d < 0 then d = 0 end
   local new = d + c * T
@@ -158,11 +161,11 @@ end
 -- usual multi-descriptor request: the general path below without its tables. Every charge is
 -- decided against the counter as it is; if one does not fit, nothing is written and each that
 -- fit reports the state it found; else every charge is written. Returns false, leaving the reply
--- untouched, when the request is not of that kind.
-local function plain(n, o, k)
+-- untouched, when the request is not of that kind. `p` holds the request's ops, 6 values each.
+local function plain(n, p, k)
   for i = 1, n do
-    local oi = o + (i - 1) * 6
-    if ARGV[oi + 4] ~= '0' or tonumber(ARGV[oi + 3]) < 1 or tonumber(ARGV[oi + 2]) == 0 then
+    local oi = (i - 1) * 6
+    if p[oi + 5] ~= 0 or p[oi + 4] < 1 or p[oi + 3] == 0 then
       return false
     end
     for j = 1, i - 1 do
@@ -174,8 +177,8 @@ local function plain(n, o, k)
   local blocked = false
   local new = {}
   for i = 1, n do
-    local oi = o + (i - 1) * 6
-    local T, tol, burst, c = tonumber(ARGV[oi]), tonumber(ARGV[oi + 1]), tonumber(ARGV[oi + 2]), tonumber(ARGV[oi + 3])
+    local oi = (i - 1) * 6
+    local T, tol, burst, c = p[oi + 1], p[oi + 2], p[oi + 3], p[oi + 4]
     local d = cur[KEYS[k + i]]
     if d > tol then d = tol elseif d < 0 then d = 0 end
     local debt = d + c * T
@@ -194,8 +197,8 @@ local function plain(n, o, k)
     -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
     for i = 1, n do
       if new[i] then
-        local oi = o + (i - 1) * 6
-        local T, tol = tonumber(ARGV[oi]), tonumber(ARGV[oi + 1])
+        local oi = (i - 1) * 6
+        local T, tol = p[oi + 1], p[oi + 2]
         local d = cur[KEYS[k + i]]
         if d > tol then d = tol elseif d < 0 then d = 0 end
         local r = at + 1 + (i - 1) * 3
@@ -208,28 +211,58 @@ local function plain(n, o, k)
   return true
 end
 
+-- The unpack format of n ops' values, made once per op count.
+local formats = {}
 for _ = 1, tonumber(ARGV[2]) do
-  local whole = ARGV[a] == '1'
-  local n = tonumber(ARGV[a + 1])
-  if n == 1 and tonumber(ARGV[a + 6]) < 4 then
-    local blocked, ok, rem, wait = one(whole, a + 2, KEYS[k + 1])
-    reply[#reply + 1] = blocked
-    reply[#reply + 1] = ok
-    reply[#reply + 1] = rem
-    reply[#reply + 1] = wait
-    k, a = k + 1, a + 8
-  elseif plain(n, a + 2, k) then
-    k, a = k + n, a + 2 + 6 * n
+  local w, n
+  w, n, pos = unpack_args('<dd', args, pos)
+  local whole = w == 1
+  local p
+  if n == 1 then
+    local T1, tol1, burst1, c1, mode1, period1
+    T1, tol1, burst1, c1, mode1, period1, pos = unpack_args('<dddddd', args, pos)
+    if mode1 < 4 then
+      local blocked, ok, rem, wait = one(whole, T1, tol1, burst1, c1, mode1, period1, KEYS[k + 1])
+      reply[#reply + 1] = blocked
+      reply[#reply + 1] = ok
+      reply[#reply + 1] = rem
+      reply[#reply + 1] = wait
+      k = k + 1
+    else
+      p = { T1, tol1, burst1, c1, mode1, period1 }
+    end
   else
+    if n <= 256 then
+      -- All 6n values at once, into a table made at its size.
+      local format = formats[n]
+      if not format then
+        format = '<' .. string.rep('d', 6 * n)
+        formats[n] = format
+      end
+      p = { unpack_args(format, args, pos) }
+      pos = p[6 * n + 1]
+    else
+      -- Op by op: one unpack of so many values would pass the Lua stack's limit.
+      p = {}
+      for o = 0, 6 * (n - 1), 6 do
+        p[o + 1], p[o + 2], p[o + 3], p[o + 4], p[o + 5], p[o + 6], pos = unpack_args('<dddddd', args, pos)
+      end
+    end
+    if plain(n, p, k) then
+      k = k + n
+      p = nil
+    end
+  end
+  if p then
   local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
   for i = 1, n do
-    local o = a + 2 + (i - 1) * 6
-    local kind = tonumber(ARGV[o + 4])
-    T[i], tol[i], burst[i] = tonumber(ARGV[o]), tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2])
-    cost[i], mode[i], refund[i], period[i] = tonumber(ARGV[o + 3]), kind % 4, kind >= 4, ARGV[o + 5]
+    local o = (i - 1) * 6
+    local kind = p[o + 5]
+    T[i], tol[i], burst[i] = p[o + 1], p[o + 2], p[o + 3]
+    cost[i], mode[i], refund[i], period[i] = p[o + 4], kind % 4, kind >= 4, p[o + 6]
     key[i] = KEYS[k + i]
   end
-  k, a = k + n, a + 2 + 6 * n
+  k = k + n
 
   -- The in-memory store's gcra::decide on a debt d (may be negative: no debt).
   local function decide(i, d, c)

@@ -6,8 +6,9 @@
 //!   holds only live state. Concurrent requests share one multiplexed connection (pipelined).
 //! - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
 //!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
-//!   usual limit; a request with a longer tolerance goes to `gcra.lua`, exact over the whole
-//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT.
+//!   usual limit, and reads its arguments as binary doubles ([`fits_lean`]); a request with a
+//!   longer tolerance goes to `gcra.lua`, exact over the whole range in pairs of seconds and
+//!   nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
 //! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
 //!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
 //!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
@@ -382,10 +383,14 @@ impl RedisStore {
         let script = if lean { &self.lean } else { &self.script };
         let mut call = script.prepare_invoke();
         call.arg(now.map(|n| n.to_string()).unwrap_or_default());
+        self.push_keys(&mut call, ops, idx);
         if lean {
-            call.arg(1);
+            let mut args = Vec::with_capacity(lean_len(idx.len()));
+            lean_args(&mut args, ops, idx, whole);
+            call.arg(1).arg(args);
+        } else {
+            exact_args(&mut call, ops, idx, whole);
         }
-        self.push_request(&mut call, ops, idx, whole, lean);
         self.stats.round_trip();
         let reply: Vec<Value> = call
             .invoke_async(conn)
@@ -400,34 +405,10 @@ impl RedisStore {
         }
     }
 
-    /// Adds one request's keys and arguments (`whole`, for the lean script its op count, then
-    /// six per op) to a script call.
-    fn push_request(
-        &self,
-        call: &mut redis::ScriptInvocation<'_>,
-        ops: &[Op],
-        idx: &[usize],
-        whole: bool,
-        lean: bool,
-    ) {
-        call.arg(if whole { "1" } else { "0" });
-        if lean {
-            call.arg(idx.len());
-        }
+    /// Adds the counters of `ops[idx]` to a script call's keys, in order.
+    fn push_keys(&self, call: &mut redis::ScriptInvocation<'_>, ops: &[Op], idx: &[usize]) {
         for &i in idx {
-            let op = &ops[i];
-            let mode = match op.mode {
-                Mode::Enforce => 0,
-                Mode::Shadow => 1,
-                Mode::Quota => 2,
-            };
-            call.key(self.key(op.key))
-                .arg(op.quota.interval())
-                .arg(op.quota.tolerance())
-                .arg(op.quota.burst())
-                .arg(op.cost)
-                .arg(mode + if op.refund { 4 } else { 0 })
-                .arg(op.quota.period());
+            call.key(self.key(ops[i].key));
         }
     }
 
@@ -506,12 +487,67 @@ impl RedisStore {
 /// from it, is an integer a double holds exactly.
 const LEAN_LIMIT: u64 = 1 << 52;
 
+/// Below this every integer is a double, exactly: the bound on the lean script's arguments.
+const EXACT_DOUBLE: u64 = 1 << 53;
+
 /// Whether `gcra_lean.lua` decides these ops exactly: every counter's `B·T + T` is below
-/// 2^52 ns. The rest (a tolerance of weeks or more) go to the pair arithmetic of
-/// `gcra.lua`.
+/// 2^52 ns, and its period and cost are below 2^53, so that every argument is exact as a
+/// double. The rest (a tolerance of weeks or more, a period of over 104 days, a cost of 2^53)
+/// go to the pair arithmetic of `gcra.lua`.
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
-    ops.into_iter()
-        .all(|op| op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT)
+    ops.into_iter().all(|op| {
+        op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT
+            && op.quota.period() < EXACT_DOUBLE
+            && op.cost < EXACT_DOUBLE
+    })
+}
+
+/// The bytes of a request of `n` ops in [`lean_args`].
+const fn lean_len(n: usize) -> usize {
+    8 * (2 + 6 * n)
+}
+
+/// Appends one request of `ops[idx]` to the lean script's arguments (its `ARGV[3]`): `whole`,
+/// the op count, then six per op (T, B·T, B, cost, kind, period), each a little-endian double.
+/// Every value is an integer below 2^53 for ops that [`fits_lean`], so each converts exactly.
+fn lean_args(out: &mut Vec<u8>, ops: &[Op], idx: &[usize], whole: bool) {
+    let mut put = |v: u64| out.extend_from_slice(&(v as f64).to_le_bytes());
+    put(u64::from(whole));
+    put(idx.len() as u64);
+    for &i in idx {
+        let op = &ops[i];
+        put(op.quota.interval());
+        put(op.quota.tolerance());
+        put(op.quota.burst());
+        put(op.cost);
+        put(kind(op));
+        put(op.quota.period());
+    }
+}
+
+/// Appends one request of `ops[idx]` to `gcra.lua`'s arguments: `whole`, then six per op (T,
+/// B·T, B, cost, kind, period) in decimal.
+fn exact_args(call: &mut redis::ScriptInvocation<'_>, ops: &[Op], idx: &[usize], whole: bool) {
+    call.arg(if whole { "1" } else { "0" });
+    for &i in idx {
+        let op = &ops[i];
+        call.arg(op.quota.interval())
+            .arg(op.quota.tolerance())
+            .arg(op.quota.burst())
+            .arg(op.cost)
+            .arg(kind(op))
+            .arg(op.quota.period());
+    }
+}
+
+/// An op's kind in the scripts' arguments: 0 enforce, 1 shadow, 2 quota; plus 4 for a refund.
+fn kind(op: &Op) -> u64 {
+    let mode = match op.mode {
+        Mode::Enforce => 0,
+        Mode::Shadow => 1,
+        Mode::Quota => 2,
+    };
+    mode + if op.refund { 4 } else { 0 }
 }
 
 /// Checks that `config` can be used to connect: URLs, TLS options and credentials agree, and
@@ -632,6 +668,83 @@ fn hash_slot(key: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Quota;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn op(period: u64, burst: u64, cost: u64, mode: Mode, refund: bool) -> Op {
+        Op {
+            key: 7,
+            quota: Quota::new(period, burst, burst).unwrap(),
+            cost,
+            refund,
+            mode,
+        }
+    }
+
+    #[test]
+    fn the_lean_arguments_are_exact_doubles_in_order() {
+        let ops = [
+            op(SEC, 10, 1, Mode::Enforce, false),
+            op(60 * SEC, 3, 2, Mode::Quota, true),
+            op(3_600 * SEC, 5, 0, Mode::Shadow, false),
+        ];
+        assert!(fits_lean(&ops));
+        let mut out = Vec::new();
+        lean_args(&mut out, &ops, &[2, 1], false);
+        assert_eq!(out.len(), lean_len(2));
+        let values: Vec<f64> = out
+            .chunks(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let (a, b) = (&ops[2].quota, &ops[1].quota);
+        let expected: Vec<f64> = [
+            0,
+            2,
+            a.interval(),
+            a.tolerance(),
+            5,
+            0,
+            1,
+            a.period(),
+            b.interval(),
+            b.tolerance(),
+            3,
+            2,
+            2 + 4,
+            b.period(),
+        ]
+        .iter()
+        .map(|v| *v as f64)
+        .collect();
+        assert_eq!(values, expected);
+    }
+
+    #[test]
+    fn what_a_double_cannot_hold_goes_to_the_exact_script() {
+        let fits = |o: Op| fits_lean([&o]);
+        assert!(fits(op(SEC, 10, 1, Mode::Enforce, false)));
+        // A year's period is above 2^53 ns even when the bucket is small.
+        assert!(!fits(op(
+            365 * 86_400 * SEC,
+            1_000_000,
+            1,
+            Mode::Enforce,
+            false
+        )));
+        assert!(fits(op(
+            30 * 86_400 * SEC,
+            1_000_000,
+            1,
+            Mode::Enforce,
+            false
+        )));
+        // A cost of 2^53 (a client's hits_addend) is not a double.
+        assert!(!fits(op(SEC, 10, 1 << 53, Mode::Enforce, false)));
+        assert!(fits(op(SEC, 10, (1 << 53) - 1, Mode::Enforce, false)));
+        // A tolerance of 60 days, its period below 2^53: the pair arithmetic all the same.
+        assert!(!fits(op(60 * 86_400 * SEC, 10, 1, Mode::Enforce, false)));
+    }
 
     #[test]
     fn hash_slots_match_redis() {
