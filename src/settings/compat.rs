@@ -2,7 +2,9 @@
 //! settings, so a Deployment written for it runs unchanged. [`from_env`] is a pure function
 //! from the variables to setting overrides (dotted setting names and values) plus warnings for
 //! what is read but not offered; [`super::RawSettings::load`] layers the overrides between the
-//! settings file and `SLUICE_*`, so `SLUICE_*` variables and flags win.
+//! settings file and `SLUICE_*`, so `SLUICE_*` variables and flags win. The reference's default
+//! backend, Redis, where sluice's is memory, goes beneath the settings file instead: an unset
+//! `BACKEND_TYPE` says less than a file that names a backend.
 //!
 //! Compatibility is opt-in: without it none of these names is read, so a stray `PORT` in a
 //! shell never moves a listener. A value that cannot be read is an error naming the variable;
@@ -42,36 +44,54 @@ pub struct CompatError {
 /// What the reference's variables say, as sluice settings.
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct Mapped {
-    /// Setting overrides, nested as the settings file is.
+    /// Setting overrides from the variables that are set, nested as the settings file is: above
+    /// the settings file.
     pub overrides: serde_json::Map<String, Value>,
+    /// The reference's defaults for variables left unset, where they differ from sluice's
+    /// (its backend is Redis): beneath the settings file, which says more than an unset
+    /// variable does.
+    pub defaults: serde_json::Map<String, Value>,
     /// Variables read but not acted on, each with why, for the log.
     pub warnings: Vec<String>,
+    /// Warnings that hold only if every setting named (dotted) still has the value given once
+    /// all the sources are layered: said of a default that nothing else replaced.
+    pub if_kept: Vec<(Vec<(&'static str, Value)>, String)>,
 }
 
 impl Mapped {
     /// Sets the setting at dotted `name`.
     fn set(&mut self, name: &str, value: Value) {
-        let mut parts: Vec<&str> = name.split('.').collect();
-        let last = parts.pop().unwrap_or_default();
-        let mut map = &mut self.overrides;
-        for part in parts {
-            let entry = map
-                .entry(part.to_string())
-                .or_insert_with(|| Value::Object(serde_json::Map::new()));
-            if !entry.is_object() {
-                *entry = Value::Object(serde_json::Map::new());
-            }
-            let Value::Object(inner) = entry else {
-                unreachable!("made an object just above")
-            };
-            map = inner;
-        }
-        map.insert(last.to_string(), value);
+        insert(&mut self.overrides, name, value);
+    }
+
+    /// Sets the setting at dotted `name` beneath the settings file.
+    fn beneath(&mut self, name: &str, value: Value) {
+        insert(&mut self.defaults, name, value);
     }
 
     fn warn(&mut self, text: String) {
         self.warnings.push(text);
     }
+}
+
+/// Inserts `value` at dotted `name` in `map`, making the maps on the way.
+fn insert(map: &mut serde_json::Map<String, Value>, name: &str, value: Value) {
+    let mut parts: Vec<&str> = name.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    let mut map = map;
+    for part in parts {
+        let entry = map
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if !entry.is_object() {
+            *entry = Value::Object(serde_json::Map::new());
+        }
+        let Value::Object(inner) = entry else {
+            unreachable!("made an object just above")
+        };
+        map = inner;
+    }
+    map.insert(last.to_string(), value);
 }
 
 /// The reference's defaults, where its settings combine several variables.
@@ -266,8 +286,10 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         .as_deref()
     {
         // Unset is the reference's default, Redis: a Deployment that names only `REDIS_URL`
-        // shares its budgets, as it did, instead of counting alone on every replica.
-        None | Some("redis") => m.set("backend", json!("redis")),
+        // shares its budgets, as it did, instead of counting alone on every replica. A
+        // settings file that names a backend says more, and wins.
+        None => m.beneath("backend", json!("redis")),
+        Some("redis") => m.set("backend", json!("redis")),
         Some("memcache") => {
             return Err(unsupported_error(
                 "BACKEND_TYPE",
@@ -292,20 +314,31 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         "REDIS_TLS",
     ];
     let target = redis_urls(env)?;
-    if !env.any_set(&redis_vars) && env.get("BACKEND_TYPE").is_none() {
-        m.warn(format!(
-            "BACKEND_TYPE and REDIS_URL unset: counting in Redis at the reference's default, \
-             {}; set SLUICE_BACKEND=memory for counters in memory on each node",
-            target.url
+    if env.any_set(&redis_vars) {
+        m.set("redis.url", json!(target.url));
+        m.set("redis.cluster", json!(target.cluster));
+        if let Some((master_name, sentinels)) = target.sentinel {
+            m.set("redis.sentinel.master_name", json!(master_name));
+            m.set("redis.sentinel.urls", json!(sentinels));
+        } else if env.get("REDIS_SENTINEL_AUTH").is_some() {
+            m.warn("REDIS_SENTINEL_AUTH: not read without REDIS_TYPE=sentinel".into());
+        }
+    } else {
+        // Nothing names Redis: the reference's default socket, beneath a file that names
+        // one, and a word in the log if it is kept.
+        m.beneath("redis.url", json!(target.url));
+        m.beneath("redis.cluster", json!(target.cluster));
+        m.if_kept.push((
+            vec![
+                ("backend", json!("redis")),
+                ("redis.url", json!(target.url)),
+            ],
+            format!(
+                "REDIS_URL unset: counting in Redis at the reference's default, {}; set \
+                 REDIS_URL, or SLUICE_BACKEND=memory for counters in memory on each node",
+                target.url
+            ),
         ));
-    }
-    m.set("redis.url", json!(target.url));
-    m.set("redis.cluster", json!(target.cluster));
-    if let Some((master_name, sentinels)) = target.sentinel {
-        m.set("redis.sentinel.master_name", json!(master_name));
-        m.set("redis.sentinel.urls", json!(sentinels));
-    } else if env.get("REDIS_SENTINEL_AUTH").is_some() {
-        m.warn("REDIS_SENTINEL_AUTH: not read without REDIS_TYPE=sentinel".into());
     }
     // Empty is the reference's default (no prefix); sluice keeps its own then.
     if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
@@ -792,27 +825,40 @@ mod tests {
         map(&all)
     }
 
+    /// The setting at dotted `name` beneath the settings file.
+    fn beneath<'a>(m: &'a Mapped, name: &str) -> Option<&'a Value> {
+        let mut parts = name.split('.');
+        let first = m.defaults.get(parts.next()?)?;
+        parts.try_fold(first, |v, part| v.get(part))
+    }
+
     #[test]
-    fn no_reference_variable_the_references_defaults() {
+    fn no_reference_variable_the_references_defaults_beneath_the_file() {
         let m = map(&[("PATH", "/bin"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")]).unwrap();
-        // The reference counts in Redis over its default unix socket, and feeds statsd.
+        // The reference counts in Redis over its default unix socket, and feeds statsd; an unset
+        // variable says less than a settings file, so both defaults go beneath it.
+        assert!(m.overrides.is_empty(), "{:?}", m.overrides);
         assert_eq!(
-            Value::Object(m.overrides),
+            Value::Object(m.defaults),
             json!({"backend": "redis", "redis": {
                 "url": "unix:///var/run/nutcracker/ratelimit.sock", "cluster": false}})
         );
-        assert_eq!(m.warnings.len(), 2, "{:?}", m.warnings);
-        assert!(m.warnings[0].starts_with("BACKEND_TYPE and REDIS_URL unset"));
-        assert!(m.warnings[1].starts_with("USE_STATSD"));
-        // Naming either the backend or a Redis variable says enough.
-        for vars in [
-            &[("BACKEND_TYPE", "redis")][..],
-            &[("REDIS_URL", "/r.sock")],
-        ] {
-            let m = map(vars).unwrap();
-            assert_eq!(get(&m, "backend"), Some(&json!("redis")));
-            assert!(!m.warnings.iter().any(|w| w.starts_with("BACKEND_TYPE")));
-        }
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].starts_with("USE_STATSD"));
+        // Said only if the default socket is kept (`RawSettings` checks once all is layered).
+        assert_eq!(m.if_kept.len(), 1);
+        assert!(m.if_kept[0].1.starts_with("REDIS_URL unset"));
+        // A set variable goes above the file; the other stays beneath.
+        let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
+        assert_eq!(get(&m, "backend"), Some(&json!("redis")));
+        assert_eq!(get(&m, "redis.url"), None);
+        assert!(beneath(&m, "redis.url").is_some());
+        assert_eq!(m.if_kept.len(), 1);
+        let m = map(&[("REDIS_URL", "/r.sock")]).unwrap();
+        assert_eq!(get(&m, "backend"), None);
+        assert_eq!(beneath(&m, "backend"), Some(&json!("redis")));
+        assert_eq!(get(&m, "redis.url"), Some(&json!("unix:///r.sock")));
+        assert!(m.if_kept.is_empty());
     }
 
     #[test]
@@ -930,7 +976,7 @@ mod tests {
         // The reference's defaults: a unix socket.
         let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
         assert_eq!(
-            get(&m, "redis.url"),
+            beneath(&m, "redis.url"),
             Some(&json!("unix:///var/run/nutcracker/ratelimit.sock"))
         );
         for (vars, variable) in [

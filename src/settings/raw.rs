@@ -470,10 +470,10 @@ impl Default for StoreSettings {
 }
 
 impl RawSettings {
-    /// Layers the sources: defaults, then `file` when given, then (with `compat:
-    /// envoy-ratelimit`, from the file or `SLUICE_COMPAT`) the reference's variables, then
-    /// `SLUICE_*` variables, then `flags`. Nothing is validated yet (see
-    /// [`RawSettings::validate`]).
+    /// Layers the sources: defaults, then (with `compat: envoy-ratelimit`, from the file or
+    /// `SLUICE_COMPAT`) the reference's defaults where they differ from sluice's, then `file`
+    /// when given, then the reference's variables that are set, then `SLUICE_*` variables,
+    /// then `flags`. Nothing is validated yet (see [`RawSettings::validate`]).
     ///
     /// # Errors
     ///
@@ -489,15 +489,18 @@ impl RawSettings {
         flags: &ServeArgs,
         env: std::collections::BTreeMap<String, String>,
     ) -> Result<Self, SettingsError> {
-        let layered = |compat: Option<&serde_json::Map<String, serde_json::Value>>| {
+        let layered = |compat: Option<&compat::Mapped>| {
             let mut builder =
                 Config::builder().add_source(Config::try_from(&RawSettings::default())?);
+            if let Some(mapped) = compat {
+                builder = builder.add_source(Config::try_from(&mapped.defaults)?);
+            }
             if let Some(path) = file {
                 builder =
                     builder.add_source(File::from(path).format(FileFormat::Yaml).required(true));
             }
-            if let Some(overrides) = compat {
-                builder = builder.add_source(Config::try_from(overrides)?);
+            if let Some(mapped) = compat {
+                builder = builder.add_source(Config::try_from(&mapped.overrides)?);
             }
             builder
                 .add_source(
@@ -513,8 +516,11 @@ impl RawSettings {
         let mut settings = layered(None)?;
         if settings.compat == Compat::EnvoyRatelimit {
             let mapped = compat::from_env(&env)?;
-            settings = layered(Some(&mapped.overrides))?;
+            settings = layered(Some(&mapped))?;
             settings.compat_warnings = mapped.warnings;
+            settings
+                .compat_warnings
+                .extend(kept(&settings, mapped.if_kept));
         }
         if let Some(p) = &flags.policies {
             settings.policies.clone_from(p);
@@ -548,6 +554,30 @@ impl RawSettings {
         }
         Ok(settings)
     }
+}
+
+/// The warnings of `if_kept` whose settings all still have the values given in `settings`.
+fn kept(
+    settings: &RawSettings,
+    if_kept: Vec<(Vec<(&'static str, serde_json::Value)>, String)>,
+) -> Vec<String> {
+    let Ok(values) = serde_json::to_value(settings) else {
+        return Vec::new();
+    };
+    let at = |name: &str| {
+        name.split('.')
+            .try_fold(&values, |v, part| v.get(part))
+            .cloned()
+    };
+    if_kept
+        .into_iter()
+        .filter(|(settings, _)| {
+            settings
+                .iter()
+                .all(|(name, v)| at(name).as_ref() == Some(v))
+        })
+        .map(|(_, warning)| warning)
+        .collect()
 }
 
 /// The `SLUICE_*` variables that name a setting. Others are left alone: Kubernetes, for one,
@@ -652,13 +682,54 @@ mod tests {
     }
 
     #[test]
+    fn the_references_unset_backend_is_beneath_the_file_and_said_only_when_kept() {
+        let unset = env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("USE_STATSD", "false"),
+        ]);
+        let said = |s: &RawSettings| s.compat_warnings.iter().any(|w| w.starts_with("REDIS_URL"));
+        // Nothing else: the reference's Redis, at its default socket, and a warning.
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), unset.clone()).unwrap();
+        assert_eq!(s.backend, BackendKind::Redis);
+        assert_eq!(s.redis.url, "unix:///var/run/nutcracker/ratelimit.sock");
+        assert!(said(&s), "{:?}", s.compat_warnings);
+        // A settings file that names the backend, or its Redis, wins over unset variables.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(&path, "backend: memory\n").unwrap();
+        let s =
+            RawSettings::load_with_env(Some(&path), &ServeArgs::default(), unset.clone()).unwrap();
+        assert_eq!(s.backend, BackendKind::Memory);
+        assert!(!said(&s), "{:?}", s.compat_warnings);
+        std::fs::write(
+            &path,
+            "backend: redis\nredis:\n  url: redis://a:6379,redis://b:6379\n  cluster: true\n",
+        )
+        .unwrap();
+        let s =
+            RawSettings::load_with_env(Some(&path), &ServeArgs::default(), unset.clone()).unwrap();
+        assert_eq!(
+            (s.backend, s.redis.url.as_str(), s.redis.cluster),
+            (BackendKind::Redis, "redis://a:6379,redis://b:6379", true)
+        );
+        assert!(!said(&s), "{:?}", s.compat_warnings);
+        // So does SLUICE_BACKEND, and then nothing is said of Redis.
+        let mut vars = unset;
+        vars.insert("SLUICE_BACKEND".into(), "memory".into());
+        let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
+        assert_eq!(s.backend, BackendKind::Memory);
+        assert!(!said(&s), "{:?}", s.compat_warnings);
+    }
+
+    #[test]
     fn merged_domains_and_dynamic_metadata_from_the_reference_and_sluice_names() {
         let reference = env(&[
             ("SLUICE_COMPAT", "envoy-ratelimit"),
             ("MERGE_DOMAIN_CONFIG", "true"),
             ("RESPONSE_DYNAMIC_METADATA", "true"),
             ("USE_STATSD", "false"),
-            ("BACKEND_TYPE", "redis"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
         ]);
         let s = RawSettings::load_with_env(None, &ServeArgs::default(), reference.clone())
             .unwrap()

@@ -21,6 +21,7 @@ Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_compat.py
 
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -96,30 +97,38 @@ class Redis:
 
 
 class Sluice:
-    """`sluice serve` with exactly `env` as its environment; its addresses from its JSON log."""
+    """`sluice serve` with exactly `env` as its environment, once it serves and has connected to
+    Redis (before that a call would get `on_backend_error`); its addresses from its JSON log."""
 
     def __init__(self, env):
         self.proc = subprocess.Popen(
             [os.environ.get("SLUICE", "target/debug/sluice"), "serve"],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         self.log = []
+        lines = queue.Queue()
+
+        def drain():
+            # Read the whole log, so the server never blocks on a full pipe.
+            for line in self.proc.stderr:
+                self.log.append(line)
+                lines.put(line)
+        self.drain = threading.Thread(target=drain, daemon=True)
+        self.drain.start()
         deadline = time.time() + 30
-        while True:
-            if time.time() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"sluice did not start: {self.log}")
-            line = self.proc.stderr.readline()
-            self.log.append(line)
+        seen = set()
+        while seen != {"serving", "connected to redis"}:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                raise RuntimeError(f"sluice did not start and connect: {self.log}") from None
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
+            seen.add(event.get("message"))
+            seen &= {"serving", "connected to redis"}
             if event.get("message") == "serving":
                 self.grpc, self.admin = event["grpc"], event["admin"]
-                break
-        # Keep draining the log, so the server never blocks on a full pipe.
-        self.drain = threading.Thread(
-            target=lambda: [self.log.append(x) for x in self.proc.stderr], daemon=True)
-        self.drain.start()
         self.channel = grpc.insecure_channel(self.grpc)
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
 

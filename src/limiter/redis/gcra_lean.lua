@@ -242,7 +242,8 @@ for _ = 1, tonumber(ARGV[2]) do
       p = { unpack_args(format, args, pos) }
       pos = p[6 * n + 1]
     else
-      -- Op by op: one unpack of so many values would pass the Lua stack's limit.
+      -- Op by op: one unpack of thousands of values would pass the Lua stack's limit
+      -- (about 8,000); past 256 ops, well before it, the values are taken one op at a time.
       p = {}
       for o = 0, 6 * (n - 1), 6 do
         p[o + 1], p[o + 2], p[o + 3], p[o + 4], p[o + 5], p[o + 6], pos = unpack_args('<dddddd', args, pos)

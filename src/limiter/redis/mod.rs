@@ -724,14 +724,18 @@ mod tests {
     fn what_a_double_cannot_hold_goes_to_the_exact_script() {
         let fits = |o: Op| fits_lean([&o]);
         assert!(fits(op(SEC, 10, 1, Mode::Enforce, false)));
-        // A year's period is above 2^53 ns even when the bucket is small.
-        assert!(!fits(op(
-            365 * 86_400 * SEC,
-            1_000_000,
-            1,
-            Mode::Enforce,
-            false
-        )));
+        // A year's period is above 2^53 ns even when the bucket is small: a burst of 1 of a
+        // billion a year (T of 31.5 ms) fits the tolerance bound, not the period's.
+        let yearly = Op {
+            quota: Quota::new(365 * 86_400 * SEC, 1_000_000_000, 1).unwrap(),
+            ..op(SEC, 10, 1, Mode::Enforce, false)
+        };
+        assert!(yearly.quota.tolerance() + yearly.quota.interval() < LEAN_LIMIT);
+        assert!(!fits(yearly));
+        assert!(!fits(Op {
+            quota: Quota::ban(365 * 86_400 * SEC),
+            ..yearly
+        }));
         assert!(fits(op(
             30 * 86_400 * SEC,
             1_000_000,
