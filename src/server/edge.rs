@@ -46,12 +46,30 @@ const RESOURCE_EXHAUSTED: http::HeaderValue = http::HeaderValue::from_static("8"
 pub struct GrpcEdge<S> {
     inner: S,
     timeout: Duration,
+    /// Whether `inner` reads its requests with tonic's decoder, whose `OUT_OF_RANGE` is
+    /// answered `RESOURCE_EXHAUSTED`.
+    tonic_decoder: bool,
 }
 
 impl<S> GrpcEdge<S> {
-    /// `inner`, with calls cut at `timeout`.
+    /// `inner`, with calls cut at `timeout`: a service that refuses oversized messages itself,
+    /// with `RESOURCE_EXHAUSTED`, so its answers pass as they are.
     pub fn new(inner: S, timeout: Duration) -> Self {
-        Self { inner, timeout }
+        Self {
+            inner,
+            timeout,
+            tonic_decoder: false,
+        }
+    }
+
+    /// `inner`, with calls cut at `timeout`, reading its requests with tonic's decoder: its
+    /// `OUT_OF_RANGE` for an oversized message is answered `RESOURCE_EXHAUSTED`.
+    pub fn with_tonic_decoder(inner: S, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            tonic_decoder: true,
+        }
     }
 }
 
@@ -81,7 +99,12 @@ where
         if is_grpc_proto(req.headers().get(http::header::CONTENT_TYPE)) {
             let timeout = client_timeout(req.headers().get("grpc-timeout"))
                 .map_or(self.timeout, |t| t.min(self.timeout));
-            Either::Left(tokio::time::timeout(timeout, self.inner.call(req)).map(finish))
+            let done: fn(_) -> _ = if self.tonic_decoder {
+                finish_corrected
+            } else {
+                finish
+            };
+            Either::Left(tokio::time::timeout(timeout, self.inner.call(req)).map(done))
         } else {
             let mut refused = http::Response::new(R::default());
             *refused.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
@@ -90,15 +113,19 @@ where
     }
 }
 
-/// The service's answer with its code corrected, or `DEADLINE_EXCEEDED` when it took too long.
+/// The service's answer, or `DEADLINE_EXCEEDED` when it took too long.
 fn finish<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E> {
-    match outcome {
-        Ok(answer) => answer.map(exhausted),
-        Err(_) => Ok(Status::deadline_exceeded(
+    outcome.unwrap_or_else(|_| {
+        Ok(Status::deadline_exceeded(
             "the call took longer than its deadline (grpc.request_timeout_ms or a shorter grpc-timeout)",
         )
-        .into_http()),
-    }
+        .into_http())
+    })
+}
+
+/// As [`finish`], with tonic's decoder's code for an oversized message corrected.
+fn finish_corrected<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E> {
+    finish(outcome).map(exhausted)
 }
 
 /// The client's `grpc-timeout` (`TimeoutValue`: at most 8 digits, then `H`, `M`, `S`, `m`, `u`

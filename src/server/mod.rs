@@ -178,7 +178,7 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
             ),
             // The same cap on the health service's messages, refused by tonic's decoder (its
             // `OUT_OF_RANGE` made `RESOURCE_EXHAUSTED` by the edge).
-            health: GrpcEdge::new(
+            health: GrpcEdge::with_tonic_decoder(
                 health.max_decoding_message_size(max_request_bytes),
                 limits.request_timeout,
             ),

@@ -23,6 +23,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{Pin, pin};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -42,16 +43,18 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 const PREFIX: usize = 5;
 
 /// `ShouldRateLimit` answered by `handler`, with request messages limited to `max_request_bytes`.
+/// Each call holds its own reference: a clone is one reference count, not a copy of the
+/// decider's options.
 #[derive(Debug, Clone)]
 pub(crate) struct ShouldRateLimit {
-    handler: RateLimitHandler,
+    handler: Arc<RateLimitHandler>,
     max_request_bytes: usize,
 }
 
 impl ShouldRateLimit {
     pub(crate) fn new(handler: RateLimitHandler, max_request_bytes: usize) -> Self {
         Self {
-            handler,
+            handler: Arc::new(handler),
             max_request_bytes,
         }
     }
