@@ -150,6 +150,10 @@ fn client_timeout(value: Option<&http::HeaderValue>) -> Option<Duration> {
 
 /// `application/grpc` or `application/grpc+proto`, any case, optionally with parameters.
 fn is_grpc_proto(value: Option<&http::HeaderValue>) -> bool {
+    // What Envoy and every gRPC client send, compared at once.
+    if value.is_some_and(|v| v.as_bytes() == b"application/grpc") {
+        return true;
+    }
     let Some(value) = value.and_then(|v| v.to_str().ok()) else {
         return false;
     };
