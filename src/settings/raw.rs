@@ -514,13 +514,12 @@ impl RawSettings {
                 .try_deserialize::<RawSettings>()
         };
         let mut settings = layered(None)?;
+        let mut if_kept = Vec::new();
         if settings.compat == Compat::EnvoyRatelimit {
             let mapped = compat::from_env(&env)?;
             settings = layered(Some(&mapped))?;
             settings.compat_warnings = mapped.warnings;
-            settings
-                .compat_warnings
-                .extend(kept(&settings, mapped.if_kept));
+            if_kept = mapped.if_kept;
         }
         if let Some(p) = &flags.policies {
             settings.policies.clone_from(p);
@@ -552,6 +551,8 @@ impl RawSettings {
         if let Some(h) = flags.response_headers {
             settings.response_headers = h;
         }
+        let kept = kept(&settings, if_kept);
+        settings.compat_warnings.extend(kept);
         Ok(settings)
     }
 }
@@ -713,7 +714,14 @@ mod tests {
             (BackendKind::Redis, "redis://a:6379,redis://b:6379", true)
         );
         assert!(!said(&s), "{:?}", s.compat_warnings);
-        // So does SLUICE_BACKEND, and then nothing is said of Redis.
+        // So do SLUICE_BACKEND and --backend, and then nothing is said of Redis.
+        let flags = ServeArgs {
+            backend: Some(BackendKind::Memory),
+            ..ServeArgs::default()
+        };
+        let s = RawSettings::load_with_env(None, &flags, unset.clone()).unwrap();
+        assert_eq!(s.backend, BackendKind::Memory);
+        assert!(!said(&s), "{:?}", s.compat_warnings);
         let mut vars = unset;
         vars.insert("SLUICE_BACKEND".into(), "memory".into());
         let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
