@@ -174,6 +174,18 @@ fn open_at(config: RedisConfig, clock: &Arc<ManualClock>) -> Arc<RedisStore> {
     store
 }
 
+/// A connected store on a redis-server of its own, its keys under `prefix`, deciding at the
+/// returned clock's time (starting at `start`).
+async fn store_at(prefix: &str, start: u64) -> (RedisProcess, Arc<ManualClock>, Arc<RedisStore>) {
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(start));
+    let mut config = config(&redis.url());
+    config.key_prefix = prefix.into();
+    let store = open_at(config, &clock);
+    connected(&store).await;
+    (redis, clock, store)
+}
+
 fn spawn_connect(store: &Arc<RedisStore>) {
     let store = Arc::clone(store);
     tokio::spawn(async move { store.connect().await });
@@ -251,15 +263,8 @@ async fn the_lean_script_gives_the_same_decisions_as_memory() {
     if redis_missing("the_lean_script_gives_the_same_decisions_as_memory") {
         return;
     }
-    let redis = RedisProcess::start();
-    let clock = Arc::new(ManualClock::new(0));
-    let mut config = config(&redis.url());
-    config.key_prefix = "lean:".into();
-    let store = open_at(config, &clock);
-    connected(&store).await;
-    let mut quotas = quotas();
-    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
-    let lean = run_schedule(&store, &clock, 400, quotas).await;
+    let (_redis, clock, store) = store_at("lean:", 0).await;
+    let lean = run_schedule(&store, &clock, 400, lean_quotas()).await;
     assert_eq!(lean, 400, "every request fits the lean script");
 }
 
@@ -271,14 +276,8 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
     if redis_missing("requests_of_hundreds_of_descriptors_decide_as_in_memory") {
         return;
     }
-    let redis = RedisProcess::start();
-    let clock = Arc::new(ManualClock::new(0));
-    let mut config = config(&redis.url());
-    config.key_prefix = "wide:".into();
-    let store = open_at(config, &clock);
-    connected(&store).await;
-    let mut quotas = quotas();
-    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    let (_redis, clock, store) = store_at("wide:", 0).await;
+    let quotas = lean_quotas();
     let memory = MemoryStore::new();
     let mut rng = Lcg(0x31de);
     let mut now = 1_800_000_000 * SEC;
@@ -336,14 +335,8 @@ async fn coalesced_requests_give_the_same_decisions_as_memory() {
         return;
     }
     const CLIENTS: u128 = 32;
-    let redis = RedisProcess::start();
-    let clock = Arc::new(ManualClock::new(0));
-    let mut config = config(&redis.url());
-    config.key_prefix = "coalesce:".into();
-    let store = open_at(config, &clock);
-    connected(&store).await;
-    let mut quotas = quotas();
-    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    let (_redis, clock, store) = store_at("coalesce:", 0).await;
+    let quotas = lean_quotas();
     let memories: Vec<MemoryStore> = (0..CLIENTS).map(|_| MemoryStore::new()).collect();
     let mut rngs: Vec<Lcg> = (0..CLIENTS).map(|c| Lcg(0x5eed + c as u64)).collect();
     let mut now = 1_800_000_000 * SEC;
@@ -392,12 +385,7 @@ async fn coalesced_requests_on_one_counter_admit_exactly_the_burst() {
     if redis_missing("coalesced_requests_on_one_counter_admit_exactly_the_burst") {
         return;
     }
-    let redis = RedisProcess::start();
-    let clock = Arc::new(ManualClock::new(1_800_000_000 * SEC));
-    let mut config = config(&redis.url());
-    config.key_prefix = "coalesce-one:".into();
-    let store = open_at(config, &clock);
-    connected(&store).await;
+    let (_redis, _clock, store) = store_at("coalesce-one:", 1_800_000_000 * SEC).await;
     let op = [Op {
         key: 42,
         quota: Quota::new(3_600 * SEC, 10, 10).unwrap(),
@@ -444,6 +432,13 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
 }
 
 /// The quotas of the parity schedules.
+/// [`quotas`] with the year-long one replaced by a 30-day one: every op fits the lean script.
+fn lean_quotas() -> [Quota; 5] {
+    let mut quotas = quotas();
+    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    quotas
+}
+
 fn quotas() -> [Quota; 5] {
     [
         Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
