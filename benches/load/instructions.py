@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
+import callgrind  # noqa: E402  (reading the dumps, shared with benches/redis)
 import run  # noqa: E402  (the load benchmark's helpers)
 
 
@@ -53,10 +55,7 @@ def measure(binary, policies, drive, work):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    dumps = sorted(Path(work).glob("callgrind.out.*"), key=lambda p: p.stat().st_mtime)
-    text = subprocess.run(["callgrind_annotate", str(dumps[-1])], capture_output=True, text=True,
-                          check=True).stdout
-    total = int(re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
+    total = callgrind.total(work, "callgrind.out")
     for p in Path(work).glob("callgrind.out*"):
         p.unlink()
     calls = after - before or answered

@@ -27,7 +27,6 @@ Needs valgrind and redis-server; no Python package beyond the standard library.
 
 import os
 import random
-import re
 import shutil
 import socket
 import struct
@@ -36,6 +35,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+import callgrind  # noqa: E402  (reading the dumps, shared with benches/load)
 
 # T = 0.1 s, B·T = 1 s, B = 10, cost 1, enforce, period 1 s.
 OP = (100_000_000, 1_000_000_000, 10, 1, 0, 1_000_000_000)
@@ -121,10 +123,7 @@ def measure(script, keysn, batch, calls):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    dumps = sorted(Path(work).glob("cg.out.*"), key=lambda p: p.stat().st_mtime)
-    text = subprocess.run(["callgrind_annotate", str(dumps[-1])], capture_output=True, text=True,
-                          check=True).stdout
-    total = int(re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
+    total = callgrind.total(work, "cg.out")
     shutil.rmtree(work, ignore_errors=True)
     requests = calls * (batch if script.name == "gcra_lean.lua" else 1)
     return total // requests
