@@ -148,7 +148,8 @@ pub struct Decider {
     policies: PolicyHandle,
     backend: Backend,
     metrics: Arc<Metrics>,
-    options: Options,
+    /// Shared, so that a clone (one per `/json` request, for one) copies no header names.
+    options: Arc<Options>,
     /// With a Redis backend: the node's mode and who answered, and the local store
     /// `on_backend_error: local` counts in.
     local: Option<Arc<LocalFallback>>,
@@ -167,7 +168,7 @@ impl Decider {
             policies,
             backend,
             metrics,
-            options,
+            options: Arc::new(options),
             local: None,
         }
     }
