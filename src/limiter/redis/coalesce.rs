@@ -228,9 +228,8 @@ impl RedisStore {
         let mut call = self.lean.prepare_invoke();
         let mut args = Vec::with_capacity(batch.iter().map(|p| lean_len(p.ops.len())).sum());
         for p in batch {
-            let all: Vec<usize> = (0..p.ops.len()).collect();
-            self.push_keys(&mut call, &p.ops, &all);
-            lean_args(&mut args, &p.ops, &all, true);
+            self.push_keys(&mut call, &p.ops);
+            lean_args(&mut args, p.ops.iter(), true);
             sizes.push(p.ops.len());
         }
         call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())

@@ -379,17 +379,18 @@ impl RedisStore {
         whole: bool,
         now: Option<u64>,
     ) -> Result<(bool, Vec<Outcome>), BackendError> {
-        let lean = fits_lean(idx.iter().map(|&i| &ops[i]));
+        let picked = || idx.iter().map(|&i| &ops[i]);
+        let lean = fits_lean(picked());
         let script = if lean { &self.lean } else { &self.script };
         let mut call = script.prepare_invoke();
         call.arg(now.map(|n| n.to_string()).unwrap_or_default());
-        self.push_keys(&mut call, ops, idx);
+        self.push_keys(&mut call, picked());
         if lean {
             let mut args = Vec::with_capacity(lean_len(idx.len()));
-            lean_args(&mut args, ops, idx, whole);
+            lean_args(&mut args, picked(), whole);
             call.arg(1).arg(args);
         } else {
-            exact_args(&mut call, ops, idx, whole);
+            exact_args(&mut call, picked(), whole);
         }
         self.stats.round_trip();
         let reply: Vec<Value> = call
@@ -405,10 +406,14 @@ impl RedisStore {
         }
     }
 
-    /// Adds the counters of `ops[idx]` to a script call's keys, in order.
-    fn push_keys(&self, call: &mut redis::ScriptInvocation<'_>, ops: &[Op], idx: &[usize]) {
-        for &i in idx {
-            call.key(self.key(ops[i].key));
+    /// Adds the counters of `ops` to a script call's keys, in order.
+    fn push_keys<'a>(
+        &self,
+        call: &mut redis::ScriptInvocation<'_>,
+        ops: impl IntoIterator<Item = &'a Op>,
+    ) {
+        for op in ops {
+            call.key(self.key(op.key));
         }
     }
 
@@ -507,15 +512,14 @@ const fn lean_len(n: usize) -> usize {
     8 * (2 + 6 * n)
 }
 
-/// Appends one request of `ops[idx]` to the lean script's arguments (its `ARGV[3]`): `whole`,
-/// the op count, then six per op (T, B·T, B, cost, kind, period), each a little-endian double.
+/// Appends one request of `ops` to the lean script's arguments (its `ARGV[3]`): `whole`, the
+/// op count, then six per op (T, B·T, B, cost, kind, period), each a little-endian double.
 /// Every value is an integer below 2^53 for ops that [`fits_lean`], so each converts exactly.
-fn lean_args(out: &mut Vec<u8>, ops: &[Op], idx: &[usize], whole: bool) {
+fn lean_args<'a>(out: &mut Vec<u8>, ops: impl ExactSizeIterator<Item = &'a Op>, whole: bool) {
     let mut put = |v: u64| out.extend_from_slice(&(v as f64).to_le_bytes());
     put(u64::from(whole));
-    put(idx.len() as u64);
-    for &i in idx {
-        let op = &ops[i];
+    put(ops.len() as u64);
+    for op in ops {
         put(op.quota.interval());
         put(op.quota.tolerance());
         put(op.quota.burst());
@@ -525,12 +529,15 @@ fn lean_args(out: &mut Vec<u8>, ops: &[Op], idx: &[usize], whole: bool) {
     }
 }
 
-/// Appends one request of `ops[idx]` to `gcra.lua`'s arguments: `whole`, then six per op (T,
-/// B·T, B, cost, kind, period) in decimal.
-fn exact_args(call: &mut redis::ScriptInvocation<'_>, ops: &[Op], idx: &[usize], whole: bool) {
+/// Appends one request of `ops` to `gcra.lua`'s arguments: `whole`, then six per op (T, B·T,
+/// B, cost, kind, period) in decimal.
+fn exact_args<'a>(
+    call: &mut redis::ScriptInvocation<'_>,
+    ops: impl IntoIterator<Item = &'a Op>,
+    whole: bool,
+) {
     call.arg(if whole { "1" } else { "0" });
-    for &i in idx {
-        let op = &ops[i];
+    for op in ops {
         call.arg(op.quota.interval())
             .arg(op.quota.tolerance())
             .arg(op.quota.burst())
@@ -691,7 +698,7 @@ mod tests {
         ];
         assert!(fits_lean(&ops));
         let mut out = Vec::new();
-        lean_args(&mut out, &ops, &[2, 1], false);
+        lean_args(&mut out, [&ops[2], &ops[1]].into_iter(), false);
         assert_eq!(out.len(), lean_len(2));
         let values: Vec<f64> = out
             .chunks(8)
