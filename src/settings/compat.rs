@@ -53,9 +53,9 @@ pub(super) struct Mapped {
     pub defaults: serde_json::Map<String, Value>,
     /// Variables read but not acted on, each with why, for the log.
     pub warnings: Vec<String>,
-    /// Warnings that hold only if every setting named (dotted) still has the value given once
-    /// all the sources are layered: said of a default that nothing else replaced.
-    pub if_kept: Vec<(Vec<(&'static str, Value)>, String)>,
+    /// With no Redis variable set: the reference's default socket, which deserves a warning if
+    /// it is still the Redis counted in once every source is layered.
+    pub default_socket: Option<String>,
 }
 
 impl Mapped {
@@ -328,17 +328,7 @@ fn backend(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         // one, and a word in the log if it is kept.
         m.beneath("redis.url", json!(target.url));
         m.beneath("redis.cluster", json!(target.cluster));
-        m.if_kept.push((
-            vec![
-                ("backend", json!("redis")),
-                ("redis.url", json!(target.url)),
-            ],
-            format!(
-                "REDIS_URL unset: counting in Redis at the reference's default, {}; set \
-                 REDIS_URL, or SLUICE_BACKEND=memory for counters in memory on each node",
-                target.url
-            ),
-        ));
+        m.default_socket = Some(target.url);
     }
     // Empty is the reference's default (no prefix); sluice keeps its own then.
     if let Some(prefix) = env.get("CACHE_KEY_PREFIX") {
@@ -846,19 +836,21 @@ mod tests {
         assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
         assert!(m.warnings[0].starts_with("USE_STATSD"));
         // Said only if the default socket is kept (`RawSettings` checks once all is layered).
-        assert_eq!(m.if_kept.len(), 1);
-        assert!(m.if_kept[0].1.starts_with("REDIS_URL unset"));
+        assert_eq!(
+            m.default_socket.as_deref(),
+            Some("unix:///var/run/nutcracker/ratelimit.sock")
+        );
         // A set variable goes above the file; the other stays beneath.
         let m = map(&[("BACKEND_TYPE", "redis")]).unwrap();
         assert_eq!(get(&m, "backend"), Some(&json!("redis")));
         assert_eq!(get(&m, "redis.url"), None);
         assert!(beneath(&m, "redis.url").is_some());
-        assert_eq!(m.if_kept.len(), 1);
+        assert!(m.default_socket.is_some());
         let m = map(&[("REDIS_URL", "/r.sock")]).unwrap();
         assert_eq!(get(&m, "backend"), None);
         assert_eq!(beneath(&m, "backend"), Some(&json!("redis")));
         assert_eq!(get(&m, "redis.url"), Some(&json!("unix:///r.sock")));
-        assert!(m.if_kept.is_empty());
+        assert_eq!(m.default_socket, None);
     }
 
     #[test]

@@ -514,12 +514,12 @@ impl RawSettings {
                 .try_deserialize::<RawSettings>()
         };
         let mut settings = layered(None)?;
-        let mut if_kept = Vec::new();
+        let mut default_socket = None;
         if settings.compat == Compat::EnvoyRatelimit {
             let mapped = compat::from_env(&env)?;
             settings = layered(Some(&mapped))?;
             settings.compat_warnings = mapped.warnings;
-            if_kept = mapped.if_kept;
+            default_socket = mapped.default_socket;
         }
         if let Some(p) = &flags.policies {
             settings.policies.clone_from(p);
@@ -551,34 +551,18 @@ impl RawSettings {
         if let Some(h) = flags.response_headers {
             settings.response_headers = h;
         }
-        let kept = kept(&settings, if_kept);
-        settings.compat_warnings.extend(kept);
+        // Said once the file, `SLUICE_*` and the flags have had their say.
+        if let Some(url) = default_socket
+            && settings.backend == BackendKind::Redis
+            && settings.redis.url == url
+        {
+            settings.compat_warnings.push(format!(
+                "REDIS_URL unset: counting in Redis at the reference's default, {url}; set \
+                 REDIS_URL, or SLUICE_BACKEND=memory for counters in memory on each node"
+            ));
+        }
         Ok(settings)
     }
-}
-
-/// The warnings of `if_kept` whose settings all still have the values given in `settings`.
-fn kept(
-    settings: &RawSettings,
-    if_kept: Vec<(Vec<(&'static str, serde_json::Value)>, String)>,
-) -> Vec<String> {
-    let Ok(values) = serde_json::to_value(settings) else {
-        return Vec::new();
-    };
-    let at = |name: &str| {
-        name.split('.')
-            .try_fold(&values, |v, part| v.get(part))
-            .cloned()
-    };
-    if_kept
-        .into_iter()
-        .filter(|(settings, _)| {
-            settings
-                .iter()
-                .all(|(name, v)| at(name).as_ref() == Some(v))
-        })
-        .map(|(_, warning)| warning)
-        .collect()
 }
 
 /// The `SLUICE_*` variables that name a setting. Others are left alone: Kubernetes, for one,
