@@ -601,6 +601,67 @@ async fn one_round_trip_per_request() {
     assert_eq!(trips().await, before + 1.0);
 }
 
+/// Every counter the lean script writes at Redis time expires at its TAT's millisecond (floor):
+/// Redis deletes a key only once its clock has passed that millisecond, so a key is never gone
+/// while its TAT is ahead, and it outlives its TAT by less than a millisecond. Covers the
+/// one-charge path, a multi-descriptor request and a coalesced batch.
+#[tokio::test]
+async fn stored_counters_expire_at_their_tat() {
+    if redis_missing("stored_counters_expire_at_their_tat") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut config = config(&redis.url());
+    config.key_prefix = "ttl:".into();
+    let store = open(config);
+    connected(&store).await;
+    let op = |key: u128, quota: Quota, cost: u64| Op {
+        key,
+        quota,
+        cost,
+        refund: false,
+        mode: Mode::Enforce,
+    };
+    let minute = Quota::new(60 * SEC, 60, 60).unwrap(); // T = 1 s: the keys outlive this test
+    let hour = Quota::new(3_600 * SEC, 7, 7).unwrap(); // T = 514 s, debts beyond a second
+    store.check_batch(&[op(1, minute, 1)]).await.unwrap();
+    store
+        .check_batch(&[op(2, minute, 3), op(3, hour, 2)])
+        .await
+        .unwrap();
+    let batch: Vec<Vec<Op>> = (4..20u128)
+        .map(|k| vec![op(k, minute, 1 + (k % 5) as u64), op(100 + k, hour, 1)])
+        .collect();
+    for b in futures_util::future::join_all(batch.iter().map(|ops| store.check_batch(ops))).await {
+        assert!(!b.unwrap().blocked);
+    }
+    let cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let keys: Vec<String> = cli(&["--scan", "--pattern", "ttl:*"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 3 + 2 * 16, "{keys:?}");
+    for key in &keys {
+        let (tat, at) = (cli(&["GET", key]), cli(&["PEXPIRETIME", key]));
+        let (tat, at): (u128, u128) = match (tat.trim().parse(), at.trim().parse()) {
+            (Ok(tat), Ok(at)) => (tat, at),
+            _ => panic!("{key}: GET {tat:?}, PEXPIRETIME {at:?}"),
+        };
+        assert_eq!(
+            at,
+            tat / 1_000_000,
+            "{key}: TAT {tat} ns, expires at {at} ms"
+        );
+    }
+}
+
 #[tokio::test]
 async fn redis_down_answers_fast_with_the_configured_answer_and_recovers() {
     if redis_missing("redis_down_answers_fast_with_the_configured_answer_and_recovers") {

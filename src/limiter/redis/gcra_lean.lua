@@ -12,7 +12,10 @@
 -- what the ones before it charged: the same as separate calls in that order.
 --
 -- KEYS     the counters of every op of every request, in order (a decimal TAT in nanoseconds,
---          with a TTL of TAT - now)
+--          expiring at the TAT's millisecond, rounded down: `SET ... PXAT`, Redis 6.2 or later).
+--          Redis deletes a key only once its clock is past that millisecond, so a key is never
+--          gone while its TAT is ahead, and outlives it by less than a millisecond. The expiry
+--          is the TAT's own leading digits: no number is formatted for it.
 -- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME; an injected time is for tests, and then
 --          keys get no TTL
 -- ARGV[2]  the number of requests
@@ -27,6 +30,8 @@
 local G = 1000000000
 local floor = math.floor
 local unpack_args = struct.unpack
+-- Locals for the globals the loops use: a global is a table lookup at every use.
+local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
 local args = ARGV[3]
 
 local now_s, now_ns
@@ -37,10 +42,10 @@ if injected then
   if len <= 9 then
     now_s, now_ns = 0, tonumber(s)
   else
-    now_s, now_ns = tonumber(string.sub(s, 1, len - 9)), tonumber(string.sub(s, len - 8))
+    now_s, now_ns = tonumber(sub(s, 1, len - 9)), tonumber(sub(s, len - 8))
   end
 else
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
 end
 
@@ -49,7 +54,7 @@ end
 -- path. Its TAT write is `write` below, inlined: defining that function first (a closure per
 -- call) would cost this path about 5 % more Redis work.
 local w1, n1, mode, burst, period, T, tol, c
-if ARGV[2] == '1' and #KEYS == 1 then
+if ARGV[2] == '1' and #keys == 1 then
   w1, n1, T, tol, burst, c, mode, period = unpack_args('<dddddddd', args)
 end
 if mode and mode < 4 then
@@ -57,15 +62,15 @@ if mode and mode < 4 then
   if burst == 0 then
     return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period }
   end
-  local key = KEYS[1]
+  local key = keys[1]
   local d = 0
-  local v = redis.call('GET', key)
+  local v = call('GET', key)
   if v then
     local len = #v
     if len <= 9 then
       d = tonumber(v) - now_ns - now_s * G
     else
-      d = (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
+      d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
     end
     if d > tol then d = tol elseif d < 0 then d = 0 end
   end
@@ -82,11 +87,11 @@ if mode and mode < 4 then
     local ns = now_ns + new % G
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
-    if s == 0 then tat = string.format('%d', ns) else tat = string.format('%d%09d', s, ns) end
+    if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
     if injected then
-      redis.call('SET', key, tat)
+      call('SET', key, tat)
     else
-      redis.call('SET', key, tat, 'PX', math.ceil(new / 1000000))
+      call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
     end
   end
   local q = floor((tol - new) / T)
@@ -94,39 +99,58 @@ if mode and mode < 4 then
   return { 0, 1, q, new }
 end
 
--- The debt (TAT - now) of a stored TAT, 0 for none: exact while below 2^53; beyond, only its
+-- Every counter of the batch read in one call; `cur` then follows the batch's own writes. A
+-- counter's debt (TAT - now) is 0 for no key; it is exact while below 2^53, and beyond, only its
 -- sign and that it exceeds every tolerance here matter, and both hold.
-local function debt_of(v)
-  if not v then return 0 end
-  local len = #v
-  if len <= 9 then return tonumber(v) - now_ns - now_s * G end
-  return (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
-end
-
--- Every counter of the batch read in one call; `cur` then follows the batch's own writes.
-local stored = redis.call('MGET', unpack(KEYS))
+local stored = call('MGET', unpack(keys))
 local cur = {}
-for i = 1, #KEYS do
-  if cur[KEYS[i]] == nil then cur[KEYS[i]] = debt_of(stored[i]) end
+for i = 1, #keys do
+  local key = keys[i]
+  if cur[key] == nil then
+    local v = stored[i]
+    local d = 0
+    if v then
+      local len = #v
+      if len <= 9 then
+        d = tonumber(v) - now_ns - now_s * G
+      else
+        d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
+      end
+    end
+    cur[key] = d
+  end
 end
 
--- Writes TAT = now + debt, with a TTL of debt (rounded up to milliseconds); a debt of 0 is a
--- full bucket, the same as no key.
+-- The decimal seconds of the batch's TATs, each formatted once: a batch's TATs fall in a few
+-- seconds, so most writes format only their nanoseconds.
+local seconds = {}
+
+-- Writes TAT = now + debt, to expire at the TAT's millisecond; a debt of 0 is a full bucket, the
+-- same as no key.
 local function write(key, debt)
   cur[key] = debt
   if debt <= 0 then
-    redis.call('DEL', key)
+    call('DEL', key)
     return
   end
   local s = now_s + floor(debt / G)
   local ns = now_ns + debt % G
   if ns >= G then s, ns = s + 1, ns - G end
   local tat
-  if s == 0 then tat = string.format('%d', ns) else tat = string.format('%d%09d', s, ns) end
-  if injected then
-    redis.call('SET', key, tat)
+  if s == 0 then
+    tat = format('%d', ns)
   else
-    redis.call('SET', key, tat, 'PX', math.ceil(debt / 1000000))
+    local prefix = seconds[s]
+    if not prefix then
+      prefix = format('%d', s)
+      seconds[s] = prefix
+    end
+    tat = prefix .. format('%09d', ns)
+  end
+  if injected then
+    call('SET', key, tat)
+  else
+    call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
   end
 end
 
@@ -139,7 +163,7 @@ local function quot(a, t)
 end
 
 local reply = {}
-local k = 0 -- KEYS before this request's
+local k = 0 -- keys before this request's
 local pos = 1 -- this request's first byte in args
 -- One charge of a batch: the straight path above, on the batch's view of its counter.
 local function one(whole, T, tol, burst, c, mode, period, key)
@@ -169,17 +193,16 @@ local function plain(n, p, k)
       return false
     end
     for j = 1, i - 1 do
-      if KEYS[k + j] == KEYS[k + i] then return false end
+      if keys[k + j] == keys[k + i] then return false end
     end
   end
   local at = #reply + 1
   reply[at] = 0
   local blocked = false
-  local new = {}
   for i = 1, n do
     local oi = (i - 1) * 6
     local T, tol, burst, c = p[oi + 1], p[oi + 2], p[oi + 3], p[oi + 4]
-    local d = cur[KEYS[k + i]]
+    local d = cur[keys[k + i]]
     if d > tol then d = tol elseif d < 0 then d = 0 end
     local debt = d + c * T
     local r = at + 1 + (i - 1) * 3
@@ -188,31 +211,35 @@ local function plain(n, p, k)
       reply[r], reply[r + 1] = 0, quot(tol - d, T)
       if c > burst then reply[r + 2] = d else reply[r + 2] = debt - tol end
     else
-      new[i] = debt
-      reply[r], reply[r + 1], reply[r + 2] = 1, quot(tol - debt, T), debt
+      -- An admitted op's wait is its new debt, the value to write. Its remaining is quot()
+      -- inlined: this is the hot loop of a multi-descriptor request.
+      local a = tol - debt
+      local q = floor(a / T)
+      if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      reply[r], reply[r + 1], reply[r + 2] = 1, q, debt
     end
   end
   if blocked then
     reply[at] = 1
     -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
     for i = 1, n do
-      if new[i] then
+      if reply[at + 1 + (i - 1) * 3] == 1 then
         local oi = (i - 1) * 6
         local T, tol = p[oi + 1], p[oi + 2]
-        local d = cur[KEYS[k + i]]
+        local d = cur[keys[k + i]]
         if d > tol then d = tol elseif d < 0 then d = 0 end
         local r = at + 1 + (i - 1) * 3
         reply[r + 1], reply[r + 2] = quot(tol - d, T), d
       end
     end
   else
-    for i = 1, n do write(KEYS[k + i], new[i]) end
+    for i = 1, n do write(keys[k + i], reply[at + (i - 1) * 3 + 3]) end
   end
   return true
 end
 
 -- The unpack format of n ops' values, made once per op count.
-local formats = {}
+local layouts = {}
 for _ = 1, tonumber(ARGV[2]) do
   local w, n
   w, n, pos = unpack_args('<dd', args, pos)
@@ -222,7 +249,7 @@ for _ = 1, tonumber(ARGV[2]) do
     local T1, tol1, burst1, c1, mode1, period1
     T1, tol1, burst1, c1, mode1, period1, pos = unpack_args('<dddddd', args, pos)
     if mode1 < 4 then
-      local blocked, ok, rem, wait = one(whole, T1, tol1, burst1, c1, mode1, period1, KEYS[k + 1])
+      local blocked, ok, rem, wait = one(whole, T1, tol1, burst1, c1, mode1, period1, keys[k + 1])
       reply[#reply + 1] = blocked
       reply[#reply + 1] = ok
       reply[#reply + 1] = rem
@@ -234,12 +261,12 @@ for _ = 1, tonumber(ARGV[2]) do
   else
     if n <= 256 then
       -- All 6n values at once, into a table made at its size.
-      local format = formats[n]
-      if not format then
-        format = '<' .. string.rep('d', 6 * n)
-        formats[n] = format
+      local layout = layouts[n]
+      if not layout then
+        layout = '<' .. string.rep('d', 6 * n)
+        layouts[n] = layout
       end
-      p = { unpack_args(format, args, pos) }
+      p = { unpack_args(layout, args, pos) }
       pos = p[6 * n + 1]
     else
       -- Op by op: one unpack of thousands of values would pass the Lua stack's limit
@@ -261,7 +288,7 @@ for _ = 1, tonumber(ARGV[2]) do
     local kind = p[o + 5]
     T[i], tol[i], burst[i] = p[o + 1], p[o + 2], p[o + 3]
     cost[i], mode[i], refund[i], period[i] = p[o + 4], kind % 4, kind >= 4, p[o + 6]
-    key[i] = KEYS[k + i]
+    key[i] = keys[k + i]
   end
   k = k + n
 
