@@ -249,11 +249,9 @@ for _ = 1, tonumber(ARGV[2]) do
     local T1, tol1, burst1, c1, mode1, period1
     T1, tol1, burst1, c1, mode1, period1, pos = unpack_args('<dddddd', args, pos)
     if mode1 < 4 then
-      local blocked, ok, rem, wait = one(whole, T1, tol1, burst1, c1, mode1, period1, keys[k + 1])
-      reply[#reply + 1] = blocked
-      reply[#reply + 1] = ok
-      reply[#reply + 1] = rem
-      reply[#reply + 1] = wait
+      local at = #reply
+      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+        one(whole, T1, tol1, burst1, c1, mode1, period1, keys[k + 1])
       k = k + 1
     else
       p = { T1, tol1, burst1, c1, mode1, period1 }
