@@ -99,26 +99,21 @@ if mode and mode < 4 then
   return { 0, 1, q, new }
 end
 
--- Every counter of the batch read in one call; `cur` then follows the batch's own writes. A
--- counter's debt (TAT - now) is 0 for no key; it is exact while below 2^53, and beyond, only its
+-- The debt (TAT - now) of a stored TAT, 0 for none: exact while below 2^53; beyond, only its
 -- sign and that it exceeds every tolerance here matter, and both hold.
+local function debt_of(v)
+  if not v then return 0 end
+  local len = #v
+  if len <= 9 then return tonumber(v) - now_ns - now_s * G end
+  return (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
+end
+
+-- Every counter of the batch read in one call; `cur` then follows the batch's own writes.
 local stored = call('MGET', unpack(keys))
 local cur = {}
 for i = 1, #keys do
   local key = keys[i]
-  if cur[key] == nil then
-    local v = stored[i]
-    local d = 0
-    if v then
-      local len = #v
-      if len <= 9 then
-        d = tonumber(v) - now_ns - now_s * G
-      else
-        d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
-      end
-    end
-    cur[key] = d
-  end
+  if cur[key] == nil then cur[key] = debt_of(stored[i]) end
 end
 
 -- The decimal seconds of the batch's TATs, each formatted once: a batch's TATs fall in a few
