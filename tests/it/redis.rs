@@ -622,15 +622,16 @@ async fn stored_counters_expire_at_their_tat() {
         refund: false,
         mode: Mode::Enforce,
     };
-    let minute = Quota::new(60 * SEC, 60, 60).unwrap(); // T = 1 s: the keys outlive this test
-    let hour = Quota::new(3_600 * SEC, 7, 7).unwrap(); // T = 514 s, debts beyond a second
-    store.check_batch(&[op(1, minute, 1)]).await.unwrap();
+    // Every debt is a minute or more, so no key expires while the test reads them.
+    let sixty = Quota::new(3_600 * SEC, 60, 60).unwrap(); // T = 60 s
+    let seven = Quota::new(3_600 * SEC, 7, 7).unwrap(); // T = 514 s
+    store.check_batch(&[op(1, sixty, 1)]).await.unwrap();
     store
-        .check_batch(&[op(2, minute, 3), op(3, hour, 2)])
+        .check_batch(&[op(2, sixty, 3), op(3, seven, 2)])
         .await
         .unwrap();
     let batch: Vec<Vec<Op>> = (4..20u128)
-        .map(|k| vec![op(k, minute, 1 + (k % 5) as u64), op(100 + k, hour, 1)])
+        .map(|k| vec![op(k, sixty, 1 + (k % 5) as u64), op(100 + k, seven, 1)])
         .collect();
     for b in futures_util::future::join_all(batch.iter().map(|ops| store.check_batch(ops))).await {
         assert!(!b.unwrap().blocked);
