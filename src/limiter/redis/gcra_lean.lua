@@ -28,7 +28,8 @@
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns).
 
 local G = 1000000000
-local floor = math.floor
+-- floor(x) is written x - x % 1, and a debt's whole seconds (d - d % G) / G: exact for these
+-- values, and arithmetic in Lua's VM rather than a call of math.floor.
 local unpack_args = struct.unpack
 -- Locals for the globals the loops use: a global is a table lookup at every use.
 local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
@@ -76,15 +77,17 @@ if mode and mode < 4 then
   end
   local new = d + c * T
   if c > burst or new > tol then
-    local q = floor((tol - d) / T)
+    local q = (tol - d) / T
+    q = q - q % 1
     if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
     local w = new - tol
     if c > burst then w = d end
     return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w }
   end
   if c > 0 and new > 0 then
-    local s = now_s + floor(new / G)
-    local ns = now_ns + new % G
+    local r = new % G
+    local s = now_s + (new - r) / G
+    local ns = now_ns + r
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
     if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
@@ -94,7 +97,8 @@ if mode and mode < 4 then
       call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
     end
   end
-  local q = floor((tol - new) / T)
+  local q = (tol - new) / T
+  q = q - q % 1
   if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
   return { 0, 1, q, new }
 end
@@ -128,8 +132,9 @@ local function write(key, debt)
     call('DEL', key)
     return
   end
-  local s = now_s + floor(debt / G)
-  local ns = now_ns + debt % G
+  local r = debt % G
+  local s = now_s + (debt - r) / G
+  local ns = now_ns + r
   if ns >= G then s, ns = s + 1, ns - G end
   local tat
   if s == 0 then
@@ -151,7 +156,8 @@ end
 
 -- floor(a / t) for integers 0 <= a < 2^52, t >= 1, corrected for the rounding of the division
 local function quot(a, t)
-  local q = floor(a / t)
+  local q = a / t
+  q = q - q % 1
   if q * t > a then return q - 1 end
   if (q + 1) * t <= a then return q + 1 end
   return q
@@ -209,7 +215,8 @@ local function plain(n, p, k)
       -- An admitted op's wait is its new debt, the value to write. Its remaining is quot()
       -- inlined: this is the hot loop of a multi-descriptor request.
       local a = tol - debt
-      local q = floor(a / T)
+      local q = a / T
+      q = q - q % 1
       if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
       reply[r], reply[r + 1], reply[r + 2] = 1, q, debt
     end
