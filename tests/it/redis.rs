@@ -15,7 +15,8 @@ use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::{RedisAuth, RedisTls, fits_lean};
 use sluice::limiter::{
-    ManualClock, MemoryStore, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime,
+    Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock, Op, Quota,
+    RedisConfig, RedisStore, RedisTime,
 };
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
@@ -601,19 +602,23 @@ async fn one_round_trip_per_request() {
     assert_eq!(trips().await, before + 1.0);
 }
 
-/// Every counter the lean script writes at Redis time expires at its TAT's millisecond (floor):
-/// Redis deletes a key only once its clock has passed that millisecond, so a key is never gone
-/// while its TAT is ahead, and it outlives its TAT by less than a millisecond. Covers the
-/// one-charge path, a multi-descriptor request and a coalesced batch.
+/// Every counter written at Redis time expires at its TAT's millisecond (floor): Redis deletes a
+/// key only once its clock has passed that millisecond, so a key is never gone while its TAT is
+/// ahead, and it outlives its TAT by less than a millisecond. Covers the lean script's
+/// one-charge path, a multi-descriptor request and a coalesced batch, the exact script, and a
+/// lease's take and give-back.
 #[tokio::test]
 async fn stored_counters_expire_at_their_tat() {
     if redis_missing("stored_counters_expire_at_their_tat") {
         return;
     }
     let redis = RedisProcess::start();
-    let mut config = config(&redis.url());
-    config.key_prefix = "ttl:".into();
-    let store = open(config);
+    let settings = || {
+        let mut c = config(&redis.url());
+        c.key_prefix = "ttl:".into();
+        c
+    };
+    let store = open(settings());
     connected(&store).await;
     let op = |key: u128, quota: Quota, cost: u64| Op {
         key,
@@ -636,6 +641,29 @@ async fn stored_counters_expire_at_their_tat() {
     for b in futures_util::future::join_all(batch.iter().map(|ops| store.check_batch(ops))).await {
         assert!(!b.unwrap().blocked);
     }
+    // A bucket beyond 2^52 ns goes to the exact script.
+    let year = Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(); // T = 52 days
+    assert!(!fits_lean(&[op(200, year, 1)]));
+    store.check_batch(&[op(200, year, 1)]).await.unwrap();
+    // A node that leases a counter from its first hit: its take, then the give-back at close,
+    // are the last writes of counters 300 to 307 (eight, as a TTL counted from the script's
+    // start lands on the TAT's millisecond about half the time).
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let shared = RedisStore::new(settings(), Arc::clone(&clock), RedisTime::Server).unwrap();
+    spawn_connect(&shared);
+    connected(&shared).await;
+    let leasing = LeaseConfig {
+        min_rate: 1,
+        ..LeaseConfig::default()
+    };
+    let node = LeasedStore::new(shared, leasing, clock);
+    for key in 300..308 {
+        node.check_batch(&[op(key, sixty, 1)]).await.unwrap();
+    }
+    node.settle(Duration::from_secs(2)).await;
+    assert!(node.figures().slices > 0, "{:?}", node.figures());
+    node.close().await;
+    assert!(node.figures().tokens_returned > 0, "{:?}", node.figures());
     let cli = |args: &[&str]| {
         let out = Command::new("redis-cli")
             .args(["-p", &redis.port.to_string()])
@@ -648,7 +676,7 @@ async fn stored_counters_expire_at_their_tat() {
         .lines()
         .map(str::to_owned)
         .collect();
-    assert_eq!(keys.len(), 3 + 2 * 16, "{keys:?}");
+    assert_eq!(keys.len(), 3 + 2 * 16 + 1 + 8, "{keys:?}");
     for key in &keys {
         let (tat, at) = (cli(&["GET", key]), cli(&["PEXPIRETIME", key]));
         let (tat, at): (u128, u128) = match (tat.trim().parse(), at.trim().parse()) {

@@ -5,7 +5,7 @@
 -- time is kept as a pair {seconds, nanoseconds} and the few operations GCRA needs (add, subtract,
 -- compare, multiply by a count, divide into a count) are done exactly on pairs.
 --
--- KEYS[i]  the counter of op i (a decimal TAT in nanoseconds, with a TTL of TAT - now)
+-- KEYS[i]  the counter of op i (a decimal TAT in nanoseconds, expiring at its millisecond)
 -- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share); an
 --          injected time is for tests, and then keys get no TTL
 -- ARGV[2]  1 when the whole request is decided here; 0 when this call is one hash-slot group of
@@ -123,19 +123,19 @@ local function read(key)
 end
 
 -- With Redis TIME, a key lives exactly as long as it carries debt. With an injected time (tests),
--- a TTL in real milliseconds would mean nothing, so none is set.
+-- an expiry in real time would mean nothing, so none is set.
 local injected = ARGV[1] ~= ''
 
 local function write(key, tat)
-  local ttl = sub(tat, now)
-  if cmp(ttl, ZERO) == 0 then
+  local debt = sub(tat, now)
+  if cmp(debt, ZERO) == 0 then
     redis.call('DEL', key)
   elseif injected then
     redis.call('SET', key, text(tat))
   else
-    -- milliseconds, rounded up
-    local ms = ttl[1] * 1000 + math.ceil(ttl[2] / 1000000)
-    redis.call('SET', key, text(tat), 'PX', ms)
+    -- Expires at the TAT's millisecond (its digits less the last six), as in gcra_lean.lua.
+    local t = text(tat)
+    redis.call('SET', key, t, 'PXAT', string.sub(t, 1, -7))
   end
 end
 

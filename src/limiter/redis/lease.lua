@@ -1,7 +1,7 @@
 -- sluice: leased counting inside Redis: take a slice of up to k tokens of one counter, or give
 -- unused tokens back.
 --
--- The same stored TAT as gcra_lean.lua (decimal nanoseconds, TTL of TAT - now) and the same
+-- The same stored TAT as gcra_lean.lua (decimal nanoseconds, expiring at its millisecond) and the same
 -- relative arithmetic: every quantity is a debt (TAT - now) below 2^52 ns, exact in a double.
 -- The caller leases only counters whose B*T + T is below 2^52 ns.
 --
@@ -51,7 +51,8 @@ if v then
   if d > tol then d = tol elseif d < 0 then d = 0 end
 end
 
--- Writes TAT = now + debt with a TTL of debt; a debt of 0 is a full bucket, the same as no key.
+-- Writes TAT = now + debt, to expire at the TAT's millisecond (as gcra_lean.lua); a debt of 0 is a
+-- full bucket, the same as no key.
 local function write(debt)
   if debt <= 0 then
     redis.call('DEL', key)
@@ -65,7 +66,7 @@ local function write(debt)
   if injected then
     redis.call('SET', key, tat)
   else
-    redis.call('SET', key, tat, 'PX', math.ceil(debt / 1000000))
+    redis.call('SET', key, tat, 'PXAT', string.sub(tat, 1, -7))
   end
 end
 
