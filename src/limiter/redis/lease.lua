@@ -1,8 +1,9 @@
 -- sluice: leased counting inside Redis: take a slice of up to k tokens of one counter, or give
 -- unused tokens back.
 --
--- The same stored TAT as gcra_lean.lua (decimal nanoseconds, expiring at its millisecond) and the same
--- relative arithmetic: every quantity is a debt (TAT - now) below 2^52 ns, exact in a double.
+-- The same stored TAT as gcra_lean.lua (decimal nanoseconds, expiring at its millisecond) and
+-- the same relative arithmetic: every quantity is a debt (TAT - now) below 2^52 ns, exact in a
+-- double.
 -- The caller leases only counters whose B*T + T is below 2^52 ns.
 --
 -- KEYS[1]  the counter

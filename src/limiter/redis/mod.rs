@@ -3,7 +3,8 @@
 //!
 //! - One round trip: all of a request's counters go in one `EVALSHA` (loaded once, reloaded on
 //!   `NOSCRIPT`), with Redis `TIME` as the single clock. Each key expires at its TAT (to the
-//!   millisecond), so Redis holds only live state. Concurrent requests share one multiplexed connection (pipelined).
+//!   millisecond), so Redis holds only live state. Concurrent requests share one multiplexed
+//!   connection (pipelined).
 //! - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
 //!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
 //!   usual limit, and reads its arguments as binary doubles ([`fits_lean`]); a request with a
