@@ -798,13 +798,16 @@ mod tests {
         )
     }
 
+    /// The setting at dotted `name` in `map`.
+    fn at<'a>(map: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
+        let mut parts = name.split('.');
+        let first = map.get(parts.next()?)?;
+        parts.try_fold(first, |v, part| v.get(part))
+    }
+
+    /// The setting at dotted `name` above the settings file.
     fn get<'a>(m: &'a Mapped, name: &str) -> Option<&'a Value> {
-        name.split('.')
-            .try_fold(None::<&Value>, |at, part| match at {
-                None => Some(m.overrides.get(part)),
-                Some(v) => Some(v.get(part)),
-            })
-            .flatten()
+        at(&m.overrides, name)
     }
 
     /// `vars` with what a Deployment that feeds no statsd and names its backend sets, for the
@@ -817,9 +820,7 @@ mod tests {
 
     /// The setting at dotted `name` beneath the settings file.
     fn beneath<'a>(m: &'a Mapped, name: &str) -> Option<&'a Value> {
-        let mut parts = name.split('.');
-        let first = m.defaults.get(parts.next()?)?;
-        parts.try_fold(first, |v, part| v.get(part))
+        at(&m.defaults, name)
     }
 
     #[test]

@@ -115,8 +115,8 @@ class Sluice:
         self.drain = threading.Thread(target=drain, daemon=True)
         self.drain.start()
         deadline = time.time() + 30
-        seen = set()
-        while seen != {"serving", "connected to redis"}:
+        wanted, seen = {"serving", "connected to redis"}, set()
+        while seen != wanted:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.time()))
             except queue.Empty:
@@ -125,8 +125,8 @@ class Sluice:
                 event = json.loads(line)
             except ValueError:
                 continue
-            seen.add(event.get("message"))
-            seen &= {"serving", "connected to redis"}
+            if event.get("message") in wanted:
+                seen.add(event["message"])
             if event.get("message") == "serving":
                 self.grpc, self.admin = event["grpc"], event["admin"]
         self.channel = grpc.insecure_channel(self.grpc)
