@@ -84,7 +84,7 @@ async fn shared_remaining(probe: &Arc<LeasedStore>, key: u128, quota: Quota) -> 
 /// leases of L = 200 ms, on a random schedule. In every window of W (one T, 100 ms, 500 ms,
 /// 1 s) the fleet admits at most `B + floor((W + L) / T)`. With demand five times the rate it
 /// admits at least 95 % of the exact `B + floor(W / T)` over the run (leasing does not starve);
-/// with demand under the rate most decisions never reach Redis.
+/// under the rate and over it, most decisions never reach Redis.
 #[tokio::test]
 async fn leased_nodes_keep_the_stated_bound_and_do_not_starve() {
     if redis_missing("leased_nodes_keep_the_stated_bound_and_do_not_starve") {
@@ -111,6 +111,15 @@ async fn leased_nodes_keep_the_stated_bound_and_do_not_starve() {
             got * 100 >= exact * 95,
             "seed {seed} (LEASE_SEED={seed} to replay): {got} admitted over the run, under 95 % \
              of the exact {exact}"
+        );
+        // Reserved slices hand the refill out ahead, so over the rate too the hot key is
+        // mostly answered from leases (denials included), not a round trip per admission.
+        assert!(
+            over.by_lease > 4 * over.by_redis,
+            "seed {seed}: over the rate the hot key is mostly answered from leases ({} from \
+             leases, {} by Redis)",
+            over.by_lease,
+            over.by_redis
         );
         // Mean gap 17 ms: 60 per second.
         let under = schedule(&redis.url(), seed, 2 * run as u128 + 1, 34 * MS).await;
@@ -294,6 +303,85 @@ async fn unused_tokens_go_back_at_expiry_and_at_shutdown() {
     let by_lease = a.figures().by_lease;
     decide(&a, &[op(key, quota, 1)]).await;
     assert_eq!(a.figures().by_lease, by_lease);
+}
+
+/// Over the rate, on an empty bucket: a take reserves tokens ahead of the refill, and the node
+/// admits each one no earlier than the exact path would have (the bucket, emptied at `t0`,
+/// gives out one token every T: at most `floor((t - t0) / T)` by any instant t), uses nearly
+/// all of them, and refuses in between locally, with the wait until the next one is due. The
+/// exact path sees the bucket empty while the reservations stand.
+#[tokio::test]
+async fn reserved_tokens_are_admitted_when_the_exact_path_would_admit_them() {
+    if redis_missing("reserved_tokens_are_admitted_when_the_exact_path_would_admit_them") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+    let lease = LeaseConfig {
+        max_age: Duration::from_secs(1),
+        min_rate: 1,
+        max_burst_share: 0.5,
+        low_water: 0.5,
+    };
+    // T = 10 ms, B = 20: slices of up to 10.
+    let quota = Quota::new(NANOS_PER_SEC, 100, 20).unwrap();
+    let t = quota.interval();
+    let key = 0x5e7e;
+    let n = node(&redis.url(), &clock, lease).await;
+    let probe = node(&redis.url(), &clock, lease).await;
+    for _ in 0..20 {
+        let b = probe
+            .redis()
+            .check_batch(&[op(key, quota, 1)])
+            .await
+            .unwrap();
+        assert!(!b.blocked);
+    }
+    let t0 = clock.now();
+    let mut admitted = 0;
+    let mut refused_with_wait = 0;
+    // Two seconds, a request every millisecond: ten times the rate.
+    for _ in 0..2_000 {
+        let b = decide(&n, &[op(key, quota, 1)]).await;
+        let now = clock.now();
+        if b.blocked {
+            let wait = b.outcomes[0].wait;
+            assert!(
+                wait > 0 && wait <= t,
+                "a refusal waits at most one T, got {wait}"
+            );
+            refused_with_wait += 1;
+        } else {
+            admitted += 1;
+            assert!(
+                admitted <= (now - t0) / t,
+                "{admitted} admitted by {} ms, before the bucket gave them out",
+                (now - t0) / MS
+            );
+        }
+        if admitted > 0 && (now - t0).is_multiple_of(100 * MS) {
+            // The reservations stand past the bucket: the exact path finds nothing.
+            let b = probe
+                .redis()
+                .check_batch(&[op(key, quota, 1)])
+                .await
+                .unwrap();
+            assert!(b.blocked, "the exact path admitted beside reservations");
+        }
+        clock.advance(MS);
+    }
+    let elapsed = (clock.now() - t0) / t;
+    assert!(
+        admitted * 100 >= elapsed * 95,
+        "{admitted} admitted of the {elapsed} the bucket gave out"
+    );
+    let f = n.figures();
+    assert!(
+        f.by_lease > 20 * f.by_redis,
+        "answered from the lease, refusals included: {f:?}"
+    );
+    assert!(refused_with_wait > 1_500, "{refused_with_wait} refused");
+    n.close().await;
 }
 
 /// A node that dies holding a lease (dropped without giving back) takes at most its slice

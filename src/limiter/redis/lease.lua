@@ -13,10 +13,17 @@
 -- ARGV[3]  T (ns)
 -- ARGV[4]  B*T (ns)
 -- ARGV[5]  n: the most tokens to take, or the tokens to give back
+-- ARGV[6]  H (ns): how far past the bucket's tolerance a take may reserve
 --
--- take: grants g = min(n, tokens available now) and charges them, TAT' = max(TAT, now) + g*T.
---       Returns {g, debt after (ns), wait until one token is available when g = 0 (ns)}.
--- give: TAT' = max(TAT - n*T, now) (a refund never makes the bucket exceed its burst).
+-- take: grants g = min(n, the tokens due by now + H) and charges them, TAT' = max(TAT, now) +
+--       g*T. Tokens past those in the bucket now are reserved: the i-th granted token is due when
+--       the exact path would have admitted it, now + max(0, d + i*T - B*T) for a debt d before
+--       the take, and the caller uses none before then. So when demand exceeds the rate the
+--       bucket's refill is handed out ahead in slices instead of a token at a time, and the TAT
+--       may stand up to H past the tolerance.
+--       Returns {g, debt after (ns), wait until one token can be reserved when g = 0 (ns)}.
+-- give: TAT' = max(TAT - n*T, now) (a refund never makes the bucket exceed its burst). A debt
+--       past the tolerance (other nodes' reservations) is kept: it is not cut to B*T first.
 --       Returns {0, debt after (ns), 0}.
 
 local G = 1000000000
@@ -38,7 +45,7 @@ else
 end
 
 local key = KEYS[1]
-local T, tol, n = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local T, tol, n, H = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
 local d = 0
 local v = redis.call('GET', key)
@@ -49,7 +56,7 @@ if v then
   else
     d = (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
   end
-  if d > tol then d = tol elseif d < 0 then d = 0 end
+  if d < 0 then d = 0 end
 end
 
 -- Writes TAT = now + debt, to expire at the TAT's millisecond (as gcra_lean.lua); a debt of 0 is a
@@ -78,14 +85,17 @@ if ARGV[2] == 'give' then
   return { 0, back, 0 }
 end
 
--- floor((tol - d) / T), corrected for the rounding of the division
-local a = tol - d
-local avail = floor(a / T)
-if avail * T > a then avail = avail - 1 elseif (avail + 1) * T <= a then avail = avail + 1 end
+-- floor((tol + H - d) / T), corrected for the rounding of the division: the tokens due by now + H
+local a = tol + H - d
+local avail = 0
+if a > 0 then
+  avail = floor(a / T)
+  if avail * T > a then avail = avail - 1 elseif (avail + 1) * T <= a then avail = avail + 1 end
+end
 local g = n
 if avail < g then g = avail end
 if g <= 0 then
-  return { 0, d, d + T - tol }
+  return { 0, d, d + T - tol - H }
 end
 write(d + g * T)
 return { g, d + g * T, 0 }

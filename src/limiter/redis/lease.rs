@@ -2,18 +2,26 @@
 //! one script call (`lease.lua`) and answers that counter's requests from it locally, within a
 //! stated bound, instead of paying a Redis round trip per decision.
 //!
-//! - A take of `k` charges up to `k` tokens on the shared TAT at once (fewer when fewer are
-//!   there), so the shared bucket never promises more than it holds. A lease is a FIFO of such
-//!   slices; requests use the oldest tokens first. A slice lives at most `max_age` (L) from the
-//!   instant its take was sent; then its unused tokens go back to the shared bucket
-//!   (`TAT' = max(TAT − n·T, now)`), and all of them go back at shutdown. Every token admitted
-//!   was therefore in the shared bucket at most L before it was used, so in any span W the fleet
-//!   admits at most `B + floor((W + L) / T)` of a counter (exact: `B + floor(W / T)`).
+//! - A take of `k` charges `k` tokens on the shared TAT at once, so the shared bucket never
+//!   promises more than it holds: the tokens the bucket holds now, and when it holds fewer,
+//!   tokens reserved ahead of its refill, up to H = L / 2 past its tolerance
+//!   ([`LeaseConfig::horizon`]; fewer than `k` when that is full). Each token is due at the
+//!   instant the exact path would have admitted it (at once for those the bucket held, then one
+//!   T apart), dated from the take's reply, and none is used before it is due. So when demand
+//!   is above the rate the refill is handed out a slice at a time instead of a round trip per
+//!   admission. A lease is a FIFO of slices; requests use the oldest due tokens first. A slice
+//!   lives at most `max_age` (L) from the instant its take was sent; then its unused tokens go
+//!   back to the shared bucket (`TAT' = max(TAT − n·T, now)`), and all of them go back at
+//!   shutdown. Every token admitted is used no earlier than its instant on the shared schedule
+//!   and less than L after it, so in any span W the fleet admits at most what that schedule
+//!   gives out in W + L: `B + floor((W + L) / T)` of a counter (exact: `B + floor(W / T)`).
 //! - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
 //!   this node's recent hits per second on the counter: never more than the node would use
 //!   within L, never a share of the burst that starves the other nodes. The next slice is taken
-//!   in the background when the lease falls below `low_water` of the last one (one take in
-//!   flight per counter). On a single node takes and give-backs queue with the coalesced
+//!   in the background when the lease falls below `low_water` of the last one, or below all of
+//!   it while the last take had to reserve (demand above the rate: one slice stays queued ahead,
+//!   so the lease does not run dry while a take waits for its reply on a busy node). One take
+//!   is in flight per counter. On a single node takes and give-backs queue with the coalesced
 //!   requests and share their round trip (`super::coalesce`).
 //! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
 //!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
@@ -22,9 +30,11 @@
 //! - A request is answered locally only when every op of it is on a live lease that can answer
 //!   it: charges that fit, check-only ops, refunds of tokens this lease handed out (they go back
 //!   to the lease). All or nothing across descriptors, with shadow and quota modes through
-//!   [`Batch::blocked_by`] as in the stores. Anything else goes the exact path whole. An empty
-//!   lease whose last take was granted nothing refuses locally, with the wait Redis reported,
-//!   until that instant (as the over-limit cache does).
+//!   [`Batch::blocked_by`] as in the stores. A charge whose tokens the lease holds but are not
+//!   due yet is refused locally with the wait until they are (the shared bucket has none
+//!   before them). Anything else goes the exact path whole. An empty lease whose last take was
+//!   granted nothing refuses locally, with the wait Redis reported, until that instant (as the
+//!   over-limit cache does).
 //!
 //! Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
 //! bound of the fleet's.
@@ -87,6 +97,14 @@ impl LeaseConfig {
             .max(1)
     }
 
+    /// H: how far past a counter's tolerance a take may reserve, L / 2, so every reserved
+    /// token is due well within its slice's life. Each node reserves no more than its own
+    /// slices, so H binds only when many hot nodes queue on one counter at once.
+    #[must_use]
+    pub fn horizon(&self) -> u64 {
+        self.max_age_nanos() / 2
+    }
+
     /// The slice asked for a counter of `quota` used at `rate` hits per second on this node:
     /// `clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`.
     #[must_use]
@@ -133,6 +151,27 @@ struct Slice {
     used: u64,
     /// Local instant the take was sent (no later than Redis charged it).
     taken_at: u64,
+    /// Local instant its reply came (no earlier than Redis charged it).
+    received: u64,
+    /// `B·T − d` for the debt d the shared bucket had before the take: the slice's i-th token
+    /// (from 1) is due at `received + i·T − lead`, when the exact path would have admitted it
+    /// (the tokens the bucket held are due at once; those reserved past it, one T apart).
+    lead: i128,
+}
+
+impl Slice {
+    /// How many of this slice's tokens are due at `now`, for an emission interval `t`.
+    fn due_by(&self, now: u64, t: u64) -> u64 {
+        let elapsed = i128::from(now.saturating_sub(self.received));
+        let due = (elapsed + self.lead).div_euclid(i128::from(t.max(1)));
+        u64::try_from(due.max(0)).unwrap_or(u64::MAX).min(self.size)
+    }
+
+    /// The instant its `i`-th token (from 1) is due.
+    fn due_at(&self, i: u64, t: u64) -> u64 {
+        let at = i128::from(self.received) + i128::from(i) * i128::from(t) - self.lead;
+        u64::try_from(at.max(0)).unwrap_or(u64::MAX)
+    }
 }
 
 /// One counter's lease on this node.
@@ -150,6 +189,10 @@ struct Lease {
     taking: bool,
     /// The size of the last slice asked for.
     last_ask: u64,
+    /// The last take reserved tokens past the bucket: demand is above the rate, so one slice
+    /// is kept queued ahead (the next take starts once the lease holds no more than the last
+    /// ask), and the lease does not run dry while a take waits for its reply.
+    ahead: bool,
     /// No take before this instant (after a failed one).
     retry_at: u64,
 }
@@ -164,6 +207,7 @@ impl Lease {
             full_at: 0,
             taking: false,
             last_ask: 1,
+            ahead: false,
             retry_at: 0,
         }
     }
@@ -179,18 +223,49 @@ impl Lease {
         }
     }
 
-    fn available(&self) -> u64 {
+    /// Tokens held unused, due or not.
+    fn unused(&self) -> u64 {
         self.slices.iter().map(|s| s.size - s.used).sum()
+    }
+
+    /// Tokens held unused and due at `now`: what the lease can hand out now.
+    fn available(&self, now: u64) -> u64 {
+        let t = self.quota.interval();
+        self.slices
+            .iter()
+            .map(|s| s.due_by(now, t).saturating_sub(s.used))
+            .sum()
+    }
+
+    /// The instant by which `n` unused tokens are due (oldest slices first), or `None` when
+    /// the lease holds fewer than `n`.
+    fn due_at(&self, n: u64, now: u64) -> Option<u64> {
+        let t = self.quota.interval();
+        let mut need = n;
+        for s in &self.slices {
+            let due = s.due_by(now, t).max(s.used);
+            let ready = due - s.used;
+            if need <= ready {
+                return Some(now);
+            }
+            need -= ready;
+            if need <= s.size - due {
+                return Some(s.due_at(due + need, t).max(now));
+            }
+            need -= s.size - due;
+        }
+        None
     }
 
     fn used(&self) -> u64 {
         self.slices.iter().map(|s| s.used).sum()
     }
 
-    /// Uses `n` tokens, oldest first; the caller checked they are there.
-    fn consume(&mut self, mut n: u64) {
+    /// Uses `n` due tokens, oldest first; the caller checked they are there.
+    fn consume(&mut self, mut n: u64, now: u64) {
+        let t = self.quota.interval();
         for s in &mut self.slices {
-            let k = n.min(s.size - s.used);
+            let k = n.min(s.due_by(now, t).saturating_sub(s.used));
             s.used += k;
             n -= k;
             if n == 0 {
@@ -210,6 +285,16 @@ impl Lease {
                 break;
             }
         }
+    }
+
+    /// The tokens held at or below which the next slice is taken: `fraction` of the last ask,
+    /// or all of it while demand is above the rate.
+    fn low_water(&self, fraction: f64) -> u64 {
+        if self.ahead {
+            return self.last_ask;
+        }
+        // Truncation intended: the floor of that fraction of the last slice.
+        (self.last_ask as f64 * fraction) as u64
     }
 
     fn idle(&self, now: u64) -> bool {
@@ -315,7 +400,7 @@ impl LeasedStore {
         self.leases.get(&key).map_or(0, |l| {
             let mut l = lock(&l);
             l.expire(now, self.config.max_age_nanos());
-            l.available()
+            l.unused()
         })
     }
 
@@ -434,7 +519,7 @@ impl LeasedStore {
                 break;
             }
             refunded[i] += op.cost;
-            let remaining = (l.available() + refunded[i]).min(op.quota.burst());
+            let remaining = (l.available(now) + refunded[i]).min(op.quota.burst());
             *out = Outcome {
                 admitted: true,
                 remaining,
@@ -449,7 +534,7 @@ impl LeasedStore {
                 }
                 let i = at(op.key);
                 let l = &guards[i];
-                let avail = l.available() + refunded[i] - charged[i];
+                let avail = l.available(now) + refunded[i] - charged[i];
                 found[k] = avail;
                 if op.cost > op.quota.burst() {
                     fits = false;
@@ -462,6 +547,14 @@ impl LeasedStore {
                         admitted: true,
                         remaining,
                         wait: wait(l, &op.quota, remaining, now),
+                        ..Outcome::NONE
+                    };
+                } else if let Some(at) =
+                    l.due_at((charged[i] + op.cost).saturating_sub(refunded[i]), now)
+                {
+                    // Reserved tokens not due yet: the shared bucket has none before them.
+                    *out = Outcome {
+                        wait: at - now,
                         ..Outcome::NONE
                     };
                 } else if avail == 0 && l.denied_until > now {
@@ -485,7 +578,7 @@ impl LeasedStore {
         for (i, g) in guards.iter_mut().enumerate() {
             g.unconsume(refunded[i]);
             if !blocked {
-                g.consume(charged[i]);
+                g.consume(charged[i], now);
             }
         }
         if blocked {
@@ -501,9 +594,8 @@ impl LeasedStore {
         for (i, g) in guards.iter_mut().enumerate() {
             let (key, rate, _) = &counters[i];
             let ask = self.config.slice(&g.quota, *rate);
-            // Truncation intended: the floor of that fraction of the last slice.
-            let low = (g.last_ask as f64 * self.config.low_water) as u64;
-            if g.available() <= low && *rate >= self.config.min_rate {
+            let low = g.low_water(self.config.low_water);
+            if g.unused() <= low && *rate >= self.config.min_rate {
                 self.start_take(*key, g, ask, now);
             }
         }
@@ -534,8 +626,8 @@ impl LeasedStore {
                 l.quota = op.quota;
             }
             l.expire(now, self.config.max_age_nanos());
-            let low = (l.last_ask as f64 * self.config.low_water) as u64;
-            if l.available() <= low {
+            let low = l.low_water(self.config.low_water);
+            if l.unused() <= low {
                 let ask = self.config.slice(&op.quota, *rate);
                 self.start_take(*key, &mut l, ask, now);
             }
@@ -567,7 +659,7 @@ impl LeasedStore {
     async fn take(&self, key: Key, quota: Quota, ask: u64, sent: u64) {
         let result = self
             .redis
-            .lease_call(key, &quota, Call::Take, ask, sent)
+            .lease_call(key, &quota, Call::Take(self.config.horizon()), ask, sent)
             .await;
         let Some(lease) = self.leases.get(&key).map(|l| Arc::clone(&l)) else {
             // The lease was dropped meanwhile (never while a take is in flight); give back.
@@ -576,6 +668,7 @@ impl LeasedStore {
             }
             return;
         };
+        let received = self.clock.now();
         let mut l = lock(&lease);
         l.taking = false;
         match result {
@@ -586,11 +679,16 @@ impl LeasedStore {
                         .tokens_taken
                         .fetch_add(granted, Ordering::Relaxed);
                     if l.quota == quota {
-                        l.slices.push_back(Slice {
+                        let before = debt.saturating_sub(granted.saturating_mul(quota.interval()));
+                        let slice = Slice {
                             size: granted,
                             used: 0,
                             taken_at: sent,
-                        });
+                            received,
+                            lead: i128::from(quota.tolerance()) - i128::from(before),
+                        };
+                        l.ahead = slice.due_by(received, quota.interval()) < granted;
+                        l.slices.push_back(slice);
                     } else {
                         l.to_return += granted;
                     }
@@ -700,14 +798,16 @@ fn wait(lease: &Lease, quota: &Quota, remaining: u64, now: u64) -> u64 {
 /// What `lease.lua` is asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Call {
-    Take,
+    /// Take, reserving at most this far (ns) past the tolerance.
+    Take(u64),
     Give,
 }
 
 impl RedisStore {
-    /// One `lease.lua` call on `key`: take up to `n` tokens, or give `n` back. `now` is the
-    /// decision time with [`RedisTime::Clock`]. Returns (granted, debt after, wait until one
-    /// token when none was granted), in tokens and nanoseconds.
+    /// One `lease.lua` call on `key`: take up to `n` tokens (some of them reserved ahead, see
+    /// `lease.lua`), or give `n` back. `now` is the decision time with [`RedisTime::Clock`].
+    /// Returns (granted, debt after, wait until one token can be reserved when none was
+    /// granted), in tokens and nanoseconds.
     async fn lease_call(
         &self,
         key: Key,
@@ -727,11 +827,11 @@ impl RedisStore {
             RedisTime::Server => String::new(),
             RedisTime::Clock => now.to_string(),
         };
-        let verb = match call {
-            Call::Take => "take",
-            Call::Give => "give",
+        let (verb, horizon) = match call {
+            Call::Take(h) => ("take", h),
+            Call::Give => ("give", 0),
         };
-        let args = (time, verb, quota.interval(), quota.tolerance(), n);
+        let args = (time, verb, quota.interval(), quota.tolerance(), n, horizon);
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
@@ -806,35 +906,79 @@ mod tests {
             ..c
         };
         assert_eq!(short.slice(&q, 25), 3, "ceil(25 × 0.1)");
+        assert_eq!(short.horizon(), 50_000_000, "L / 2");
+    }
+
+    /// A slice whose tokens were all in the bucket at its take (`lead` of at least size·T).
+    fn held(size: u64, taken_at: u64, t: u64) -> Slice {
+        Slice {
+            size,
+            used: 0,
+            taken_at,
+            received: taken_at,
+            lead: i128::from(size * t),
+        }
     }
 
     #[test]
     fn a_lease_uses_oldest_tokens_first_and_ends_slices_at_their_age() {
         let q = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
+        let t = q.interval();
         let mut l = Lease::new(q);
-        l.slices.push_back(Slice {
-            size: 5,
-            used: 0,
-            taken_at: 0,
-        });
-        l.slices.push_back(Slice {
-            size: 5,
-            used: 0,
-            taken_at: 10,
-        });
-        l.consume(7);
+        l.slices.push_back(held(5, 0, t));
+        l.slices.push_back(held(5, 10, t));
+        l.consume(7, 10);
         assert_eq!((l.slices[0].used, l.slices[1].used), (5, 2));
         l.unconsume(3);
         assert_eq!((l.slices[0].used, l.slices[1].used), (4, 0));
         l.expire(99, 100);
         assert_eq!((l.slices.len(), l.to_return), (2, 0));
         l.expire(100, 100);
-        assert_eq!((l.slices.len(), l.to_return, l.available()), (1, 1, 5));
+        assert_eq!((l.slices.len(), l.to_return, l.available(100)), (1, 1, 5));
         l.expire(100, 0);
         assert_eq!(
             (l.slices.len(), l.to_return),
             (0, 6),
             "an age of 0 ends them all"
         );
+    }
+
+    #[test]
+    fn reserved_tokens_come_due_one_interval_apart_when_the_exact_path_would_admit_them() {
+        // T = 10 ms, B = 10: tolerance 100 ms. A take of 5 on a debt of 80 ms finds two tokens
+        // in the bucket (due at once) and reserves three, due 10, 20 and 30 ms later.
+        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
+        let (t, ms) = (q.interval(), 1_000_000);
+        let mut l = Lease::new(q);
+        let at = 1_000 * ms;
+        l.slices.push_back(Slice {
+            size: 5,
+            used: 0,
+            taken_at: at - ms,
+            received: at,
+            lead: i128::from(q.tolerance()) - i128::from(80 * ms),
+        });
+        assert_eq!((l.available(at), l.unused()), (2, 5));
+        assert_eq!(l.due_at(2, at), Some(at), "held: now");
+        assert_eq!(l.due_at(3, at), Some(at + t), "the first reserved one");
+        assert_eq!(l.due_at(5, at), Some(at + 3 * t));
+        assert_eq!(l.due_at(6, at), None, "more than the lease holds");
+        l.consume(2, at);
+        assert_eq!(l.available(at + t - 1), 0, "not a nanosecond early");
+        assert_eq!(l.available(at + t), 1);
+        l.consume(5, at + t);
+        assert_eq!(l.slices[0].used, 3, "only what is due is used");
+        assert_eq!(l.due_at(1, at + t), Some(at + 2 * t));
+        assert_eq!(l.available(at + 10 * t), 2, "never more than the slice");
+    }
+
+    #[test]
+    fn above_the_rate_one_slice_is_kept_queued_ahead() {
+        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
+        let mut l = Lease::new(q);
+        l.last_ask = 10;
+        assert_eq!(l.low_water(0.5), 5, "half the last ask");
+        l.ahead = true;
+        assert_eq!(l.low_water(0.5), 10, "the whole last ask");
     }
 }
