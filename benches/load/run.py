@@ -68,6 +68,23 @@ def metrics(admin):
     return out
 
 
+def cpu_seconds(proc):
+    """User and system CPU time a process has used so far (from /proc)."""
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_decision(nodes, run):
+    """Runs `run()` and returns its results, each with the CPU µs its node spent per decision."""
+    before = [(metrics(n.admin), cpu_seconds(n.proc)) for n in nodes]
+    results = run()
+    for res, n, (m, cpu) in zip(results, nodes, before):
+        z = metrics(n.admin)
+        decided = sum(z.get(k, 0) - m.get(k, 0) for k in ("ok", "over_limit"))
+        res["cpu_us"] = (cpu_seconds(n.proc) - cpu) * 1e6 / max(decided, 1)
+    return results
+
+
 class Server:
     def __init__(self, binary, policies, extra=(), env=None):
         self.grpc, self.admin = free_port(), free_port()
@@ -121,9 +138,13 @@ def h2load(server, body, c, m, duration, work, rps=None):
     codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
     errors = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
     bad = sum(int(x) for x in codes.groups()[1:]) + sum(int(x) for x in errors.groups())
-    # h2load's log: start time, status, duration in microseconds, per request.
-    micros = [int(line.split("\t")[2]) for line in log.read_text().splitlines() if line.strip()]
-    return {"rate": rate, "http_errors": bad, **percentiles(micros)}
+    # h2load's log: start time (since the epoch), status, duration, in microseconds, per request
+    # after the warm-up second.
+    rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
+    micros = [int(r[2]) for r in rows]
+    # When requests were in flight, the warm-up second included (for the leased fleet's count).
+    span = (min(int(r[0]) for r in rows) - 1_000_000, max(int(r[0]) + int(r[2]) for r in rows))
+    return {"rate": rate, "http_errors": bad, "span_us": span, **percentiles(micros)}
 
 
 def loadgen(binary, server, c, m, duration, rate=None):
@@ -337,20 +358,26 @@ def leased(args, work):
             # The baseline in the same placement: two memory nodes side by side on core 0, each
             # counting alone (a node on a core of its own would be twice as fast for both).
             with serving(args.bin, str(policies)) as n1, serving(args.bin, str(policies)) as n2:
-                for i, res in enumerate(side_by_side([n1, n2], body("hot"), c, m, D, work)):
+                run = lambda: side_by_side([n1, n2], body("hot"), c, m, D, work)
+                for i, res in enumerate(cpu_per_decision([n1, n2], run)):
                     b.results.setdefault("memory, two nodes", []).append(res)
                     print(f"{f'memory, node {i + 1} of two, hot key':<44} {res['rate']:>9,.0f}/s"
-                          f"  p50 {res['p50']:.3f} ms  p99 {res['p99']:.3f} ms", flush=True)
+                          f"  p50 {res['p50']:.3f} ms  p99 {res['p99']:.3f} ms"
+                          f"  CPU {res['cpu_us']:.1f} µs per decision", flush=True)
             subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True, check=True)
             with serving(args.bin, str(policies), redis_args, env=env) as n1, \
                     serving(args.bin, str(policies), redis_args, env=env) as n2:
                 time.sleep(1)
                 nodes = [n1, n2]
                 before = [metrics(n.admin) for n in nodes]
-                t0 = time.monotonic()
-                results = side_by_side(nodes, body("hot"), c, m, D, work)
-                elapsed = time.monotonic() - t0
+                results = cpu_per_decision(nodes, lambda: side_by_side(nodes, body("hot"), c, m, D, work))
                 after = [metrics(n.admin) for n in nodes]
+                # The exposure W: from the first request to the last answer of either driver, read
+                # from h2load's own log rather than the wall time around the two processes, which
+                # also counts their start and the writing of their logs (tenths of a second).
+                first = min(res["span_us"][0] for res in results)
+                last = max(res["span_us"][1] for res in results)
+                elapsed = (last - first) / 1e6
                 total_ok, offered = 0, 0.0
                 for i, (res, a, z) in enumerate(zip(results, before, after)):
                     delta = {k: z.get(k, 0) - a.get(k, 0) for k in z}
@@ -367,7 +394,8 @@ def leased(args, work):
                     print(f"{f'leased, node {i + 1}, hot key':<44} {res['rate']:>9,.0f}/s  p50 {res['p50']:.3f} ms"
                           f"  p99 {res['p99']:.3f} ms  ok {res['ok']} over_limit {res['over']}"
                           f"  {res['round_trips']:,} round trips = {res['trips_per_decision']:.4f} per decision"
-                          f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices)",
+                          f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices)"
+                          f"  CPU {res['cpu_us']:.1f} µs per decision",
                           flush=True)
                     if res["http_errors"] or res["errors"]:
                         print(f"{'':<44} !! {res['http_errors']} failed calls, {res['errors']} gRPC errors")
@@ -389,11 +417,14 @@ def leased(args, work):
         redis.wait()
     print("== medians")
     mem = b.median("memory, two nodes")
+    mem_cpu = b.median("memory, two nodes", "cpu_us")
     for i in (1, 2):
         rate = b.median(f"leased, node {i}")
         trips = b.median(f"leased, node {i}", "trips_per_decision")
+        cpu = b.median(f"leased, node {i}", "cpu_us")
         print(f"leased node {i}: {rate:>9,.0f}/s = {rate / mem:.2f}x a memory node's {mem:,.0f}/s"
-              f" in the same placement (target 0.9x); round trips per decision {trips:.4f} (target 0.05)")
+              f" in the same placement (target 0.9x); round trips per decision {trips:.4f} (target 0.05);"
+              f" CPU per decision {cpu:.1f} µs = {cpu / mem_cpu:.2f}x memory's {mem_cpu:.1f} µs")
     print(f"fleet admitted: {b.median('leased, fleet'):.1%} of the exact count (target 95 %, at most the bound)")
     if b.failed:
         sys.exit("load: some run's answers were not the decisions expected (see !! above)")
