@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use redis::{Script, Value};
+use smallvec::{SmallVec, smallvec};
 
 use super::super::gcra::{NANOS_PER_SEC, Outcome, Quota};
 use super::super::store::KeyHash;
@@ -156,20 +157,27 @@ struct Slice {
     /// `B·T − d` for the debt d the shared bucket had before the take: the slice's i-th token
     /// (from 1) is due at `received + i·T − lead`, when the exact path would have admitted it
     /// (the tokens the bucket held are due at once; those reserved past it, one T apart).
-    lead: i128,
+    /// Below 2^53 either way: a debt of a leased counter is, and so is B·T.
+    lead: i64,
 }
 
 impl Slice {
     /// How many of this slice's tokens are due at `now`, for an emission interval `t`.
+    /// In 64 bits: a 128-bit division here cost a leased decision more than the rest of the
+    /// lease's bookkeeping.
     fn due_by(&self, now: u64, t: u64) -> u64 {
-        let elapsed = i128::from(now.saturating_sub(self.received));
-        let due = (elapsed + self.lead).div_euclid(i128::from(t.max(1)));
-        u64::try_from(due.max(0)).unwrap_or(u64::MAX).min(self.size)
+        let elapsed = now.saturating_sub(self.received);
+        let ahead = if self.lead >= 0 {
+            elapsed.saturating_add(self.lead.unsigned_abs())
+        } else {
+            elapsed.saturating_sub(self.lead.unsigned_abs())
+        };
+        (ahead / t.max(1)).min(self.size)
     }
 
     /// The instant its `i`-th token (from 1) is due.
     fn due_at(&self, i: u64, t: u64) -> u64 {
-        let at = i128::from(self.received) + i128::from(i) * i128::from(t) - self.lead;
+        let at = i128::from(self.received) + i128::from(i) * i128::from(t) - i128::from(self.lead);
         u64::try_from(at.max(0)).unwrap_or(u64::MAX)
     }
 }
@@ -463,7 +471,7 @@ impl LeasedStore {
         }
         let max_age = self.config.max_age_nanos();
         // The request's distinct counters: (key, rate, its lease).
-        let mut counters: Vec<Counter> = Vec::with_capacity(ops.len());
+        let mut counters: SmallVec<[Counter; 4]> = SmallVec::with_capacity(ops.len());
         let mut answerable = true;
         for op in ops {
             if !Self::leasable(op) {
@@ -487,18 +495,19 @@ impl LeasedStore {
             return None;
         }
         counters.sort_unstable_by_key(|c| c.0);
-        let leases: Vec<&Arc<Mutex<Lease>>> =
+        let leases: SmallVec<[&Arc<Mutex<Lease>>; 4]> =
             counters.iter().filter_map(|c| c.2.as_ref()).collect();
         // Locked in key order, so two requests never wait on each other in a cycle.
-        let mut guards: Vec<MutexGuard<'_, Lease>> = leases.iter().map(|l| lock(l)).collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Lease>; 4]> =
+            leases.iter().map(|l| lock(l)).collect();
         for g in &mut guards {
             g.expire(now, max_age);
         }
         let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
-        let mut refunded = vec![0u64; guards.len()];
-        let mut charged = vec![0u64; guards.len()];
+        let mut refunded: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
+        let mut charged: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
         let mut outcomes = vec![Outcome::NONE; ops.len()];
-        let mut found = vec![0u64; ops.len()];
+        let mut found: SmallVec<[u64; 4]> = smallvec![0; ops.len()];
         let mut fits = true;
         // Refunds first, as the stores apply them, whatever the outcome.
         for (op, out) in ops.iter().zip(outcomes.iter_mut()) {
@@ -685,7 +694,7 @@ impl LeasedStore {
                             used: 0,
                             taken_at: sent,
                             received,
-                            lead: i128::from(quota.tolerance()) - i128::from(before),
+                            lead: signed(quota.tolerance()) - signed(before),
                         };
                         l.ahead = slice.due_by(received, quota.interval()) < granted;
                         l.slices.push_back(slice);
@@ -793,6 +802,11 @@ fn wait(lease: &Lease, quota: &Quota, remaining: u64, now: u64) -> u64 {
         .saturating_sub(remaining)
         .saturating_mul(quota.interval());
     lease.full_at.saturating_sub(now).max(missing)
+}
+
+/// A leased quantity (below 2^53 ns) as a signed one.
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// What `lease.lua` is asked.
@@ -916,7 +930,7 @@ mod tests {
             used: 0,
             taken_at,
             received: taken_at,
-            lead: i128::from(size * t),
+            lead: signed(size * t),
         }
     }
 
@@ -956,7 +970,7 @@ mod tests {
             used: 0,
             taken_at: at - ms,
             received: at,
-            lead: i128::from(q.tolerance()) - i128::from(80 * ms),
+            lead: signed(q.tolerance()) - signed(80 * ms),
         });
         assert_eq!((l.available(at), l.unused()), (2, 5));
         assert_eq!(l.due_at(2, at), Some(at), "held: now");
