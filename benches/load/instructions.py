@@ -7,9 +7,17 @@ dumps, and divides the instructions by the decisions the server itself counted (
 driver saw answered for a bench-floor build, which decides nothing and counts no decision).
 
     python3 benches/load/instructions.py --loadgen LOADGEN NAME=BIN [NAME=BIN ...]
+
+--leased compares, for each build, a node counting in memory with one leasing from a Redis the
+script starts (redis-server on a free loopback port), on a counter offered far above its rate
+(100 a second, burst 1,000, at the few thousand calls a second a server runs at under callgrind):
+instructions per decision, and who answered.
+
+    python3 benches/load/instructions.py --loadgen LOADGEN --leased NAME=BIN
 """
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -29,14 +37,16 @@ def decisions(admin):
     return sum(m.get(k, 0) for k in ("ok", "over_limit", "invalid", "backend_error"))
 
 
-def measure(binary, policies, drive, work):
+def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figures=None):
+    """Instructions per decision and the decisions counted; `warm(server)` runs before the
+    counters are zeroed, and `figures`, when given, receives the server's counters' deltas."""
     out = Path(work, "callgrind.out")
     grpc, admin = run.free_port(), run.free_port()
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
          "--policies", str(policies), "--grpc-addr", f"127.0.0.1:{grpc}",
-         "--admin-addr", f"127.0.0.1:{admin}", "--log-level", "error"],
-        stderr=subprocess.DEVNULL)
+         "--admin-addr", f"127.0.0.1:{admin}", "--log-level", "error", *extra],
+        stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         for _ in range(600):
             try:
@@ -47,10 +57,14 @@ def measure(binary, policies, drive, work):
         else:
             sys.exit("instructions: the server did not start under valgrind")
         server = type("S", (), {"grpc": grpc, "admin": admin})
+        if warm:
+            warm(server)
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        before = decisions(admin)
+        before, first = decisions(admin), run.metrics(admin)
         answered = drive(server)
-        after = decisions(admin)
+        after, last = decisions(admin), run.metrics(admin)
+        if figures is not None:
+            figures.update({k: last.get(k, 0) - first.get(k, 0) for k in last})
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
     finally:
         proc.terminate()
@@ -68,18 +82,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loadgen", required=True)
     ap.add_argument("--calls", type=int, default=20_000)
+    ap.add_argument("--leased", action="store_true",
+                    help="memory against leased counting on a counter offered above its rate")
     ap.add_argument("builds", nargs="+", metavar="NAME=BIN")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
     policies, body = run.setup(work)
 
-    def hot(s):
+    def hot(s, calls=args.calls):
         out = subprocess.run(
-            ["h2load", "-c", "10", "-m", "10", "-n", str(args.calls), "-d", str(body("hot")),
+            ["h2load", "-c", "10", "-m", "10", "-n", str(calls), "-d", str(body("hot")),
              "-H", "content-type: application/grpc", "-H", "te: trailers",
              f"http://127.0.0.1:{s.grpc}{run.RLS_PATH}"],
             check=True, capture_output=True, text=True).stdout
         return int(re.search(r"(\d+) succeeded", out).group(1))
+
+    if args.leased:
+        leased(args, work, hot)
+        return
 
     def many(s):
         out = subprocess.run(
@@ -94,6 +114,39 @@ def main():
             per_call, calls = measure(binary, policies, drive, work)
             print(f"{name:<8} {scenario:<28} {per_call:>9,.0f} instructions/call over {calls:,.0f} calls",
                   flush=True)
+
+
+def leased(args, work, hot):
+    policies = Path(work, "over")
+    policies.mkdir()
+    Path(policies, "bench.yaml").write_text(
+        "domain: bench\ndescriptors:\n  - key: hot\n"
+        "    rate_limit: {name: hot, unit: second, requests_per_unit: 100, burst: 1000}\n")
+    port = run.free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", work], stdout=subprocess.DEVNULL)
+    modes = [("memory", [], {}),
+             ("leased", ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"],
+              {"SLUICE_REDIS__LEASE__ENABLED": "true", "SLUICE_REDIS__TIMEOUT_MS": "1000"})]
+    try:
+        time.sleep(0.5)
+        for spec in args.builds:
+            name, binary = spec.split("=", 1)
+            per = {}
+            for mode, extra, env in modes:
+                subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True, check=True)
+                f = {}
+                # The warm-up makes the counter hot (and leased) before the count starts.
+                per[mode], calls = measure(binary, policies, hot, work, extra, env,
+                                           warm=lambda s: hot(s, 3_000), figures=f)
+                print(f"{name:<8} {mode:<7} {per[mode]:>9,.0f} instructions/decision over {calls:,.0f}"
+                      f" ({f.get('ok', 0):,.0f} OK; {f.get('by_lease', 0):,.0f} from leases,"
+                      f" {f.get('by_redis', 0):,.0f} by Redis,"
+                      f" {f.get('sluice_redis_round_trips_total', 0):,.0f} round trips)", flush=True)
+            print(f"{name:<8} leased / memory: {per['leased'] / per['memory']:.3f}", flush=True)
+    finally:
+        redis.terminate()
+        redis.wait()
 
 
 if __name__ == "__main__":
