@@ -32,8 +32,8 @@ import callgrind  # noqa: E402  (reading the dumps, shared with benches/redis)
 import run  # noqa: E402  (the load benchmark's helpers)
 
 
-def decisions(admin):
-    m = run.metrics(admin)
+def decisions(m):
+    """The decisions in a scrape of the server's counters."""
     return sum(m.get(k, 0) for k in ("ok", "over_limit", "invalid", "backend_error"))
 
 
@@ -60,9 +60,10 @@ def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figure
         if warm:
             warm(server)
         subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
-        before, first = decisions(admin), run.metrics(admin)
+        first = run.metrics(admin)
         answered = drive(server)
-        after, last = decisions(admin), run.metrics(admin)
+        last = run.metrics(admin)
+        before, after = decisions(first), decisions(last)
         if figures is not None:
             figures.update({k: last.get(k, 0) - first.get(k, 0) for k in last})
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)

@@ -75,12 +75,14 @@ def cpu_seconds(proc):
 
 
 def cpu_per_decision(nodes, run):
-    """Runs `run()` and returns its results, each with the CPU µs its node spent per decision."""
+    """Runs `run()` and returns its results, each with its node's counters' deltas (`delta`) and
+    the CPU µs the node spent per decision."""
     before = [(metrics(n.admin), cpu_seconds(n.proc)) for n in nodes]
     results = run()
     for res, n, (m, cpu) in zip(results, nodes, before):
         z = metrics(n.admin)
-        decided = sum(z.get(k, 0) - m.get(k, 0) for k in ("ok", "over_limit"))
+        res["delta"] = {k: z.get(k, 0) - m.get(k, 0) for k in z}
+        decided = res["delta"].get("ok", 0) + res["delta"].get("over_limit", 0)
         res["cpu_us"] = (cpu_seconds(n.proc) - cpu) * 1e6 / max(decided, 1)
     return results
 
@@ -358,8 +360,9 @@ def leased(args, work):
             # The baseline in the same placement: two memory nodes side by side on core 0, each
             # counting alone (a node on a core of its own would be twice as fast for both).
             with serving(args.bin, str(policies)) as n1, serving(args.bin, str(policies)) as n2:
-                run = lambda: side_by_side([n1, n2], body("hot"), c, m, D, work)
-                for i, res in enumerate(cpu_per_decision([n1, n2], run)):
+                nodes = [n1, n2]
+                run = lambda: side_by_side(nodes, body("hot"), c, m, D, work)
+                for i, res in enumerate(cpu_per_decision(nodes, run)):
                     b.results.setdefault("memory, two nodes", []).append(res)
                     print(f"{f'memory, node {i + 1} of two, hot key':<44} {res['rate']:>9,.0f}/s"
                           f"  p50 {res['p50']:.3f} ms  p99 {res['p99']:.3f} ms"
@@ -369,9 +372,8 @@ def leased(args, work):
                     serving(args.bin, str(policies), redis_args, env=env) as n2:
                 time.sleep(1)
                 nodes = [n1, n2]
-                before = [metrics(n.admin) for n in nodes]
-                results = cpu_per_decision(nodes, lambda: side_by_side(nodes, body("hot"), c, m, D, work))
-                after = [metrics(n.admin) for n in nodes]
+                run = lambda: side_by_side(nodes, body("hot"), c, m, D, work)
+                results = cpu_per_decision(nodes, run)
                 # The exposure W: from the first request to the last answer of either driver, read
                 # from h2load's own log rather than the wall time around the two processes, which
                 # also counts their start and the writing of their logs (tenths of a second).
@@ -379,8 +381,8 @@ def leased(args, work):
                 last = max(res["span_us"][1] for res in results)
                 elapsed = (last - first) / 1e6
                 total_ok, offered = 0, 0.0
-                for i, (res, a, z) in enumerate(zip(results, before, after)):
-                    delta = {k: z.get(k, 0) - a.get(k, 0) for k in z}
+                for i, res in enumerate(results):
+                    delta = res["delta"]
                     decided = delta.get("ok", 0) + delta.get("over_limit", 0)
                     trips = delta.get("sluice_redis_round_trips_total", 0)
                     res.update(ok=int(delta.get("ok", 0)), over=int(delta.get("over_limit", 0)),
