@@ -22,13 +22,15 @@ use crate::limiter::{
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
+#[cfg(feature = "bench-floor")]
+use crate::server;
 #[cfg(not(feature = "bench-floor"))]
 use crate::server::GrpcRoutes;
 use crate::server::admin::{self, AdminState};
 #[cfg(not(feature = "bench-floor"))]
 use crate::server::listener::GrpcConnections;
 use crate::server::listener::{self, Incoming};
-use crate::server::{self, Health, rls::RateLimitHandler};
+use crate::server::{Health, rls::RateLimitHandler};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
 
@@ -290,7 +292,7 @@ impl App {
             let limits = settings.grpc;
             let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
             let connections = GrpcConnections {
-                http2: server::grpc_connections(&limits),
+                limits,
                 tls: tls.clone(),
                 idle_timeout: limits.idle_timeout,
                 max_age: limits

@@ -11,7 +11,9 @@
 //!   pending connection stays in the backlog, so every retry fails again and the loop spins a
 //!   core); a warning at most once a second says how many accepts failed.
 //!
-//! [`serve_grpc`] serves the gRPC port, one task per connection, each with:
+//! [`serve_grpc`] serves the gRPC port, one task per connection, which also runs the
+//! connection's calls (`super::streams`: no task per call, and the answers to one read leave in
+//! one write), each with:
 //! - **TLS** (when configured): the handshake runs in the connection's task, never in the accept
 //!   loop, and is cut at the handshake timeout, so a peer that connects and never finishes it
 //!   neither blocks accepting nor holds its place under the cap for longer than that;
@@ -31,7 +33,7 @@
 //!   for the calls in flight (the app bounds that wait by its grace period).
 //!
 //! The HTTP/2 limits per connection (concurrent streams, header list size, keep-alive,
-//! reset-stream limits) are set on hyper's builder in [`super::grpc_connections`], the request
+//! reset-stream limits) are set on hyper's builder in [`super::grpc_connection`], the request
 //! timeout per call by the edge; the admin port's header-read timeout is hyper's, set in
 //! [`serve_admin`], which is why the admin port is served with hyper's HTTP/1 connection builder
 //! rather than `axum::serve`.
@@ -51,6 +53,8 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
 
+use super::streams::{Served, Streams};
+use crate::settings::GrpcLimits;
 use crate::tls::ServerTls;
 
 /// First pause after an accept error; it doubles on every further error.
@@ -431,8 +435,8 @@ impl FrameScan {
 /// How the gRPC port serves each connection.
 #[derive(Debug, Clone)]
 pub struct GrpcConnections {
-    /// HTTP/2 with the per-connection limits.
-    pub http2: hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+    /// The per-connection HTTP/2 limits and the request timeout.
+    pub limits: GrpcLimits,
     /// TLS, when configured.
     pub tls: Option<ServerTls>,
     /// How long a connection may carry no request.
@@ -554,10 +558,10 @@ async fn serve_http2<IO, S, B>(
     B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let served = connections
-        .http2
+    let streams = Streams::default();
+    let served = super::grpc_connection(&connections.limits, streams.clone())
         .serve_connection(hyper_util::rt::TokioIo::new(io), service);
-    let mut served = std::pin::pin!(served);
+    let mut served = Served::new(served, streams);
     let aged = async {
         match connections.max_age {
             Some((age, _)) => tokio::time::sleep(jittered(age)).await,
@@ -565,15 +569,15 @@ async fn serve_http2<IO, S, B>(
         }
     };
     tokio::select! {
-        r = served.as_mut() => return finished_grpc(r),
+        r = &mut served => return finished_grpc(r),
         () = stop.cancelled() => {
-            served.as_mut().graceful_shutdown();
+            served.conn().graceful_shutdown();
             // The app's grace period bounds this wait.
             return finished_grpc(served.await);
         }
         () = aged => {
             tracing::debug!("connection past its max age; sending GOAWAY");
-            served.as_mut().graceful_shutdown();
+            served.conn().graceful_shutdown();
         }
     }
     let grace = connections

@@ -6,9 +6,10 @@
 //!
 //! The gRPC port is served without tonic's `Server`: [`listener::serve_grpc`] accepts each
 //! connection (within the connection cap, with TLS when configured), serves it with hyper's
-//! HTTP/2 connection builder from [`grpc_connections`] and [`GrpcRoutes`] (`ShouldRateLimit`
+//! HTTP/2 connection builder from [`grpc_connection`] and [`GrpcRoutes`] (`ShouldRateLimit`
 //! served by hand, [`unary`], and the generated health service, each behind the edge, routed by
-//! path), and drains, ages and idles it out. The
+//! path), runs its calls in the connection's own task ([`streams`]), and drains, ages and idles
+//! it out. The
 //! `bench-floor` build serves a default tonic server instead (`bench_floor`), the reference
 //! the load benchmark measures this path against.
 
@@ -20,6 +21,7 @@ mod edge;
 pub(crate) mod json;
 pub(crate) mod listener;
 pub(crate) mod rls;
+mod streams;
 mod unary;
 
 use std::convert::Infallible;
@@ -106,14 +108,16 @@ pub(crate) const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// CVE-2025-8671; RUSTSEC-2024-0003). hyper's default, set here so it cannot drift.
 pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
-/// The HTTP/2 connection builder of the gRPC port, with every per-connection limit in `limits`
-/// (streams, header list size, keep-alive) and the reset-stream limits; [`listener::serve_grpc`]
-/// serves each connection with it. The request timeout is applied per call by the edge.
-pub(crate) fn grpc_connections(
+/// The HTTP/2 connection builder of one gRPC connection, with every per-connection limit in
+/// `limits` (streams, header list size, keep-alive) and the reset-stream limits, its calls run
+/// by `streams` in the connection's own task; [`listener::serve_grpc`] builds one for each
+/// connection. The request timeout is applied per call by the edge.
+pub(crate) fn grpc_connection(
     limits: &GrpcLimits,
-) -> hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor> {
-    use hyper_util::rt::{TokioExecutor, TokioTimer};
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    streams: streams::Streams,
+) -> hyper::server::conn::http2::Builder<streams::Streams> {
+    use hyper_util::rt::TokioTimer;
+    let mut builder = hyper::server::conn::http2::Builder::new(streams);
     builder
         .timer(TokioTimer::new())
         // No `date` header: gRPC does not use it, and grpc-go's server (envoyproxy/ratelimit's)

@@ -238,6 +238,52 @@ async fn a_flood_of_header_only_streams_leaves_memory_bounded_and_others_served(
     );
 }
 
+/// A connection's calls run in its own task: a call waiting for its body holds up none of the
+/// others on the same connection, many calls sent at once are all answered, and the waiting
+/// call is answered once its body comes.
+#[tokio::test]
+async fn calls_waiting_on_one_connection_hold_up_none_of_its_others() {
+    let server = TestServer::start(&[("test.yaml", POLICY)]).await;
+    let addr = server.grpc;
+    let (client, _conn) = h2_client(addr).await;
+    let mut ready = client.clone().ready().await.unwrap();
+    let (waiting, mut waiting_body) = ready
+        .send_request(grpc_request(addr, "application/grpc"), false)
+        .unwrap();
+    // Frames of one connection are read in order: once this call is answered, the waiting
+    // call has been accepted and started.
+    assert_eq!(
+        call(&mut client.clone(), addr, "application/grpc").await,
+        (200, "0".to_string())
+    );
+
+    let calls: Vec<_> = (0..64)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move { call(&mut client, addr, "application/grpc").await })
+        })
+        .collect();
+    for c in calls {
+        let answered = tokio::time::timeout(Duration::from_secs(10), c)
+            .await
+            .expect("a call beside the waiting one is answered")
+            .unwrap();
+        assert_eq!(answered, (200, "0".to_string()));
+    }
+
+    waiting_body.send_data(grpc_body(), true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting call is answered once its body comes")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut recv = resp.into_body();
+    while let Some(chunk) = recv.data().await {
+        let _ = recv.flow_control().release_capacity(chunk.unwrap().len());
+    }
+    assert_eq!(recv.trailers().await.unwrap().unwrap()["grpc-status"], "0");
+}
+
 #[tokio::test]
 async fn the_stream_and_header_limits_are_advertised() {
     let server = TestServer::start_with(&[("test.yaml", POLICY)], |s| {

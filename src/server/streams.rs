@@ -1,0 +1,208 @@
+//! The calls of one gRPC connection, run in the connection's own task instead of a task each.
+//!
+//! hyper hands every accepted HTTP/2 stream to an executor. With tokio's, each call is a task of
+//! its own: spawned, scheduled, and woken back into the connection's task once its answer is
+//! queued, so the connection writes its answers about two to a `writev` while it reads the
+//! requests six or more to a `recvfrom` (BENCHMARKS.md). Here [`Streams`] is that executor, and
+//! [`Served`] the connection's future: it polls hyper's connection, then every call the
+//! connection accepted, and the connection again while calls finish, so the answers to one read
+//! leave together, in one write, and no task is spawned per call.
+//!
+//! What this gives up: the calls of one connection run on one worker thread at a time, where
+//! tokio could spread them over several. h2 already serialises a connection on its one
+//! connection task and the streams' lock, a memory decision takes microseconds, and Envoy opens
+//! a connection per worker thread, so the cores are used by the connections, not by the calls.
+//! A call waiting on Redis waits as before: it is polled again only when woken.
+//!
+//! When the connection ends, the calls still running are dropped, as hyper drops a call whose
+//! stream the client reset: there is no stream left to answer on.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+
+/// One call: hyper's future for an accepted stream, from its request to its last frame.
+type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Rounds of "connection, then calls" in one poll before yielding to the runtime's other tasks,
+/// so that a connection whose peer keeps sending cannot hold a worker thread.
+const ROUNDS_PER_POLL: usize = 16;
+
+/// The executor of one connection's calls: hyper queues each call here, and [`Served`] runs
+/// it. One per connection, shared by the connection's hyper builder and its [`Served`].
+#[derive(Clone, Default)]
+pub(crate) struct Streams {
+    /// Calls accepted since [`Served`] last took them. The lock is only ever taken inside the
+    /// connection's own poll, so it is never contended.
+    accepted: Arc<Mutex<Vec<Call>>>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams").finish_non_exhaustive()
+    }
+}
+
+impl Streams {
+    /// Moves the calls accepted since the last time into `running`, in the order hyper accepted
+    /// them; the queue keeps its capacity for the next read's calls.
+    fn start(&self, running: &mut FuturesUnordered<Call>) {
+        let mut accepted = self.accepted.lock().unwrap_or_else(PoisonError::into_inner);
+        for call in accepted.drain(..) {
+            running.push(call);
+        }
+    }
+}
+
+impl<F> hyper::rt::Executor<F> for Streams
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, call: F) {
+        self.accepted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::pin(call));
+    }
+}
+
+/// A connection's future `C` (hyper's, built with `streams` as its executor) together with its
+/// calls: ready when the connection is.
+pub(crate) struct Served<C> {
+    conn: Pin<Box<C>>,
+    streams: Streams,
+    running: FuturesUnordered<Call>,
+}
+
+impl<C> Served<C> {
+    /// `conn`, whose builder was given `streams` as its executor.
+    pub(crate) fn new(conn: C, streams: Streams) -> Self {
+        Self {
+            conn: Box::pin(conn),
+            streams,
+            running: FuturesUnordered::new(),
+        }
+    }
+
+    /// The connection, to start its graceful shutdown; its calls keep running.
+    pub(crate) fn conn(&mut self) -> Pin<&mut C> {
+        self.conn.as_mut()
+    }
+
+    /// Calls running or accepted and not yet started.
+    #[cfg(test)]
+    fn calls(&self) -> usize {
+        self.running.len() + self.streams.accepted.lock().map_or(0, |a| a.len())
+    }
+}
+
+impl<C: Future> Future for Served<C> {
+    type Output = C::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+        let this = &mut *self;
+        for _ in 0..ROUNDS_PER_POLL {
+            // Reads what arrived (accepting calls into `streams`) and writes what the calls
+            // answered since the last round, in one flush.
+            if let Poll::Ready(done) = this.conn.as_mut().poll(cx) {
+                return Poll::Ready(done);
+            }
+            this.streams.start(&mut this.running);
+            let mut finished = false;
+            while let Poll::Ready(Some(())) = this.running.poll_next_unpin(cx) {
+                finished = true;
+            }
+            if !finished {
+                // Every call left is waiting on something that will wake this task; so is the
+                // connection.
+                return Poll::Pending;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::rt::Executor;
+    use std::future::poll_fn;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn calls_run_in_the_connections_task_and_end_with_it() {
+        let streams = Streams::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        // A "connection" that accepts two calls on its first poll, one that finishes at once
+        // and one that never does, then ends when told to.
+        let conn = {
+            let (streams, done) = (streams.clone(), Arc::clone(&done));
+            async move {
+                let quick = Arc::clone(&done);
+                streams.execute(async move {
+                    quick.fetch_add(1, Ordering::Relaxed);
+                });
+                streams.execute(std::future::pending::<()>());
+                let _ = stop_rx.await;
+                "ended"
+            }
+        };
+        let mut served = Served::new(conn, streams);
+        poll_fn(|cx| {
+            assert!(Pin::new(&mut served).poll(cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(
+            done.load(Ordering::Relaxed),
+            1,
+            "the quick call ran in the same poll"
+        );
+        assert_eq!(served.calls(), 1, "the pending call is still held");
+        stop_tx.send(()).unwrap();
+        assert_eq!(served.await, "ended");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_keeps_accepting_yields_to_the_runtime() {
+        let streams = Streams::default();
+        // Accepts a call that finishes at once on every poll, forever.
+        let conn = {
+            let streams = streams.clone();
+            poll_fn(move |_| {
+                streams.execute(async {});
+                Poll::<()>::Pending
+            })
+        };
+        let mut served = Served::new(conn, streams);
+        let woken = Arc::new(AtomicUsize::new(0));
+        let waker = counting_waker(Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut served).poll(&mut cx).is_pending());
+        assert_eq!(served.calls(), 0, "every accepted call ran");
+        assert_eq!(
+            woken.load(Ordering::Relaxed),
+            1,
+            "after its rounds the connection asks to be polled again instead of looping on"
+        );
+    }
+
+    fn counting_waker(woken: Arc<AtomicUsize>) -> std::task::Waker {
+        struct Count(Arc<AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+            fn wake_by_ref(self: &Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        std::task::Waker::from(Arc::new(Count(woken)))
+    }
+}
