@@ -118,8 +118,9 @@ pub(super) fn plan<'p>(
     }
     let mut plan = Plan {
         slots: Vec::with_capacity(req.descriptors.len()),
-        ops: Vec::new(),
-        applied: Vec::new(),
+        // Most descriptors match one rule: sized so that the first op does not grow them.
+        ops: Vec::with_capacity(req.descriptors.len()),
+        applied: Vec::with_capacity(req.descriptors.len()),
     };
     let mode = |rule: Option<&Rule>| match rule {
         _ if shadow_mode => Mode::Shadow,
