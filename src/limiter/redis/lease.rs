@@ -175,6 +175,15 @@ impl Slice {
         (ahead / t.max(1)).min(self.size)
     }
 
+    /// Whether every token of the slice is used: it has none to hand out, whatever the time,
+    /// until a refund gives some back. Over the rate a lease holds about one slice per take
+    /// of the last L (fifty and more), nearly all of them spent: the walks of a decision start
+    /// past the spent ones at the front ([`Lease::spent`]) and skip the others without a
+    /// division.
+    fn spent(&self) -> bool {
+        self.used >= self.size
+    }
+
     /// The instant its `i`-th token (from 1) is due.
     fn due_at(&self, i: u64, t: u64) -> u64 {
         let at = i128::from(self.received) + i128::from(i) * i128::from(t) - i128::from(self.lead);
@@ -186,7 +195,11 @@ impl Slice {
 #[derive(Debug)]
 struct Lease {
     quota: Quota,
+    /// Oldest first.
     slices: VecDeque<Slice>,
+    /// Every slice before this index is spent: `consume` moves it on, `unconsume` back to the
+    /// oldest slice a refund reached, `expire` with the front.
+    spent: usize,
     /// Unused tokens of ended slices, not yet given back.
     to_return: u64,
     /// Until this local instant the shared bucket has no token (the last take got none).
@@ -210,6 +223,7 @@ impl Lease {
         Self {
             quota,
             slices: VecDeque::new(),
+            spent: 0,
             to_return: 0,
             denied_until: 0,
             full_at: 0,
@@ -228,19 +242,25 @@ impl Lease {
             }
             self.to_return += s.size - s.used;
             self.slices.pop_front();
+            self.spent = self.spent.saturating_sub(1);
         }
+    }
+
+    /// The slices that may still have a token to hand out, oldest first.
+    fn live(&self) -> std::collections::vec_deque::Iter<'_, Slice> {
+        self.slices.range(self.spent.min(self.slices.len())..)
     }
 
     /// Tokens held unused, due or not.
     fn unused(&self) -> u64 {
-        self.slices.iter().map(|s| s.size - s.used).sum()
+        self.live().map(|s| s.size - s.used).sum()
     }
 
     /// Tokens held unused and due at `now`: what the lease can hand out now.
     fn available(&self, now: u64) -> u64 {
         let t = self.quota.interval();
-        self.slices
-            .iter()
+        self.live()
+            .filter(|s| !s.spent())
             .map(|s| s.due_by(now, t).saturating_sub(s.used))
             .sum()
     }
@@ -250,7 +270,15 @@ impl Lease {
     fn due_at(&self, n: u64, now: u64) -> Option<u64> {
         let t = self.quota.interval();
         let mut need = n;
-        for s in &self.slices {
+        if need == 0 {
+            // Ready at once, as the first slice would answer; `None` without a slice.
+            return (!self.slices.is_empty()).then_some(now);
+        }
+        for s in self.live() {
+            if s.spent() {
+                // Nothing ready, nothing to come: `need` passes it unchanged.
+                continue;
+            }
             let due = s.due_by(now, t).max(s.used);
             let ready = due - s.used;
             if need <= ready {
@@ -272,7 +300,11 @@ impl Lease {
     /// Uses `n` due tokens, oldest first; the caller checked they are there.
     fn consume(&mut self, mut n: u64, now: u64) {
         let t = self.quota.interval();
-        for s in &mut self.slices {
+        if n == 0 {
+            return;
+        }
+        let from = self.spent.min(self.slices.len());
+        for s in self.slices.range_mut(from..).filter(|s| !s.spent()) {
             let k = n.min(s.due_by(now, t).saturating_sub(s.used));
             s.used += k;
             n -= k;
@@ -280,17 +312,23 @@ impl Lease {
                 break;
             }
         }
+        while self.slices.get(self.spent).is_some_and(Slice::spent) {
+            self.spent += 1;
+        }
     }
 
     /// Gives `n` used tokens back to their slices, newest first; the caller checked they were
     /// used.
     fn unconsume(&mut self, mut n: u64) {
-        for s in self.slices.iter_mut().rev() {
-            let k = n.min(s.used);
-            s.used -= k;
-            n -= k;
+        for (i, s) in self.slices.iter_mut().enumerate().rev() {
             if n == 0 {
                 break;
+            }
+            let k = n.min(s.used);
+            if k > 0 {
+                s.used -= k;
+                n -= k;
+                self.spent = self.spent.min(i);
             }
         }
     }
@@ -418,11 +456,27 @@ impl LeasedStore {
     ///
     /// [`BackendError`] when the request goes to Redis and Redis cannot decide.
     pub async fn check_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
-        let now = self.clock.now();
-        if let Some(batch) = self.local(ops, now) {
-            self.stats.by_lease.fetch_add(1, Ordering::Relaxed);
-            return Ok(batch);
+        match self.answer_from_leases(ops) {
+            Some(batch) => Ok(batch),
+            None => self.check_in_redis(ops).await,
         }
+    }
+
+    /// The answer from leases alone, when they can give all of it; `None` when the request
+    /// must go to Redis ([`LeasedStore::check_in_redis`]), after starting takes for its hot
+    /// counters that need one. [`LeasedStore::check_batch`] is the two in one.
+    pub fn answer_from_leases(self: &Arc<Self>, ops: &[Op]) -> Option<Batch> {
+        let batch = self.local(ops, self.clock.now())?;
+        self.stats.by_lease.fetch_add(1, Ordering::Relaxed);
+        Some(batch)
+    }
+
+    /// The exact path: the request decided in Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot decide.
+    pub async fn check_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
         self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
         self.redis.check_batch(ops).await
     }
@@ -602,9 +656,10 @@ impl LeasedStore {
         // Low water: the next slice before this one runs out.
         for (i, g) in guards.iter_mut().enumerate() {
             let (key, rate, _) = &counters[i];
-            let ask = self.config.slice(&g.quota, *rate);
             let low = g.low_water(self.config.low_water);
             if g.unused() <= low && *rate >= self.config.min_rate {
+                // Sized only when a take is due: the size is a 128-bit division.
+                let ask = self.config.slice(&g.quota, *rate);
                 self.start_take(*key, g, ask, now);
             }
         }
@@ -931,6 +986,83 @@ mod tests {
             taken_at,
             received: taken_at,
             lead: signed(size * t),
+        }
+    }
+
+    /// `available` and `due_at` as walks over every slice, spent ones included.
+    fn walked(l: &Lease, n: u64, now: u64) -> (u64, Option<u64>) {
+        let t = l.quota.interval();
+        let available = l
+            .slices
+            .iter()
+            .map(|s| s.due_by(now, t).saturating_sub(s.used))
+            .sum();
+        let mut need = n;
+        for s in &l.slices {
+            let due = s.due_by(now, t).max(s.used);
+            let ready = due - s.used;
+            if need <= ready {
+                return (available, Some(now));
+            }
+            need -= ready;
+            if need <= s.size - due {
+                return (available, Some(s.due_at(due + need, t).max(now)));
+            }
+            need -= s.size - due;
+        }
+        (available, None)
+    }
+
+    proptest::proptest! {
+        /// Starting past the spent slices and skipping the others changes no answer:
+        /// `available`, `due_at` and `consume` give what walks over every slice give, before
+        /// and after tokens are used and refunded, and every slice before the index is spent.
+        #[test]
+        fn spent_slices_are_skipped_without_changing_an_answer(
+            slices in proptest::collection::vec(
+                (1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000),
+                0..8,
+            ),
+            now in 0u64..4_000,
+            n in 0u64..60,
+            refund in 0u64..60,
+        ) {
+            let q = Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap();
+            let t = q.interval();
+            let now = now * 1_000;
+            let mut l = Lease::new(q);
+            for &(size, used, received, lead) in &slices {
+                l.slices.push_back(Slice {
+                    size,
+                    used: used.min(size),
+                    taken_at: received * 1_000,
+                    received: received * 1_000,
+                    lead: lead * 10,
+                });
+            }
+            let (available, due_at) = walked(&l, n, now);
+            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), (available, due_at));
+            // `consume` as a walk over every slice.
+            let take = n.min(available);
+            let mut expected: Vec<u64> = l.slices.iter().map(|s| s.used).collect();
+            let mut left = take;
+            for (s, used) in l.slices.iter().zip(expected.iter_mut()) {
+                let k = left.min(s.due_by(now, t).saturating_sub(s.used));
+                *used += k;
+                left -= k;
+            }
+            l.consume(take, now);
+            let used: Vec<u64> = l.slices.iter().map(|s| s.used).collect();
+            proptest::prop_assert_eq!(used, expected);
+            proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
+            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), walked(&l, n, now));
+            l.unconsume(refund.min(l.used()));
+            proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
+            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), walked(&l, n, now));
+            proptest::prop_assert_eq!(
+                l.unused(),
+                l.slices.iter().map(|s| s.size - s.used).sum::<u64>()
+            );
         }
     }
 
