@@ -15,9 +15,11 @@
 //! A call waiting on Redis waits as before: it is polled again only when woken.
 //!
 //! When the connection ends, the calls still running are dropped, as hyper drops a call whose
-//! stream the client reset: there is no stream left to answer on.
+//! stream the client reset: there is no stream left to answer on. A call that panics ends alone,
+//! as its task did: its stream is reset and the connection's other calls go on.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -27,6 +29,24 @@ use futures_util::stream::FuturesUnordered;
 
 /// One call: hyper's future for an accepted stream, from its request to its last frame.
 type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A call polled so that a panic ends it alone: the call is then dropped (hyper resets its
+/// stream), and the connection and its other calls go on, as they did when each call was a
+/// task of its own.
+struct Isolated(Call);
+
+impl Future for Isolated {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let call = &mut self.0;
+        // Unwind-safe enough: a call that panicked is never polled again, only dropped.
+        std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))).unwrap_or_else(|_| {
+            tracing::error!("a gRPC call panicked; its stream is reset, the connection goes on");
+            Poll::Ready(())
+        })
+    }
+}
 
 /// Rounds of "connection, then calls" in one poll before yielding to the runtime's other tasks,
 /// so that a connection whose peer keeps sending cannot hold a worker thread.
@@ -50,10 +70,10 @@ impl std::fmt::Debug for Streams {
 impl Streams {
     /// Moves the calls accepted since the last time into `running`, in the order hyper accepted
     /// them; the queue keeps its capacity for the next read's calls.
-    fn start(&self, running: &mut FuturesUnordered<Call>) {
+    fn start(&self, running: &mut FuturesUnordered<Isolated>) {
         let mut accepted = self.accepted.lock().unwrap_or_else(PoisonError::into_inner);
         for call in accepted.drain(..) {
-            running.push(call);
+            running.push(Isolated(call));
         }
     }
 }
@@ -75,7 +95,7 @@ where
 pub(crate) struct Served<C> {
     conn: Pin<Box<C>>,
     streams: Streams,
-    running: FuturesUnordered<Call>,
+    running: FuturesUnordered<Isolated>,
 }
 
 impl<C> Served<C> {
@@ -191,6 +211,31 @@ mod tests {
             1,
             "after its rounds the connection asks to be polled again instead of looping on"
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_that_panics_ends_alone() {
+        let streams = Streams::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        let conn = {
+            let (streams, done) = (streams.clone(), Arc::clone(&done));
+            async move {
+                streams.execute(async { panic!("a bug in one call") });
+                let after = Arc::clone(&done);
+                streams.execute(async move {
+                    after.fetch_add(1, Ordering::Relaxed);
+                });
+                std::future::pending::<()>().await;
+            }
+        };
+        let mut served = Served::new(conn, streams);
+        poll_fn(|cx| {
+            assert!(Pin::new(&mut served).poll(cx).is_pending());
+            Poll::Ready(())
+        })
+        .await;
+        assert_eq!(done.load(Ordering::Relaxed), 1, "the other call ran");
+        assert_eq!(served.calls(), 0, "the call that panicked is gone");
     }
 
     fn counting_waker(woken: Arc<AtomicUsize>) -> std::task::Waker {
