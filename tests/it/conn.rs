@@ -139,12 +139,33 @@ async fn h2_client(addr: SocketAddr) -> (H2Client, tokio::task::JoinHandle<()>) 
 
 /// Sends one `ShouldRateLimit` call: (HTTP status, grpc-status from trailers or headers).
 async fn call(client: &mut H2Client, addr: SocketAddr, content_type: &str) -> (u16, String) {
+    let (resp, body) = open_call(client, addr, content_type).await;
+    finish_call(resp, body).await
+}
+
+/// Opens a `ShouldRateLimit` call: its headers sent, its body not yet.
+async fn open_call(
+    client: &H2Client,
+    addr: SocketAddr,
+    content_type: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
     let mut ready = client.clone().ready().await.expect("connection open");
-    let (resp, mut body) = ready
+    ready
         .send_request(grpc_request(addr, content_type), false)
-        .expect("send request");
+        .expect("send request")
+}
+
+/// Sends an open call's body and reads its answer within 10 s: (HTTP status, grpc-status from
+/// trailers or headers).
+async fn finish_call(
+    resp: h2::client::ResponseFuture,
+    mut body: h2::SendStream<Bytes>,
+) -> (u16, String) {
     body.send_data(grpc_body(), true).expect("send body");
-    let resp = resp.await.expect("response");
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("the call is answered in time")
+        .expect("response");
     let status = resp.status().as_u16();
     let mut grpc_status = resp
         .headers()
@@ -246,10 +267,7 @@ async fn calls_waiting_on_one_connection_hold_up_none_of_its_others() {
     let server = TestServer::start(&[("test.yaml", POLICY)]).await;
     let addr = server.grpc;
     let (client, _conn) = h2_client(addr).await;
-    let mut ready = client.clone().ready().await.unwrap();
-    let (waiting, mut waiting_body) = ready
-        .send_request(grpc_request(addr, "application/grpc"), false)
-        .unwrap();
+    let (waiting, waiting_body) = open_call(&client, addr, "application/grpc").await;
     // Frames of one connection are read in order: once this call is answered, the waiting
     // call has been accepted and started.
     assert_eq!(
@@ -271,17 +289,11 @@ async fn calls_waiting_on_one_connection_hold_up_none_of_its_others() {
         assert_eq!(answered, (200, "0".to_string()));
     }
 
-    waiting_body.send_data(grpc_body(), true).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("the waiting call is answered once its body comes")
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut recv = resp.into_body();
-    while let Some(chunk) = recv.data().await {
-        let _ = recv.flow_control().release_capacity(chunk.unwrap().len());
-    }
-    assert_eq!(recv.trailers().await.unwrap().unwrap()["grpc-status"], "0");
+    // Answered once its body comes.
+    assert_eq!(
+        finish_call(waiting, waiting_body).await,
+        (200, "0".to_string())
+    );
 }
 
 #[tokio::test]
@@ -426,10 +438,7 @@ async fn a_connection_past_its_max_age_is_sent_goaway_and_its_call_in_flight_com
     let addr = server.grpc;
     let (client, conn) = h2_client(addr).await;
     // A call in flight across the age: its headers now, its body after the GOAWAY.
-    let mut ready = client.clone().ready().await.unwrap();
-    let (resp, mut body) = ready
-        .send_request(grpc_request(addr, "application/grpc"), false)
-        .unwrap();
+    let (resp, body) = open_call(&client, addr, "application/grpc").await;
     // Past the age and its jitter (at most 330 ms).
     tokio::time::sleep(Duration::from_millis(700)).await;
     // A new call on the aged connection is not taken any more.
@@ -441,18 +450,7 @@ async fn a_connection_past_its_max_age_is_sent_goaway_and_its_call_in_flight_com
         },
     };
     assert!(refused, "a new stream was accepted after the GOAWAY");
-    body.send_data(grpc_body(), true).unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
-        .await
-        .expect("the call in flight is answered")
-        .expect("the call in flight completes");
-    assert_eq!(resp.status(), 200);
-    let mut recv = resp.into_body();
-    while let Some(chunk) = recv.data().await {
-        let _ = recv.flow_control().release_capacity(chunk.unwrap().len());
-    }
-    let trailers = recv.trailers().await.unwrap().expect("trailers");
-    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(finish_call(resp, body).await, (200, "0".to_string()));
     // With nothing left in flight the connection closes, long before the grace ends.
     tokio::time::timeout(Duration::from_secs(3), conn)
         .await
