@@ -294,10 +294,6 @@ impl App {
             let connections = GrpcConnections {
                 limits,
                 tls: tls.clone(),
-                idle_timeout: limits.idle_timeout,
-                max_age: limits
-                    .max_connection_age
-                    .map(|age| (age, limits.max_connection_age_grace)),
             };
             let routes = GrpcRoutes::new(
                 RateLimitHandler::new(decider),

@@ -435,14 +435,11 @@ impl FrameScan {
 /// How the gRPC port serves each connection.
 #[derive(Debug, Clone)]
 pub struct GrpcConnections {
-    /// The per-connection HTTP/2 limits and the request timeout.
+    /// The per-connection limits: HTTP/2's, the idle timeout, the maximum age (before jitter)
+    /// and the grace after it.
     pub limits: GrpcLimits,
     /// TLS, when configured.
     pub tls: Option<ServerTls>,
-    /// How long a connection may carry no request.
-    pub idle_timeout: Duration,
-    /// The maximum age (before jitter) and the grace after it, when configured.
-    pub max_age: Option<(Duration, Duration)>,
 }
 
 /// Serves `service` over HTTP/2 on `incoming`, one task per connection, until `stop`; then
@@ -516,7 +513,7 @@ async fn serve_grpc_connection<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let peer = conn.peer;
-    let idle = connections.idle_timeout;
+    let idle = connections.limits.idle_timeout;
     let Some(tls) = &connections.tls else {
         let io = IdleCut::new(conn, idle, peer);
         return serve_http2(io, service, connections, stop).await;
@@ -563,8 +560,8 @@ async fn serve_http2<IO, S, B>(
         .serve_connection(hyper_util::rt::TokioIo::new(io), service);
     let mut served = Served::new(served, streams);
     let aged = async {
-        match connections.max_age {
-            Some((age, _)) => tokio::time::sleep(jittered(age)).await,
+        match connections.limits.max_connection_age {
+            Some(age) => tokio::time::sleep(jittered(age)).await,
             None => std::future::pending().await,
         }
     };
@@ -580,9 +577,8 @@ async fn serve_http2<IO, S, B>(
             served.conn().graceful_shutdown();
         }
     }
-    let grace = connections
-        .max_age
-        .map_or(Duration::ZERO, |(_, grace)| grace);
+    // Only an aged connection gets here.
+    let grace = connections.limits.max_connection_age_grace;
     match tokio::time::timeout(grace, served).await {
         Ok(r) => finished_grpc(r),
         Err(_) => tracing::debug!("connection past its max age and grace; closing it"),
