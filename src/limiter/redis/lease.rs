@@ -246,9 +246,14 @@ impl Lease {
         }
     }
 
+    /// Where the slices that may still have a token to hand out begin (oldest first).
+    fn first_live(&self) -> usize {
+        self.spent.min(self.slices.len())
+    }
+
     /// The slices that may still have a token to hand out, oldest first.
     fn live(&self) -> std::collections::vec_deque::Iter<'_, Slice> {
-        self.slices.range(self.spent.min(self.slices.len())..)
+        self.slices.range(self.first_live()..)
     }
 
     /// Tokens held unused, due or not.
@@ -303,7 +308,7 @@ impl Lease {
         if n == 0 {
             return;
         }
-        let from = self.spent.min(self.slices.len());
+        let from = self.first_live();
         for s in self.slices.range_mut(from..).filter(|s| !s.spent()) {
             let k = n.min(s.due_by(now, t).saturating_sub(s.used));
             s.used += k;
