@@ -138,7 +138,7 @@ async fn h2_client(addr: SocketAddr) -> (H2Client, tokio::task::JoinHandle<()>) 
 }
 
 /// Sends one `ShouldRateLimit` call: (HTTP status, grpc-status from trailers or headers).
-async fn call(client: &mut H2Client, addr: SocketAddr, content_type: &str) -> (u16, String) {
+async fn call(client: &H2Client, addr: SocketAddr, content_type: &str) -> (u16, String) {
     let (resp, body) = open_call(client, addr, content_type).await;
     finish_call(resp, body).await
 }
@@ -271,14 +271,14 @@ async fn calls_waiting_on_one_connection_hold_up_none_of_its_others() {
     // Frames of one connection are read in order: once this call is answered, the waiting
     // call has been accepted and started.
     assert_eq!(
-        call(&mut client.clone(), addr, "application/grpc").await,
+        call(&client, addr, "application/grpc").await,
         (200, "0".to_string())
     );
 
     let calls: Vec<_> = (0..64)
         .map(|_| {
-            let mut client = client.clone();
-            tokio::spawn(async move { call(&mut client, addr, "application/grpc").await })
+            let client = client.clone();
+            tokio::spawn(async move { call(&client, addr, "application/grpc").await })
         })
         .collect();
     for c in calls {
@@ -321,13 +321,13 @@ async fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
     .await;
     let addr = server.grpc;
 
-    let (mut busy, busy_conn) = h2_client(addr).await;
+    let (busy, busy_conn) = h2_client(addr).await;
     let (_idle, idle_conn) = h2_client(addr).await;
     let opened = Instant::now();
     // The busy connection calls every 150 ms for three idle timeouts.
     while opened.elapsed() < Duration::from_millis(1_800) {
         assert_eq!(
-            call(&mut busy, addr, "application/grpc").await,
+            call(&busy, addr, "application/grpc").await,
             (200, "0".into())
         );
         assert!(!busy_conn.is_finished(), "a busy connection was closed");
@@ -396,12 +396,12 @@ async fn connections_past_the_cap_are_closed() {
 async fn only_protobuf_grpc_content_types_are_served() {
     let server = TestServer::start(&[("test.yaml", POLICY)]).await;
     let addr = server.grpc;
-    let (mut client, _conn) = h2_client(addr).await;
+    let (client, _conn) = h2_client(addr).await;
     for ct in ["application/grpc", "application/grpc+proto"] {
-        assert_eq!(call(&mut client, addr, ct).await, (200, "0".into()), "{ct}");
+        assert_eq!(call(&client, addr, ct).await, (200, "0".into()), "{ct}");
     }
     for ct in ["application/json", "application/grpc+json", "text/plain"] {
-        assert_eq!(call(&mut client, addr, ct).await.0, 415, "{ct}");
+        assert_eq!(call(&client, addr, ct).await.0, 415, "{ct}");
     }
 }
 
