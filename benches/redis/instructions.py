@@ -6,13 +6,16 @@ Starts redis-server under valgrind, loads each script, warms it up, zeroes the c
 CALLS calls of KEYSN descriptors over random keys (one connection, ten calls in flight), dumps,
 and divides by the requests decided. BATCH (gcra_lean.lua only, default 1) puts that many
 requests in each call, as coalescing does; the figure is then per request. Every descriptor is
-one charge of 1 on a limit of 10 per second with a burst of 10. minimal.lua is the least a
-one-key GCRA needs (TIME, GET, SET ... PX, arithmetic on doubles), for comparison.
+one charge of 1 on a limit of 10 per second with a burst of 10. HOT=1 sends every request to the
+same counters instead (one per descriptor), on a limit of 10,000,000 per second so that each is
+admitted: the usual shared limit of a route, whose requests coalesce onto one key. minimal.lua is
+the least a one-key GCRA needs (TIME, GET, SET ... PX, arithmetic on doubles), for comparison.
 
     benches/redis/instructions.py src/limiter/redis/gcra_lean.lua src/limiter/redis/gcra.lua \\
         benches/redis/minimal.lua
     KEYSN=10 CALLS=1500 benches/redis/instructions.py src/limiter/redis/gcra_lean.lua
     BATCH=16 CALLS=1000 benches/redis/instructions.py src/limiter/redis/gcra_lean.lua
+    HOT=1 BATCH=16 CALLS=1000 benches/redis/instructions.py src/limiter/redis/gcra_lean.lua
 
 Each script gets its own arguments: gcra_lean.lua its binary request list (ARGV[3], little-endian
 doubles), gcra.lua and minimal.lua decimal ones. LEAN_ARGS=decimal sends gcra_lean.lua the
@@ -41,6 +44,10 @@ import callgrind  # noqa: E402  (reading the dumps, shared with benches/load)
 
 # T = 0.1 s, B·T = 1 s, B = 10, cost 1, enforce, period 1 s.
 OP = (100_000_000, 1_000_000_000, 10, 1, 0, 1_000_000_000)
+# HOT=1: T = 100 ns, B·T = 1 s, B = 10,000,000: every charge admitted.
+HOT = os.environ.get("HOT") == "1"
+if HOT:
+    OP = (100, 1_000_000_000, 10_000_000, 1, 0, 1_000_000_000)
 IN_FLIGHT = 10
 
 
@@ -72,7 +79,10 @@ def call(script, sha, keysn, batch):
     """One EVALSHA of `script` over fresh random keys."""
     lean = script.name == "gcra_lean.lua"
     requests = batch if lean else 1
-    keys = [f"r{r}-k{i}:{random.randrange(100_000)}" for r in range(requests) for i in range(keysn)]
+    if HOT:
+        keys = [f"hot-k{i}" for _ in range(requests) for i in range(keysn)]
+    else:
+        keys = [f"r{r}-k{i}:{random.randrange(100_000)}" for r in range(requests) for i in range(keysn)]
     if lean and os.environ.get("LEAN_ARGS") == "decimal":
         args = ["", requests] + ([1, keysn] + list(OP) * keysn) * requests
     elif lean:
@@ -141,7 +151,7 @@ def main():
     for name in sys.argv[1:]:
         script = Path(name)
         per = measure(script, keysn, batch, calls)
-        print(f"{script.name:<16} {keysn:2d} descriptors  {per:9,d} instructions/request"
+        print(f"{script.name:<16} {keysn:2d} descriptors{' (hot)' if HOT else ''}  {per:9,d} instructions/request"
               + (f"  ({batch} a call)" if batch > 1 and script.name == "gcra_lean.lua" else ""))
 
 

@@ -15,8 +15,8 @@ use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::{RedisAuth, RedisTls, fits_lean};
 use sluice::limiter::{
-    Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock, Op, Quota,
-    RedisConfig, RedisStore, RedisTime,
+    Batch, Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock, Op,
+    Quota, RedisConfig, RedisStore, RedisTime,
 };
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
@@ -353,20 +353,13 @@ async fn coalesced_requests_give_the_same_decisions_as_memory() {
             futures_util::future::join_all(schedules.iter().map(|ops| store.check_batch(ops)))
                 .await;
         for (c, (ops, got)) in schedules.iter().zip(answers).enumerate() {
-            let got = got.unwrap();
             let expected = memories[c].check_batch(ops, now);
-            assert_eq!(
-                got.blocked, expected.blocked,
-                "client {c}, step {step}: {ops:?}"
+            assert_same(
+                &got.unwrap(),
+                &expected,
+                ops,
+                &format!("client {c}, step {step}"),
             );
-            for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
-                assert_eq!(
-                    (g.admitted, g.remaining, g.wait),
-                    (e.admitted, e.remaining, e.wait),
-                    "client {c}, step {step}, op {i}: {:?}",
-                    ops[i]
-                );
-            }
         }
     }
     let figures = store.figures();
@@ -404,6 +397,101 @@ async fn coalesced_requests_on_one_counter_admit_exactly_the_burst() {
     remaining.sort_unstable();
     assert_eq!(remaining, (0..10).collect::<Vec<u64>>());
     assert!(store.figures().round_trips < 64, "{:?}", store.figures());
+}
+
+/// Decisions on the edge of a bucket: after each step the clock moves to the end of the longest
+/// wait one client was told, or 1 ns before it, and that client sends its refused request again:
+/// it is decided at the instant it fits and at the instant before. Four clients, each on counters
+/// of its own, send requests of one to three plain charges, on distinct counters or not, at once
+/// (coalesced into one call) or one after the other (each alone): every path of the lean script.
+/// Every answer is the memory store's: a decision one nanosecond off in any of those paths fails
+/// here.
+#[tokio::test]
+async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() {
+    if redis_missing("decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores") {
+        return;
+    }
+    const CLIENTS: usize = 4;
+    let (_redis, clock, store) = store_at("edge:", 0).await;
+    // T = 333,333,334 ns, B = 3; T = 6 s, B = 4; T = 4.3 days, B = 7: each refuses 1 to 3 a step.
+    let quotas = &lean_quotas()[..3];
+    let memories: Vec<MemoryStore> = (0..CLIENTS).map(|_| MemoryStore::new()).collect();
+    let mut rng = Lcg(0xed9e);
+    let mut now = 1_800_000_000 * SEC + 987_654_321;
+    let (mut edges, mut lone_plain) = (0, 0);
+    let mut again: Option<(usize, Vec<Op>)> = None;
+    for step in 0..400 {
+        clock.set(now);
+        let requests: Vec<Vec<Op>> = (0..CLIENTS)
+            .map(|c| match &again {
+                Some((a, ops)) if *a == c => ops.clone(),
+                _ => (0..1 + rng.next(3))
+                    .map(|_| {
+                        let k = rng.next(3) as usize;
+                        Op {
+                            key: (c * 10 + k + 1) as u128,
+                            quota: quotas[k],
+                            cost: 1 + rng.next(3),
+                            refund: false,
+                            mode: Mode::Enforce,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        // Every other step the requests go one after the other, each alone in its call.
+        let answers = if step % 2 == 0 {
+            futures_util::future::join_all(requests.iter().map(|ops| store.check_batch(ops))).await
+        } else {
+            let mut answers = Vec::new();
+            for ops in &requests {
+                answers.push(store.check_batch(ops).await);
+            }
+            answers
+        };
+        let mut waits = Vec::new();
+        for (c, (ops, got)) in requests.iter().zip(answers).enumerate() {
+            let expected = memories[c].check_batch(ops, now);
+            assert_same(
+                &got.unwrap(),
+                &expected,
+                ops,
+                &format!("client {c}, step {step}"),
+            );
+            let distinct = ops
+                .iter()
+                .all(|o| ops.iter().filter(|p| p.key == o.key).count() == 1);
+            lone_plain += usize::from(ops.len() > 1 && distinct);
+            waits.push(
+                expected
+                    .outcomes
+                    .iter()
+                    .filter(|o| !o.admitted)
+                    .map(|o| o.wait)
+                    .max(),
+            );
+        }
+        let c = step % CLIENTS;
+        again = None;
+        now += match waits[c] {
+            Some(wait) if wait > 0 => {
+                edges += 1;
+                again = Some((c, requests[c].clone()));
+                wait - rng.next(2)
+            }
+            _ => rng.next(SEC),
+        };
+    }
+    assert!(edges > 100, "{edges} steps moved to the edge of a wait");
+    assert!(
+        lone_plain > 400,
+        "{lone_plain} requests of several plain charges"
+    );
+    let figures = store.figures();
+    assert!(
+        figures.round_trips < figures.requests,
+        "some requests coalesced: {figures:?}"
+    );
 }
 
 /// One to three ops of the random schedules, on counters `base + 1 ..= base + 5`.
@@ -483,17 +571,23 @@ async fn run_schedule(
         let expected = memory.check_batch(&ops, now);
         clock.set(now);
         let got = store.check_batch(&ops).await.unwrap();
-        assert_eq!(got.blocked, expected.blocked, "step {step}: {ops:?}");
-        for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
-            assert_eq!(
-                (g.admitted, g.remaining, g.wait),
-                (e.admitted, e.remaining, e.wait),
-                "step {step}, op {i}: {:?}",
-                ops[i]
-            );
-        }
+        assert_same(&got, &expected, &ops, &format!("step {step}"));
     }
     lean
+}
+
+/// Asserts that Redis's answer `got` to `ops` is the memory store's, `expected`, op by op;
+/// `at` names the step in a failure.
+fn assert_same(got: &Batch, expected: &Batch, ops: &[Op], at: &str) {
+    assert_eq!(got.blocked, expected.blocked, "{at}: {ops:?}");
+    for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
+        assert_eq!(
+            (g.admitted, g.remaining, g.wait),
+            (e.admitted, e.remaining, e.wait),
+            "{at}, op {i}: {:?}",
+            ops[i]
+        );
+    }
 }
 
 async fn redis_server(url: &str, on_error: OnBackendError) -> TestServer {
