@@ -227,7 +227,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 3)))
     ap.add_argument("--redis-vs-memory", action="store_true",
                     help="only compare --bin counting in Redis with --bin counting in memory,"
-                         " alternating them in each round, with Redis time per decision")
+                         " alternating them in each round, with Redis time and each process's CPU"
+                         " per decision")
     ap.add_argument("--leased", action="store_true",
                     help="only run two --bin nodes with leased counting on one Redis, the hot key"
                          " driven 10 x 10 on each at once, beside one node counting in memory:"
@@ -292,19 +293,27 @@ def redis_vs_memory(args, work):
         for r in range(args.rounds):
             for scenario, drive in scenarios:
                 with serving(args.bin, str(policies)) as s:
-                    b.run(f"memory, {scenario}", s, lambda: drive(s), expect_all_ok)
+                    server0 = cpu_seconds(s.proc)
+                    res = b.run(f"memory, {scenario}", s, lambda: drive(s), expect_all_ok)
+                    decided = max(res["ok"] + res["over"], 1)
+                    res.update(server_cpu_us=(cpu_seconds(s.proc) - server0) * 1e6 / decided)
+                print(f"{'':<44} server CPU {res['server_cpu_us']:.2f} us per decision", flush=True)
                 subprocess.run(["redis-cli", "-p", str(port), "CONFIG", "RESETSTAT"],
                                capture_output=True, check=True)
                 with serving(args.bin, str(policies), redis_args, env=redis_env) as s:
                     time.sleep(1)
+                    server0, redis0 = cpu_seconds(s.proc), cpu_seconds(redis)
                     res = b.run(f"redis, {scenario}", s, lambda: drive(s), expect_all_ok)
+                    decided = max(res["ok"] + res["over"], 1)
+                    res.update(server_cpu_us=(cpu_seconds(s.proc) - server0) * 1e6 / decided,
+                               redis_cpu_us=(cpu_seconds(redis) - redis0) * 1e6 / decided)
                 calls, usec = redis_stats(port)
-                decided = res["ok"] + res["over"]
-                res.update(redis_usec_per_decision=usec * calls / max(decided, 1))
+                res.update(redis_usec_per_decision=usec * calls / decided)
                 print(f"{'':<44} {res['round_trips']:,} round trips for {res['redis_requests']:,}"
                       f" requests to Redis ({res['redis_requests'] / max(res['round_trips'], 1):.1f} per trip);"
-                      f" Redis {usec:.2f} us per call, {res['redis_usec_per_decision']:.2f} us per decision",
-                      flush=True)
+                      f" Redis {usec:.2f} us per call, {res['redis_usec_per_decision']:.2f} us per decision;"
+                      f" CPU per decision: server {res['server_cpu_us']:.2f} us, redis-server"
+                      f" {res['redis_cpu_us']:.2f} us", flush=True)
     finally:
         redis.terminate()
         redis.wait()
@@ -316,6 +325,10 @@ def redis_vs_memory(args, work):
             b.median(f"redis, {scenario}", "redis_requests"), 1)
         print(f"{scenario:<38} memory {mem:>9,.0f}/s  redis {red:>9,.0f}/s  redis/memory {red / mem:.2f}"
               f"  round trips per decision {trips:.2f}  Redis {per:.2f} us per decision")
+        print(f"{'':<38} CPU per decision: server in memory mode"
+              f" {b.median(f'memory, {scenario}', 'server_cpu_us'):.2f} us; in Redis mode, server"
+              f" {b.median(f'redis, {scenario}', 'server_cpu_us'):.2f} us and redis-server"
+              f" {b.median(f'redis, {scenario}', 'redis_cpu_us'):.2f} us")
     if b.failed:
         sys.exit("load: some run's answers were not the expected decisions")
 

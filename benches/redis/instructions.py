@@ -6,10 +6,11 @@ Starts redis-server under valgrind, loads each script, warms it up, zeroes the c
 CALLS calls of KEYSN descriptors over random keys (one connection, ten calls in flight), dumps,
 and divides by the requests decided. BATCH (gcra_lean.lua only, default 1) puts that many
 requests in each call, as coalescing does; the figure is then per request. Every descriptor is
-one charge of 1 on a limit of 10 per second with a burst of 10. HOT=1 sends every request to the
-same counters instead (one per descriptor), on a limit of 10,000,000 per second so that each is
-admitted: the usual shared limit of a route, whose requests coalesce onto one key. minimal.lua is
-the least a one-key GCRA needs (TIME, GET, SET ... PX, arithmetic on doubles), for comparison.
+one charge of 1 on a limit of 10 per second with a burst of 10. HOT=1 (gcra_lean.lua only)
+sends every request to the same counters instead (one per descriptor), on a limit of 10,000,000
+per second so that each is admitted: the usual shared limit of a route, whose requests coalesce
+onto one key. minimal.lua is the least a one-key GCRA needs (TIME, GET, SET ... PX, arithmetic on
+doubles), for comparison.
 
     benches/redis/instructions.py src/limiter/redis/gcra_lean.lua src/limiter/redis/gcra.lua \\
         benches/redis/minimal.lua
@@ -150,6 +151,8 @@ def main():
     batch = int(os.environ.get("BATCH", 1))
     for name in sys.argv[1:]:
         script = Path(name)
+        if HOT and script.name != "gcra_lean.lua":
+            sys.exit(f"instructions: HOT=1 is for gcra_lean.lua only, not {script.name}")
         per = measure(script, keysn, batch, calls)
         print(f"{script.name:<16} {keysn:2d} descriptors{' (hot)' if HOT else ''}  {per:9,d} instructions/request"
               + (f"  ({batch} a call)" if batch > 1 and script.name == "gcra_lean.lua" else ""))
