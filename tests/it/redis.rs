@@ -413,7 +413,8 @@ async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() 
     }
     const CLIENTS: usize = 4;
     let (_redis, clock, store) = store_at("edge:", 0).await;
-    // T = 333,333,334 ns, B = 3; T = 6 s, B = 4; T = 4.3 days, B = 7: each refuses 1 to 3 a step.
+    // Bursts of 3, 4 and 7 (T = 333,333,334 ns, 6 s and 4.3 days) against costs of 1 to 3: many
+    // requests are refused, with waits from nanoseconds to days.
     let quotas = &lean_quotas()[..3];
     let memories: Vec<MemoryStore> = (0..CLIENTS).map(|_| MemoryStore::new()).collect();
     let mut rng = Lcg(0xed9e);
@@ -580,6 +581,7 @@ async fn run_schedule(
 /// `at` names the step in a failure.
 fn assert_same(got: &Batch, expected: &Batch, ops: &[Op], at: &str) {
     assert_eq!(got.blocked, expected.blocked, "{at}: {ops:?}");
+    assert_eq!(got.outcomes.len(), ops.len(), "{at}: an outcome per op");
     for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
         assert_eq!(
             (g.admitted, g.remaining, g.wait),
