@@ -154,7 +154,7 @@ impl RedisStore {
             Ok(Vec::new())
         } else {
             match replies.next() {
-                Some(Ok(Value::Array(reply))) => parse_lean(&reply, &sizes),
+                Some(Ok(Value::BulkString(reply))) => parse_lean(&reply, &sizes),
                 Some(Err(e)) if no_script(&e) => self.call(batch).await,
                 Some(Err(e)) => Err(classify(e, timeout)),
                 other => Err(BackendError::Reply(format!("{other:?}"))),
@@ -198,7 +198,7 @@ impl RedisStore {
         let mut sizes = Vec::with_capacity(batch.len());
         let call = self.lean_call(batch, &mut sizes);
         self.stats.round_trip();
-        let reply: Vec<Value> = call
+        let reply: Vec<u8> = call
             .invoke_async(&mut c)
             .await
             .map_err(|e| classify(e, self.config.timeout))?;

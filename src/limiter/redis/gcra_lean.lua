@@ -27,12 +27,14 @@
 --          number of ops, then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
 --          2 quota; +4 refund), period (ns, the wait reported by a ban). Binary, because reading
 --          decimal arguments (tonumber, strtod) took about a quarter of a decision's Redis work.
--- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns).
+-- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns); as one string
+--          of little-endian doubles (every value an integer below 2^53, so each is exact): one
+--          bulk reply for Redis to write and the caller to read, not an integer reply per value.
 
 local G = 1000000000
 -- floor(x) is written x - x % 1, and a debt's whole seconds (d - d % G) / G: exact for these
 -- values, and arithmetic in Lua's VM rather than a call of math.floor.
-local unpack_args = struct.unpack
+local unpack_args, pack = struct.unpack, struct.pack
 -- Locals for the globals the loops use: a global is a table lookup at every use.
 local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
 local args = ARGV[3]
@@ -62,7 +64,7 @@ end
 if mode and mode < 4 then
   local whole = w1 == 1
   if burst == 0 then
-    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period }
+    return pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period)
   end
   local key = keys[1]
   local d = 0
@@ -83,7 +85,7 @@ if mode and mode < 4 then
     if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
     local w = new - tol
     if c > burst then w = d end
-    return { (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w }
+    return pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w)
   end
   if c > 0 and new > 0 then
     local r = new % G
@@ -101,7 +103,7 @@ if mode and mode < 4 then
   local q = (tol - new) / T
   q = q - q % 1
   if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
-  return { 0, 1, q, new }
+  return pack('<dddd', 0, 1, q, new)
 end
 
 -- One request of 2 to 16 plain charges (enforced, cost at least 1, no refund) on distinct
@@ -111,19 +113,20 @@ end
 -- reads its counters again: nothing is written before every op is known to be plain.
 local nk = #keys
 if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
-  -- p[1] whole (one request is whole), p[2] the op count, then op i's six values from p[6i - 3].
-  local layout
+  -- p[1] whole (one request is whole), p[2] the op count, then op i's six values from p[6i - 3];
+  -- `out` packs the reply's 1 + 3 * nk values.
+  local layout, out
   if nk == 2 then
-    layout = '<dddddddddddddd'
+    layout, out = '<dddddddddddddd', '<ddddddd'
   elseif nk == 3 then
-    layout = '<dddddddddddddddddddd'
+    layout, out = '<dddddddddddddddddddd', '<dddddddddd'
   else
-    layout = '<dd' .. string.rep('dddddd', nk)
+    layout, out = '<dd' .. string.rep('dddddd', nk), '<' .. string.rep('d', 1 + 3 * nk)
   end
   local p = { unpack_args(layout, args) }
   local stored = p[2] == nk and call('MGET', unpack(keys))
   -- reply[1] blocked, then op i's admitted, remaining and wait from reply[3i - 1]; made at its
-  -- size for up to three ops (the entries past the reply are cleared before it is returned).
+  -- size for up to three ops (only the first 1 + 3 * nk entries are sent).
   local reply = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   local blocked = false
   for i = 1, nk do
@@ -169,7 +172,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     end
   end
   if stored then
-    for j = 3 * nk + 2, 10 do reply[j] = nil end
+    local n = 1 + 3 * nk
     if blocked then
       -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
       reply[1] = 1
@@ -185,7 +188,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
           reply[r + 1], reply[r + 2] = q, d
         end
       end
-      return reply
+      return pack(out, unpack(reply, 1, n))
     end
     for i = 1, nk do
       local debt = reply[3 * i + 1]
@@ -201,7 +204,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
         call('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7))
       end
     end
-    return reply
+    return pack(out, unpack(reply, 1, n))
   end
 end
 
@@ -490,4 +493,4 @@ for i = 1, #keys do
   -- A key that KEYS names again is written here or not at all.
   cur[key] = false
 end
-return reply
+return pack('<' .. string.rep('d', #reply), unpack(reply))

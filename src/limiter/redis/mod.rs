@@ -7,9 +7,9 @@
 //!   connection (pipelined).
 //! - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
 //!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
-//!   usual limit, and reads its arguments as binary doubles ([`fits_lean`]); a request with a
-//!   longer tolerance goes to `gcra.lua`, exact over the whole range in pairs of seconds and
-//!   nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
+//!   usual limit, and reads its arguments and writes its reply as binary doubles ([`fits_lean`],
+//!   `parse_lean`); a request with a longer tolerance goes to `gcra.lua`, exact over the whole
+//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
 //! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
 //!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
 //!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
@@ -394,16 +394,16 @@ impl RedisStore {
             exact_args(&mut call, picked(), whole);
         }
         self.stats.round_trip();
-        let reply: Vec<Value> = call
+        let reply: Value = call
             .invoke_async(conn)
             .await
             .map_err(|e| classify(e, self.config.timeout))?;
-        if lean {
-            parse_lean(&reply, &[idx.len()])?
+        match (lean, reply) {
+            (true, Value::BulkString(reply)) => parse_lean(&reply, &[idx.len()])?
                 .pop()
-                .ok_or_else(|| BackendError::Reply(format!("{reply:?}")))
-        } else {
-            parse(&reply, idx.len())
+                .ok_or_else(|| BackendError::Reply("an empty reply".into())),
+            (false, Value::Array(reply)) => parse(&reply, idx.len()),
+            (_, reply) => Err(BackendError::Reply(format!("{reply:?}"))),
         }
     }
 
@@ -605,19 +605,44 @@ fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError
     Ok((blocked, outcomes(&reply[2..], n).ok_or_else(bad)?))
 }
 
-/// Reads `gcra_lean.lua`'s reply to a batch of requests of `sizes` ops each: per request,
-/// `blocked, then per op: admitted, remaining, wait`.
-fn parse_lean(reply: &[Value], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>, BackendError> {
-    let bad = || BackendError::Reply(format!("{reply:?}"));
-    if reply.len() != sizes.iter().map(|n| 1 + 3 * n).sum::<usize>() {
-        return Err(bad());
+/// Reads `gcra_lean.lua`'s reply to a batch of requests of `sizes` ops each: little-endian
+/// doubles, per request `blocked, then per op: admitted, remaining, wait`, each an integer below
+/// 2^53.
+fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>, BackendError> {
+    let values = sizes.iter().map(|n| 1 + 3 * n).sum::<usize>();
+    let bad = |what: &str| {
+        BackendError::Reply(format!(
+            "{what} in a reply of {} bytes for {values} values",
+            reply.len()
+        ))
+    };
+    if reply.len() != 8 * values {
+        return Err(bad("a wrong length"));
     }
-    let mut at = 0;
+    let mut doubles = reply.chunks_exact(8).map(|b| {
+        let x = f64::from_le_bytes(b.try_into().expect("chunks of 8"));
+        // Every value is an integer in 0..2^53, which a double holds exactly.
+        (x >= 0.0 && x < EXACT_DOUBLE as f64 && x.fract() == 0.0).then_some(x as u64)
+    });
+    let mut next = || {
+        doubles
+            .next()
+            .flatten()
+            .ok_or_else(|| bad("a value not an integer"))
+    };
     let mut out = Vec::with_capacity(sizes.len());
     for &n in sizes {
-        let blocked = int(&reply[at]).ok_or_else(bad)? == 1;
-        out.push((blocked, outcomes(&reply[at + 1..], n).ok_or_else(bad)?));
-        at += 1 + 3 * n;
+        let blocked = next()? == 1;
+        let mut outcomes = Vec::with_capacity(n);
+        for _ in 0..n {
+            outcomes.push(Outcome {
+                admitted: next()? == 1,
+                remaining: next()?,
+                wait: next()?,
+                ..Outcome::NONE
+            });
+        }
+        out.push((blocked, outcomes));
     }
     Ok(out)
 }
@@ -687,6 +712,38 @@ mod tests {
             cost,
             refund,
             mode,
+        }
+    }
+
+    #[test]
+    fn the_lean_reply_is_read_as_exact_doubles_per_request() {
+        let doubles = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let big = (EXACT_DOUBLE - 1) as f64;
+        let reply = doubles(&[1.0, 1.0, 4.0, 250.0, 0.0, 7.0, big, 0.0, 0.0, 3.0, 0.0]);
+        let got = parse_lean(&reply, &[2, 1]).unwrap();
+        let outcome = |admitted, remaining, wait| Outcome {
+            admitted,
+            remaining,
+            wait,
+            ..Outcome::NONE
+        };
+        assert_eq!(
+            got,
+            vec![
+                (
+                    true,
+                    vec![outcome(true, 4, 250), outcome(false, 7, EXACT_DOUBLE - 1)]
+                ),
+                (false, vec![outcome(false, 3, 0)]),
+            ]
+        );
+        // A reply of another length, a negative, fractional or inexact value: an error naming the
+        // problem, never a guess.
+        assert!(parse_lean(&reply[..80], &[2, 1]).is_err());
+        for bad in [-1.0, 0.5, EXACT_DOUBLE as f64, f64::NAN, f64::INFINITY] {
+            let reply = doubles(&[0.0, 1.0, bad, 0.0]);
+            let err = parse_lean(&reply, &[1]).unwrap_err().to_string();
+            assert!(err.contains("not an integer"), "{bad}: {err}");
         }
     }
 
