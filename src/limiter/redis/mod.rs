@@ -9,7 +9,8 @@
 //!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
 //!   usual limit, and reads its arguments and writes its reply as binary doubles ([`fits_lean`],
 //!   `parse_lean`); a request with a longer tolerance goes to `gcra.lua`, exact over the whole
-//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
+//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT, so a fleet of
+//!   old and new nodes agrees.
 //! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
 //!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
 //!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
@@ -620,7 +621,7 @@ fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>
         return Err(bad("a wrong length"));
     }
     let mut doubles = reply.chunks_exact(8).map(|b| {
-        let x = f64::from_le_bytes(b.try_into().expect("chunks of 8"));
+        let x = f64::from_le_bytes(<[u8; 8]>::try_from(b).ok()?);
         // Every value is an integer in 0..2^53, which a double holds exactly.
         (x >= 0.0 && x < EXACT_DOUBLE as f64 && x.fract() == 0.0).then_some(x as u64)
     });
