@@ -193,6 +193,9 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
       end
       return pack(out, unpack(reply, 1, n))
     end
+    -- The reply is made before anything is written, so that nothing is charged for a request
+    -- whose answer could not be.
+    local answer = pack(out, unpack(reply, 1, n))
     for i = 1, nk do
       local debt = reply[3 * i + 1]
       local r = debt % G
@@ -207,7 +210,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
         call('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7), 'GET')
       end
     end
-    return pack(out, unpack(reply, 1, n))
+    return answer
   end
 end
 
@@ -459,6 +462,23 @@ for _ = 1, tonumber(ARGV[2]) do
   end
   end
 end
+-- The reply, made before anything is written (nothing is charged for requests whose answer could
+-- not be). Past 4,096 values it is packed 4,096 at a time, since one unpack of more would pass
+-- the Lua stack's limit (about 8,000), which one request of some thousands of descriptors
+-- reaches; a coalesced call stays below (MAX_KEYS), and joining parts would copy its reply again.
+local answer
+if #reply <= 4096 then
+  answer = pack('<' .. string.rep('d', #reply), unpack(reply))
+else
+  local parts = {}
+  for i = 1, #reply, 4096 do
+    local j = i + 4095
+    if j > #reply then j = #reply end
+    parts[#parts + 1] = pack('<' .. string.rep('d', j - i + 1), unpack(reply, i, j))
+  end
+  answer = table.concat(parts)
+end
+
 -- The writes: each counter whose debt moved, once, in the order of KEYS. TAT = now + debt,
 -- expiring at the TAT's millisecond; a debt of 0 is a full bucket, the same as no key. The
 -- decimal seconds of the batch's TATs are each formatted once: a batch's TATs fall in a few
@@ -496,4 +516,4 @@ for i = 1, #keys do
   -- A key that KEYS names again is written here or not at all.
   cur[key] = false
 end
-return pack('<' .. string.rep('d', #reply), unpack(reply))
+return answer
