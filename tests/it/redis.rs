@@ -273,8 +273,8 @@ async fn the_lean_script_gives_the_same_decisions_as_memory() {
 }
 
 /// Requests of hundreds of descriptors, on both sides of the lean script's 256-op switch from
-/// one unpack of its arguments to one per op, and one of 3,000, whose reply of 9,001 values is
-/// more than one unpack can hand `struct.pack` (about 8,000): plain charges, then a mix of
+/// one unpack of its arguments to one per op, and one of 9,000, more counters than one unpack
+/// can hand `MGET` (about 8,000), with a reply of 27,001 values: plain charges, then a mix of
 /// refunds, shadow and quota ops and repeated counters (the general path), each answer the
 /// memory store's.
 #[tokio::test]
@@ -287,7 +287,7 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
     let memory = MemoryStore::new();
     let mut rng = Lcg(0x31de);
     let mut now = 1_800_000_000 * SEC;
-    for (round, n) in [256_usize, 300, 3_000, 256, 300, 300, 300]
+    for (round, n) in [256_usize, 300, 9_000, 256, 300, 300, 300]
         .into_iter()
         .enumerate()
     {

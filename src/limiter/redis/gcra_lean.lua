@@ -214,12 +214,24 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
   end
 end
 
--- Every counter of the batch read in one call. `cur` then holds each counter's debt (TAT - now)
--- as the batch's decisions move it, and `base` the debt each key of KEYS had when read: 0 for
+-- Every counter of the batch read in one call (past 4,096, in one call per 4,096: one unpack of
+-- more would pass the Lua stack's limit). `cur` then holds each counter's debt (TAT - now) as
+-- the batch's decisions move it, and `base` the debt each key of KEYS had when read: 0 for
 -- none, exact while below 2^53; beyond, only its sign and that it exceeds every tolerance here
 -- matter, and both hold. Nothing is written until every request is decided (below, at the end):
 -- a counter that several requests of the batch charge is written once.
-local stored = call('MGET', unpack(keys))
+local stored
+if #keys <= 4096 then
+  stored = call('MGET', unpack(keys))
+else
+  stored = {}
+  for i = 1, #keys, 4096 do
+    local j = i + 4095
+    if j > #keys then j = #keys end
+    local part = call('MGET', unpack(keys, i, j))
+    for x = 1, j - i + 1 do stored[i + x - 1] = part[x] end
+  end
+end
 local cur, base = {}, {}
 for i = 1, #keys do
   local key = keys[i]
