@@ -127,6 +127,8 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     layout, out = '<dd' .. string.rep('dddddd', nk), '<' .. string.rep('d', 1 + 3 * nk)
   end
   local p = { unpack_args(layout, args) }
+  -- The counters as read, then each op's debt found; false once the request is known not to be
+  -- of plain charges.
   local stored = p[2] == nk and call('MGET', unpack(keys))
   -- reply[1] blocked, then op i's admitted, remaining and wait from reply[3i - 1]; made at its
   -- size for up to three ops (only the first 1 + 3 * nk entries are sent).
@@ -175,7 +177,6 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     end
   end
   if stored then
-    local n = 1 + 3 * nk
     if blocked then
       -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
       reply[1] = 1
@@ -191,11 +192,11 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
           reply[r + 1], reply[r + 2] = q, d
         end
       end
-      return pack(out, unpack(reply, 1, n))
     end
     -- The reply is made before anything is written, so that nothing is charged for a request
     -- whose answer could not be.
-    local answer = pack(out, unpack(reply, 1, n))
+    local answer = pack(out, unpack(reply, 1, 1 + 3 * nk))
+    if blocked then return answer end
     for i = 1, nk do
       local debt = reply[3 * i + 1]
       local r = debt % G
