@@ -2,9 +2,16 @@
 //! and the "many distinct keys" scenario needs a different counter key in every request.
 //!
 //! It plays h2load's part: `c` HTTP/2 connections with `m` concurrent `ShouldRateLimit` calls
-//! each, pre-framed protobuf bodies, a warm-up, then a measured interval; it prints one line of
-//! `key=value` pairs (rate, latency percentiles, answers by code) for `benches/load.sh`. Every
-//! answer is read to its trailers, so a gRPC error is counted, never taken for a decision.
+//! each, a warm-up, then a measured interval; it prints one line of `key=value` pairs (rate,
+//! latency percentiles, answers by code) for `benches/load.sh`. Every answer is read to its
+//! trailers, so a gRPC error is counted, never taken for a decision.
+//!
+//! Like h2load it speaks HTTP/2 frame by frame, one task per connection, rather than through a
+//! client library with a task per call: on the 2-core machine the benchmark runs on, the
+//! generator shares a core with redis-server in the Redis scenarios, so every microsecond it
+//! spends per call is taken from Redis. Its request headers go into the server's HPACK table
+//! on the first request and are sent as indexes after it, as h2load's and h2's are; the server
+//! decodes the same header blocks from either.
 //!
 //! Each request carries two descriptors, `[user=u<k>]` and `[client=c<j>]`, with `k` and `j`
 //! drawn independently and uniformly from `0..keys`: `2 × keys` counters in all.
@@ -13,19 +20,18 @@
 //! cargo run --release --example loadgen -- --addr 127.0.0.1:8081 -c 10 -m 10 --keys 100000
 //! ```
 //!
-//! With `--rate R` the calls are paced to `R` per second in all, each task on its own fixed
-//! schedule (a late call does not move the next one). Latency is measured from the moment a
-//! call is sent, not from its scheduled time: tokio's timer wakes up to 1 ms late, and that
-//! lateness is the generator's, not the server's.
+//! With `--rate R` the calls are paced to `R` per second in all, each of the `c × m` call slots
+//! on its own fixed schedule (a late call does not move the next one). Latency is measured from
+//! the moment a call is sent, not from its scheduled time: tokio's timer wakes up to 1 ms late,
+//! and that lateness is the generator's, not the server's.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Method, Request};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
 #[derive(Debug, Clone)]
 struct Args {
     addr: String,
@@ -80,50 +86,44 @@ fn parse_args() -> Result<Args, String> {
 /// A protobuf length-delimited field.
 fn field(out: &mut Vec<u8>, number: u8, data: &[u8]) {
     out.push(number << 3 | 2);
-    let mut len = data.len();
-    while len >= 0x80 {
-        out.push((len as u8) | 0x80);
-        len >>= 7;
-    }
-    out.push(len as u8);
+    varint(out, data.len());
     out.extend_from_slice(data);
 }
 
-/// One `descriptors` field of a `RateLimitRequest`: a descriptor of one entry.
-fn descriptor_field(key: &str, value: &str) -> Vec<u8> {
-    let mut entry = Vec::new();
-    field(&mut entry, 1, key.as_bytes());
-    field(&mut entry, 2, value.as_bytes());
-    let mut desc = Vec::new();
-    field(&mut desc, 1, &entry);
-    let mut out = Vec::new();
-    field(&mut out, 2, &desc);
-    out
-}
-
-/// The encoded fields every request is assembled from: the domain, and one `user` and one
-/// `client` descriptor per key.
-struct Fields {
-    domain: Vec<u8>,
-    users: Vec<Vec<u8>>,
-    clients: Vec<Vec<u8>>,
-}
-
-/// A pre-framed `RateLimitRequest` (the 5-byte gRPC prefix, then the message) from its encoded
-/// `domain` field and descriptor fields.
-fn framed(domain: &[u8], descriptors: &[&[u8]]) -> Bytes {
-    let len = domain.len() + descriptors.iter().map(|d| d.len()).sum::<usize>();
-    let mut out = Vec::with_capacity(5 + len);
-    out.push(0);
-    out.extend_from_slice(&u32::try_from(len).expect("small").to_be_bytes());
-    out.extend_from_slice(domain);
-    for d in descriptors {
-        out.extend_from_slice(d);
+fn varint(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
     }
-    Bytes::from(out)
+    out.push(n as u8);
 }
 
-/// xorshift64*: a cheap per-task generator for key choice (not for anything secret).
+/// `prefix` and the decimal digits of `n`, without going through `fmt`.
+fn decimal(out: &mut [u8; 24], prefix: u8, mut n: usize) -> &[u8] {
+    let mut at = out.len();
+    loop {
+        at -= 1;
+        out[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    at -= 1;
+    out[at] = prefix;
+    &out[at..]
+}
+
+/// One `descriptors` field of a `RateLimitRequest`, a descriptor of one entry, appended to `out`.
+fn descriptor_field(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    let entry = 2 + key.len() + 2 + value.len(); // both below 128 bytes: one-byte lengths
+    let desc = 2 + entry;
+    out.extend_from_slice(&[2 << 3 | 2, desc as u8, 1 << 3 | 2, entry as u8]);
+    field(out, 1, key);
+    field(out, 2, value);
+}
+
+/// xorshift64*: a cheap per-connection generator for key choice (not for anything secret).
 struct Rng(u64);
 
 impl Rng {
@@ -157,138 +157,525 @@ impl Tally {
     }
 }
 
-/// What one call answered.
-enum Answer {
-    /// `overall_code` of a decoded response (1 OK, 2 OVER_LIMIT).
-    Code(u64),
-    /// A grpc-status other than 0.
-    GrpcError,
+// HTTP/2 (RFC 9113): the frame types and flags the generator uses.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const WINDOW_UPDATE: u8 = 8;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+/// What the generator grants the server to send, per stream and on the connection: far more
+/// than any run receives, so it never has to grant more.
+const RECEIVE_WINDOW: u32 = (1 << 31) - 1;
+
+fn frame_header(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32) {
+    out.extend_from_slice(&(len as u32).to_be_bytes()[1..]);
+    out.extend_from_slice(&[kind, flags]);
+    out.extend_from_slice(&stream.to_be_bytes());
 }
 
-async fn call(
-    sender: &mut h2::client::SendRequest<Bytes>,
-    uri: &http::Uri,
-    body: Bytes,
-) -> Result<Answer, h2::Error> {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(uri.clone())
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .expect("a valid request");
-    let ready = sender.clone().ready().await?;
-    *sender = ready;
-    let (response, mut stream) = sender.send_request(request, false)?;
-    stream.send_data(body, true)?;
-    let response = response.await?;
-    let (head, mut recv) = response.into_parts();
-    let mut data = Vec::new();
-    while let Some(chunk) = recv.data().await {
-        let chunk = chunk?;
-        recv.flow_control().release_capacity(chunk.len())?;
-        data.extend_from_slice(&chunk);
+/// An HPACK string literal, without Huffman coding.
+fn hpack_string(out: &mut Vec<u8>, s: &[u8]) {
+    hpack_int(out, 0, 7, s.len());
+    out.extend_from_slice(s);
+}
+
+/// An HPACK integer of `prefix` bits after the bits `high` (RFC 7541, 5.1).
+fn hpack_int(out: &mut Vec<u8>, high: u8, prefix: u32, mut n: usize) {
+    let max = (1usize << prefix) - 1;
+    if n < max {
+        out.push(high | n as u8);
+        return;
     }
-    let trailers = recv.trailers().await?;
-    let status = trailers
-        .as_ref()
-        .and_then(|t| t.get("grpc-status"))
-        .or_else(|| head.headers.get("grpc-status"));
-    if status.is_none_or(|s| s != "0") {
-        return Ok(Answer::GrpcError);
+    out.push(high | max as u8);
+    n -= max;
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
     }
-    // overall_code is field 1, a varint, and prost writes fields in order: `08 <code>`.
-    Ok(Answer::Code(match data.get(5..7) {
-        Some([0x08, code]) => u64::from(*code),
-        _ => 0,
-    }))
+    out.push(n as u8);
+}
+
+/// The request's header blocks: the first, which adds `:path`, `:authority`, `content-type`
+/// and `te` to the server's HPACK table (if it is big enough for them), and the one every later
+/// request sends, which names them by index.
+fn request_headers(authority: &str, table_size: usize) -> (Vec<u8>, Vec<u8>) {
+    const PATH: &[u8] = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    // (static index of the name, or 0 for a literal name; name; value), in the order sent.
+    let fields: [(usize, &[u8], &[u8]); 4] = [
+        (4, b":path", PATH),
+        (1, b":authority", authority.as_bytes()),
+        (31, b"content-type", b"application/grpc"),
+        (0, b"te", b"trailers"),
+    ];
+    // An entry takes its name and value and 32 bytes of the table (RFC 7541, 4.1).
+    let needed: usize = fields.iter().map(|(_, n, v)| n.len() + v.len() + 32).sum();
+    let indexing = needed <= table_size;
+    // :method POST and :scheme http are in the static table (3 and 6).
+    let mut first = vec![0x80 | 3, 0x80 | 6];
+    for (index, name, value) in fields {
+        // With indexing 01 and a 6-bit name index, without it 0000 and a 4-bit one.
+        let (high, bits) = if indexing { (0x40, 6) } else { (0x00, 4) };
+        hpack_int(&mut first, high, bits, index);
+        if index == 0 {
+            hpack_string(&mut first, name);
+        }
+        hpack_string(&mut first, value);
+    }
+    if !indexing {
+        return (first.clone(), first);
+    }
+    // The table's newest entry is index 62: `te` (sent last), then content-type, :authority,
+    // :path.
+    let later = vec![
+        0x80 | 3,
+        0x80 | 6,
+        0x80 | 65,
+        0x80 | 64,
+        0x80 | 63,
+        0x80 | 62,
+    ];
+    (first, later)
+}
+
+/// One call slot of a connection: the stream it is waiting on, if any.
+#[derive(Default)]
+struct Slot {
+    /// The stream in flight, 0 for none.
+    stream: u32,
+    sent: Option<Instant>,
+    /// When a paced slot sends its next call.
+    next: Option<Instant>,
+    /// The first bytes of the response body (the gRPC prefix and `overall_code`).
+    head: [u8; 7],
+    got: usize,
+    /// grpc-status, once a header block carried it.
+    status_ok: Option<bool>,
+}
+
+/// How a stream ended.
+enum End {
+    /// The response came to its end (whether its grpc-status was 0 is in its slot).
+    Answer,
+    /// Reset by the server.
+    Reset,
+}
+
+struct Connection {
+    tcp: TcpStream,
+    read: Vec<u8>,
+    write: Vec<u8>,
+    hpack: loona_hpack::Decoder<'static>,
+    /// A header block split over CONTINUATION frames: its stream, whether it ends the stream,
+    /// and the bytes so far.
+    partial: Option<(u32, bool, Vec<u8>)>,
+    /// What the server lets us send on the connection, in DATA bytes.
+    send_window: i64,
+    /// The server's settings that bound the calls: its initial stream window, concurrent
+    /// streams, and HPACK table size.
+    stream_window: i64,
+    max_streams: usize,
+    table_size: usize,
+    got_settings: bool,
+    /// Whether the server has said GOAWAY: no new streams.
+    going_away: bool,
+}
+
+impl Connection {
+    /// Reads at least one more chunk into `read`; false at the end of the stream.
+    async fn fill(&mut self) -> Result<bool, String> {
+        self.read.reserve(64 * 1024);
+        let n = self
+            .tcp
+            .read_buf(&mut self.read)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        Ok(n > 0)
+    }
+
+    async fn flush(&mut self) -> Result<(), String> {
+        if !self.write.is_empty() {
+            self.tcp
+                .write_all(&self.write)
+                .await
+                .map_err(|e| format!("write: {e}"))?;
+            self.write.clear();
+        }
+        Ok(())
+    }
+
+    /// Handles every whole frame in `read`, calling `ended` for each stream that ends.
+    fn frames(
+        &mut self,
+        mut ended: impl FnMut(u32, End),
+        slots: &mut [Slot],
+    ) -> Result<(), String> {
+        let mut at = 0;
+        while self.read.len() - at >= 9 {
+            let h = &self.read[at..at + 9];
+            let len = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+            let (kind, flags) = (h[3], h[4]);
+            let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+            if self.read.len() - at - 9 < len {
+                break;
+            }
+            let payload = at + 9..at + 9 + len;
+            at += 9 + len;
+            if self.partial.is_some() && kind != CONTINUATION {
+                return Err(format!("frame type {kind} inside a header block"));
+            }
+            match kind {
+                DATA => {
+                    let p = unpadded(&self.read[payload], flags)?;
+                    if let Some(slot) = slots.iter_mut().find(|s| s.stream == stream && stream != 0)
+                    {
+                        let take = p.len().min(slot.head.len() - slot.got);
+                        slot.head[slot.got..slot.got + take].copy_from_slice(&p[..take]);
+                        slot.got += take;
+                    }
+                    if flags & END_STREAM != 0 {
+                        // A gRPC response ends with trailers; one that ends on DATA has none.
+                        ended(stream, End::Answer);
+                    }
+                }
+                HEADERS => {
+                    let mut p = unpadded(&self.read[payload], flags)?;
+                    if flags & PRIORITY != 0 {
+                        p = p.get(5..).ok_or("short HEADERS priority")?;
+                    }
+                    let end = flags & END_STREAM != 0;
+                    if flags & END_HEADERS != 0 {
+                        header_block(&mut self.hpack, stream, end, p, &mut ended, slots)?;
+                    } else {
+                        self.partial = Some((stream, end, p.to_vec()));
+                    }
+                }
+                CONTINUATION => {
+                    let Some((id, end, mut block)) = self.partial.take() else {
+                        return Err("CONTINUATION outside a header block".into());
+                    };
+                    block.extend_from_slice(&self.read[payload]);
+                    if flags & END_HEADERS != 0 {
+                        header_block(&mut self.hpack, id, end, &block, &mut ended, slots)?;
+                    } else {
+                        self.partial = Some((id, end, block));
+                    }
+                }
+                RST_STREAM => ended(stream, End::Reset),
+                SETTINGS if flags & ACK == 0 => {
+                    for s in self.read[payload].chunks_exact(6) {
+                        let value = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
+                        match u16::from_be_bytes([s[0], s[1]]) {
+                            1 if self.got_settings && (value as usize) < self.table_size => {
+                                return Err("the server shrank its HPACK table mid-run".into());
+                            }
+                            1 => self.table_size = value as usize,
+                            3 => self.max_streams = value as usize,
+                            4 => {
+                                // A change applies to the streams open too (RFC 9113, 6.9.2);
+                                // the generator sends each stream's body at once, so only the
+                                // value for new streams matters.
+                                self.stream_window = i64::from(value);
+                            }
+                            _ => {}
+                        }
+                    }
+                    self.got_settings = true;
+                    frame_header(&mut self.write, 0, SETTINGS, ACK, 0);
+                }
+                PING if flags & ACK == 0 => {
+                    let data = self.read[payload].to_vec();
+                    frame_header(&mut self.write, data.len(), PING, ACK, 0);
+                    self.write.extend_from_slice(&data);
+                }
+                GOAWAY => {
+                    self.going_away = true;
+                    let p = &self.read[payload];
+                    let code = p
+                        .get(4..8)
+                        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+                    eprintln!("loadgen: the server said GOAWAY (error code {code:?})");
+                }
+                WINDOW_UPDATE if stream == 0 => {
+                    let p = &self.read[payload];
+                    let inc = p.get(..4).ok_or("short WINDOW_UPDATE")?;
+                    self.send_window += i64::from(
+                        u32::from_be_bytes([inc[0], inc[1], inc[2], inc[3]]) & 0x7fff_ffff,
+                    );
+                }
+                _ => {} // SETTINGS and PING acks, stream WINDOW_UPDATE, PRIORITY, unknown types
+            }
+        }
+        self.read.drain(..at);
+        Ok(())
+    }
+}
+
+/// One whole header block of `stream`: the response's headers or its trailers.
+fn header_block(
+    hpack: &mut loona_hpack::Decoder<'static>,
+    stream: u32,
+    end: bool,
+    block: &[u8],
+    ended: &mut impl FnMut(u32, End),
+    slots: &mut [Slot],
+) -> Result<(), String> {
+    let mut status = None;
+    hpack
+        .decode_with_cb(block, |name: Cow<[u8]>, value: Cow<[u8]>| {
+            if &name[..] == b"grpc-status" {
+                status = Some(&value[..] == b"0");
+            }
+        })
+        .map_err(|e| format!("HPACK: {e:?}"))?;
+    let slot = slots.iter_mut().find(|s| s.stream == stream && stream != 0);
+    if let (Some(slot), Some(ok)) = (slot, status) {
+        slot.status_ok = Some(ok);
+    }
+    if end {
+        ended(stream, End::Answer);
+    }
+    Ok(())
+}
+
+/// The payload of a DATA or HEADERS frame without its padding.
+fn unpadded(p: &[u8], flags: u8) -> Result<&[u8], String> {
+    if flags & PADDED == 0 {
+        return Ok(p);
+    }
+    let pad = usize::from(*p.first().ok_or("an empty padded frame")?);
+    if 1 + pad > p.len() {
+        return Err("padding longer than its frame".into());
+    }
+    Ok(&p[1..p.len() - pad])
+}
+
+/// What one connection task needs besides its socket.
+struct Shared {
+    domain: Vec<u8>,
+    keys: usize,
+    streams: usize,
+    interval: Option<Duration>,
+    measuring: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+/// One connection: `streams` calls in flight (or paced), until `stop`; then it waits for the
+/// calls in flight and returns what they answered.
+async fn connection(
+    tcp: TcpStream,
+    addr: String,
+    index: usize,
+    tasks: usize,
+    shared: Arc<Shared>,
+) -> Result<Tally, String> {
+    let mut conn = Connection {
+        tcp,
+        read: Vec::with_capacity(64 * 1024),
+        write: Vec::with_capacity(64 * 1024),
+        hpack: loona_hpack::Decoder::new(),
+        partial: None,
+        send_window: 65_535,
+        stream_window: 65_535,
+        max_streams: usize::MAX,
+        table_size: 4_096,
+        got_settings: false,
+        going_away: false,
+    };
+    // The preface, our settings (no push; the whole receive window per stream), and the rest of
+    // the receive window on the connection.
+    conn.write.extend_from_slice(PREFACE);
+    frame_header(&mut conn.write, 12, SETTINGS, 0, 0);
+    conn.write.extend_from_slice(&[0, 2, 0, 0, 0, 0]);
+    conn.write.extend_from_slice(&[0, 4]);
+    conn.write.extend_from_slice(&RECEIVE_WINDOW.to_be_bytes());
+    frame_header(&mut conn.write, 4, WINDOW_UPDATE, 0, 0);
+    conn.write
+        .extend_from_slice(&(RECEIVE_WINDOW - 65_535).to_be_bytes());
+    conn.flush().await?;
+    // The server's settings come first (RFC 9113, 3.4): they bound the first requests.
+    while !conn.got_settings {
+        if !conn.fill().await? {
+            return Err("the server closed the connection during the handshake".into());
+        }
+        conn.frames(|_, _| {}, &mut [])?;
+    }
+    conn.flush().await?;
+    let (mut first_headers, later_headers) = request_headers(&addr, conn.table_size);
+
+    let mut slots: Vec<Slot> = (0..shared.streams).map(|_| Slot::default()).collect();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((index as u64 + 1) * 0x1000_0001));
+    if let Some(i) = shared.interval {
+        // Paced slots start spread over one interval, not all at once.
+        let now = Instant::now();
+        for (s, slot) in slots.iter_mut().enumerate() {
+            let task = index * shared.streams + s;
+            slot.next = Some(now + i.mul_f64(task as f64 / tasks as f64));
+        }
+    }
+    let mut tally = Tally::default();
+    let mut next_stream = 1u32;
+    let mut in_flight = 0usize;
+    let mut message = Vec::with_capacity(128);
+    let mut digits = [0u8; 24];
+    loop {
+        let stopping = shared.stop.load(Ordering::Relaxed) || conn.going_away;
+        if stopping && in_flight == 0 {
+            break;
+        }
+        // Send a call on every free slot that is due.
+        let now = Instant::now();
+        let mut wake: Option<Instant> = None;
+        for slot in slots.iter_mut().filter(|s| s.stream == 0) {
+            if stopping || in_flight >= conn.max_streams {
+                break;
+            }
+            if let Some(at) = slot.next.filter(|at| *at > now) {
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+                continue;
+            }
+            message.clear();
+            field(&mut message, 1, &shared.domain);
+            descriptor_field(
+                &mut message,
+                b"user",
+                decimal(&mut digits, b'u', rng.below(shared.keys)),
+            );
+            descriptor_field(
+                &mut message,
+                b"client",
+                decimal(&mut digits, b'c', rng.below(shared.keys)),
+            );
+            let body = 5 + message.len();
+            if body as i64 > conn.send_window || body as i64 > conn.stream_window {
+                break; // wait for the server to open its window
+            }
+            let headers = if first_headers.is_empty() {
+                &later_headers
+            } else {
+                &first_headers
+            };
+            frame_header(
+                &mut conn.write,
+                headers.len(),
+                HEADERS,
+                END_HEADERS,
+                next_stream,
+            );
+            conn.write.extend_from_slice(headers);
+            first_headers.clear();
+            frame_header(&mut conn.write, body, DATA, END_STREAM, next_stream);
+            conn.write.push(0);
+            conn.write
+                .extend_from_slice(&(message.len() as u32).to_be_bytes());
+            conn.write.extend_from_slice(&message);
+            conn.send_window -= body as i64;
+            *slot = Slot {
+                stream: next_stream,
+                sent: Some(now),
+                next: slot.next.zip(shared.interval).map(|(at, i)| at + i),
+                ..Slot::default()
+            };
+            next_stream += 2;
+            in_flight += 1;
+        }
+        conn.flush().await?;
+        if next_stream > (1 << 30) {
+            return Err("ran out of stream ids".into());
+        }
+        // Then wait for answers, or for the next paced call to be due.
+        let more = match wake.filter(|_| !stopping) {
+            Some(at) if in_flight == 0 => {
+                tokio::time::sleep_until(at.into()).await;
+                continue;
+            }
+            Some(at) => tokio::select! {
+                more = conn.fill() => more?,
+                () = tokio::time::sleep_until(at.into()) => continue,
+            },
+            None => conn.fill().await?,
+        };
+        if !more {
+            return Err(format!(
+                "the server closed the connection with {in_flight} calls in flight"
+            ));
+        }
+        let measuring = shared.measuring.load(Ordering::Relaxed);
+        let mut done = Vec::new();
+        conn.frames(|stream, end| done.push((stream, end)), &mut slots)?;
+        for (stream, end) in done {
+            let Some(slot) = slots.iter_mut().find(|s| s.stream == stream && stream != 0) else {
+                continue; // not ours, or already ended
+            };
+            in_flight -= 1;
+            let (sent, status_ok, head) = (slot.sent, slot.status_ok, slot.head);
+            slot.stream = 0;
+            if !measuring {
+                continue;
+            }
+            let micros = sent.map_or(0, |t| t.elapsed().as_micros());
+            tally.micros.push(u32::try_from(micros).unwrap_or(u32::MAX));
+            match (end, status_ok) {
+                (End::Reset, _) => tally.transport_errors += 1,
+                (End::Answer, Some(true)) => match head {
+                    // overall_code is field 1, a varint, and prost writes fields in order:
+                    // `08 <code>` after the 5-byte gRPC prefix.
+                    [_, _, _, _, _, 0x08, 1] => tally.ok += 1,
+                    [_, _, _, _, _, 0x08, 2] => tally.over_limit += 1,
+                    _ => tally.other_code += 1,
+                },
+                (End::Answer, _) => tally.grpc_errors += 1,
+            }
+        }
+    }
+    if conn.going_away && !shared.stop.load(Ordering::Relaxed) {
+        return Err("the server said GOAWAY".into());
+    }
+    Ok(tally)
 }
 
 async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
-    let mut domain = Vec::new();
-    field(&mut domain, 1, args.domain.as_bytes());
-    let fields = Arc::new(Fields {
-        domain,
-        users: (0..args.keys)
-            .map(|k| descriptor_field("user", &format!("u{k}")))
-            .collect(),
-        clients: (0..args.keys)
-            .map(|k| descriptor_field("client", &format!("c{k}")))
-            .collect(),
-    });
-    let uri: http::Uri = format!(
-        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        args.addr
-    )
-    .parse()?;
     let tasks = args.connections * args.streams;
-    // Each task sends one call per `interval` when paced.
-    let interval = args.rate.map(|r| Duration::from_secs_f64(tasks as f64 / r));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let stop = Arc::new(AtomicBool::new(false));
+    let shared = Arc::new(Shared {
+        domain: args.domain.into_bytes(),
+        keys: args.keys,
+        streams: args.streams,
+        // Each call slot sends one call per `interval` when paced.
+        interval: args.rate.map(|r| Duration::from_secs_f64(tasks as f64 / r)),
+        measuring: Arc::new(AtomicBool::new(false)),
+        stop: Arc::new(AtomicBool::new(false)),
+    });
     let mut handles = Vec::new();
     for c in 0..args.connections {
         let tcp = TcpStream::connect(&args.addr).await?;
         tcp.set_nodelay(true)?;
-        let (sender, connection) = h2::client::handshake(tcp).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                eprintln!("loadgen: connection {c}: {e}");
-            }
-        });
-        for s in 0..args.streams {
-            let mut sender = sender.clone();
-            let (fields, uri, measuring, stop) =
-                (fields.clone(), uri.clone(), measuring.clone(), stop.clone());
-            let task = c * args.streams + s;
-            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((task as u64 + 1) * 0x1000_0001));
-            handles.push(tokio::spawn(async move {
-                let mut tally = Tally::default();
-                // Paced tasks start spread over one interval, not all at once.
-                let mut next =
-                    interval.map(|i| Instant::now() + i.mul_f64(task as f64 / tasks as f64));
-                while !stop.load(Ordering::Relaxed) {
-                    if let (Some(at), Some(i)) = (next, interval) {
-                        tokio::time::sleep_until(at.into()).await;
-                        next = Some(at + i);
-                    }
-                    let start = Instant::now();
-                    let user = &fields.users[rng.below(fields.users.len())];
-                    let client = &fields.clients[rng.below(fields.clients.len())];
-                    let body = framed(&fields.domain, &[user, client]);
-                    let answer = call(&mut sender, &uri, body).await;
-                    if !measuring.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    let micros = start.elapsed().as_micros();
-                    tally.micros.push(u32::try_from(micros).unwrap_or(u32::MAX));
-                    match answer {
-                        Ok(Answer::Code(1)) => tally.ok += 1,
-                        Ok(Answer::Code(2)) => tally.over_limit += 1,
-                        Ok(Answer::Code(_)) => tally.other_code += 1,
-                        Ok(Answer::GrpcError) => tally.grpc_errors += 1,
-                        Err(e) => {
-                            tally.transport_errors += 1;
-                            if tally.transport_errors == 1 {
-                                eprintln!("loadgen: {e}");
-                            }
-                        }
-                    }
-                }
-                tally
-            }));
-        }
+        let task = connection(tcp, args.addr.clone(), c, tasks, shared.clone());
+        handles.push(tokio::spawn(task));
     }
     tokio::time::sleep(Duration::from_secs_f64(args.warm_up)).await;
-    measuring.store(true, Ordering::Relaxed);
+    shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
-    measuring.store(false, Ordering::Relaxed);
+    shared.measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
+    shared.stop.store(true, Ordering::Relaxed);
     let mut total = Tally::default();
-    for handle in handles {
-        total.merge(handle.await?);
+    for (c, handle) in handles.into_iter().enumerate() {
+        match handle.await? {
+            Ok(tally) => total.merge(tally),
+            Err(e) => {
+                eprintln!("loadgen: connection {c}: {e}");
+                total.transport_errors += 1;
+            }
+        }
     }
     Ok((total, elapsed))
 }
