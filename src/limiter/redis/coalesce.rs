@@ -20,8 +20,11 @@ use tokio::sync::{mpsc, oneshot};
 use super::{BackendError, Conn, Outcome, RedisStore, classify, lean_args, lean_len, parse_lean};
 use crate::limiter::Op;
 
-/// Calls in flight at once on the connection; the next requests queue behind them.
-pub(super) const IN_FLIGHT: usize = 2;
+/// Calls in flight at once on the connection; the next requests queue behind them. Four keep
+/// Redis busy while sluice reads one call's answers and gathers the next: with two, under load,
+/// Redis and sluice each sat idle about a fifth of the time, waiting on the other; eight made
+/// calls smaller, and each request dearer in Redis (BENCHMARKS.md).
+pub(super) const IN_FLIGHT: usize = 4;
 /// Most requests in one call.
 pub(super) const MAX_REQUESTS: usize = 128;
 /// Most counters in one call (the script unpacks them onto Lua's stack for one `MGET`).
