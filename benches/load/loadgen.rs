@@ -14,7 +14,9 @@
 //! decodes the same header blocks from either.
 //!
 //! Each request carries two descriptors, `[user=u<k>]` and `[client=c<j>]`, with `k` and `j`
-//! drawn independently and uniformly from `0..keys`: `2 × keys` counters in all.
+//! drawn independently and uniformly from `0..keys`: `2 × keys` counters in all. With
+//! `--descriptors 1` it carries the `user` one alone, so that the two runs give what a further
+//! descriptor costs.
 //!
 //! ```sh
 //! cargo run --release --example loadgen -- --addr 127.0.0.1:8081 -c 10 -m 10 --keys 100000
@@ -40,6 +42,8 @@ struct Args {
     seconds: f64,
     warm_up: f64,
     keys: usize,
+    /// 2: `user` and `client`; 1: `user` alone.
+    descriptors: usize,
     rate: Option<f64>,
     domain: String,
 }
@@ -52,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
         seconds: 5.0,
         warm_up: 1.0,
         keys: 100_000,
+        descriptors: 2,
         rate: None,
         domain: "bench".into(),
     };
@@ -69,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
             "-D" | "--seconds" => args.seconds = value.parse().map_err(|e| bad(&e))?,
             "--warm-up" => args.warm_up = value.parse().map_err(|e| bad(&e))?,
             "--keys" => args.keys = value.parse().map_err(|e| bad(&e))?,
+            "--descriptors" => args.descriptors = value.parse().map_err(|e| bad(&e))?,
             "--rate" => args.rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--domain" => args.domain = value,
             _ => return Err(format!("unknown flag {flag}")),
@@ -76,6 +82,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.connections == 0 || args.streams == 0 || args.keys == 0 || args.seconds <= 0.0 {
         return Err("connections, streams, keys and seconds must be positive".into());
+    }
+    if !(1..=2).contains(&args.descriptors) {
+        return Err("--descriptors must be 1 (user) or 2 (user and client)".into());
     }
     if args.rate.is_some_and(|r| r <= 0.0 || !r.is_finite()) {
         return Err("--rate must be a positive number".into());
@@ -462,6 +471,7 @@ fn unpadded(p: &[u8], flags: u8) -> Result<&[u8], String> {
 struct Shared {
     domain: Vec<u8>,
     keys: usize,
+    descriptors: usize,
     streams: usize,
     interval: Option<Duration>,
     measuring: Arc<AtomicBool>,
@@ -549,11 +559,13 @@ async fn connection(
                 b"user",
                 decimal(&mut digits, b'u', rng.below(shared.keys)),
             );
-            descriptor_field(
-                &mut message,
-                b"client",
-                decimal(&mut digits, b'c', rng.below(shared.keys)),
-            );
+            if shared.descriptors == 2 {
+                descriptor_field(
+                    &mut message,
+                    b"client",
+                    decimal(&mut digits, b'c', rng.below(shared.keys)),
+                );
+            }
             let body = 5 + message.len();
             if body as i64 > conn.send_window || body as i64 > conn.stream_window {
                 break; // wait for the server to open its window
@@ -647,6 +659,7 @@ async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
     let shared = Arc::new(Shared {
         domain: args.domain.into_bytes(),
         keys: args.keys,
+        descriptors: args.descriptors,
         streams: args.streams,
         // Each call slot sends one call per `interval` when paced.
         interval: args.rate.map(|r| Duration::from_secs_f64(tasks as f64 / r)),

@@ -126,10 +126,14 @@ def percentiles(micros):
     return {"p50": pick(0.5), "p99": pick(0.99), "p999": pick(0.999)}
 
 
+# The core the load generators run on: 1, beside redis-server, unless --load-core says 0.
+LOAD_CORE = "1"
+
+
 def h2load(server, body, c, m, duration, work, rps=None):
     log = Path(work, "h2load.log")
     log.unlink(missing_ok=True)
-    cmd = ["taskset", "-c", "1", "h2load", "-c", str(c), "-m", str(m), "-D", str(duration),
+    cmd = ["taskset", "-c", LOAD_CORE, "h2load", "-c", str(c), "-m", str(m), "-D", str(duration),
            "--warm-up-time", "1", "-d", str(body), "--log-file", str(log),
            "-H", "content-type: application/grpc", "-H", "te: trailers"]
     if rps:
@@ -149,9 +153,9 @@ def h2load(server, body, c, m, duration, work, rps=None):
     return {"rate": rate, "http_errors": bad, "span_us": span, **percentiles(micros)}
 
 
-def loadgen(binary, server, c, m, duration, rate=None):
-    cmd = ["taskset", "-c", "1", binary, "--addr", f"127.0.0.1:{server.grpc}", "-c", str(c),
-           "-m", str(m), "-D", str(duration), "--keys", "100000"]
+def loadgen(binary, server, c, m, duration, rate=None, descriptors=2):
+    cmd = ["taskset", "-c", LOAD_CORE, binary, "--addr", f"127.0.0.1:{server.grpc}", "-c", str(c),
+           "-m", str(m), "-D", str(duration), "--keys", "100000", "--descriptors", str(descriptors)]
     if rate:
         cmd += ["--rate", str(rate)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -229,6 +233,11 @@ def main():
                     help="only compare --bin counting in Redis with --bin counting in memory,"
                          " alternating them in each round, with Redis time and each process's CPU"
                          " per decision")
+    ap.add_argument("--load-core", choices=["0", "1"], default="1",
+                    help="the core of the load generators: 1 (the default) beside redis-server, or"
+                         " 0 beside the server, which leaves redis-server a core of its own (for"
+                         " Redis's time per decision unshared; the rates then measure a server"
+                         " sharing its core)")
     ap.add_argument("--leased", action="store_true",
                     help="only run two --bin nodes with leased counting on one Redis, the hot key"
                          " driven 10 x 10 on each at once, beside one node counting in memory:"
@@ -239,6 +248,10 @@ def main():
                     help="only compare --bin with an older build of the server, alternating them"
                          " in each round on the hot-key and 100k-keys scenarios")
     args = ap.parse_args()
+    if args.load_core != "1" and not args.redis_vs_memory:
+        ap.error("--load-core goes with --redis-vs-memory")
+    global LOAD_CORE
+    LOAD_CORE = args.load_core
     work = tempfile.mkdtemp(prefix="sluice-load-")
     try:
         mode = (leased if args.leased else redis_vs_memory if args.redis_vs_memory
@@ -273,7 +286,8 @@ def redis_stats(port):
 
 def redis_vs_memory(args, work):
     """The whole server counting in Redis against the same server counting in memory, alternated
-    in each round on two scenarios, with round trips and Redis time per decision beside each."""
+    in each round on three scenarios, with round trips and Redis time per decision beside each,
+    and what a request's second descriptor adds in Redis."""
     policies, body = setup(work)
     b = Bench()
     D, (c, m) = args.duration, (8, 8)
@@ -285,9 +299,11 @@ def redis_vs_memory(args, work):
     # A saturated 2-core machine is slower than production: give Redis 100 ms, not 10.
     redis_env = {"SLUICE_REDIS__TIMEOUT_MS": "100"}
     scenarios = [("one descriptor (h2load)", lambda s: h2load(s, body("one"), c, m, D, work)),
+                 ("one descriptor, 100k keys (loadgen)",
+                  lambda s: loadgen(args.loadgen, s, c, m, D, descriptors=1)),
                  ("two descriptors, 100k keys (loadgen)", lambda s: loadgen(args.loadgen, s, c, m, D))]
     print(f"== redis vs memory: {args.rounds} rounds, {D} s each; c={c} x m={m} = {c * m} in flight;"
-          f" server on core 0, redis-server and the load on core 1")
+          f" server on core 0, redis-server on core 1, the load on core {LOAD_CORE}")
     try:
         time.sleep(0.5)
         for r in range(args.rounds):
@@ -329,6 +345,12 @@ def redis_vs_memory(args, work):
               f" {b.median(f'memory, {scenario}', 'server_cpu_us'):.2f} us; in Redis mode, server"
               f" {b.median(f'redis, {scenario}', 'server_cpu_us'):.2f} us and redis-server"
               f" {b.median(f'redis, {scenario}', 'redis_cpu_us'):.2f} us")
+    # What the second descriptor of a request adds in Redis, both over 100k keys.
+    one, two = "redis, one descriptor, 100k keys (loadgen)", "redis, two descriptors, 100k keys (loadgen)"
+    print(f"a further descriptor over 100k keys costs Redis"
+          f" {b.median(two, 'redis_usec_per_decision') - b.median(one, 'redis_usec_per_decision'):.2f} us"
+          f" of its time (INFO commandstats) and"
+          f" {b.median(two, 'redis_cpu_us') - b.median(one, 'redis_cpu_us'):.2f} us of its CPU per decision")
     if b.failed:
         sys.exit("load: some run's answers were not the expected decisions")
 
