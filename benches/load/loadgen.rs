@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 #[derive(Debug, Clone)]
 struct Args {
     addr: String,
@@ -229,7 +230,13 @@ fn request_headers(authority: &str, table_size: usize) -> (Vec<u8>, Vec<u8>) {
     let needed: usize = fields.iter().map(|(_, n, v)| n.len() + v.len() + 32).sum();
     let indexing = needed <= table_size;
     // :method POST and :scheme http are in the static table (3 and 6).
-    let mut first = vec![0x80 | 3, 0x80 | 6];
+    let mut first = Vec::new();
+    if table_size < 4_096 {
+        // The server lowered the table below its default: the first block says it has heard
+        // (RFC 7541, 4.2).
+        hpack_int(&mut first, 0x20, 5, table_size);
+    }
+    first.extend_from_slice(&[0x80 | 3, 0x80 | 6]);
     for (index, name, value) in fields {
         // With indexing 01 and a 6-bit name index, without it 0000 and a 4-bit one.
         let (high, bits) = if indexing { (0x40, 6) } else { (0x00, 4) };
@@ -294,8 +301,10 @@ struct Connection {
     max_streams: usize,
     table_size: usize,
     got_settings: bool,
-    /// Whether the server has said GOAWAY: no new streams.
-    going_away: bool,
+    /// The GOAWAY's error code, once the server has said it: no new streams.
+    going_away: Option<u32>,
+    /// DATA bytes received since the connection's receive window was last topped up.
+    received: u64,
 }
 
 impl Connection {
@@ -343,6 +352,14 @@ impl Connection {
             }
             match kind {
                 DATA => {
+                    // The whole frame counts against the connection's receive window.
+                    self.received += len as u64;
+                    if self.received >= 1 << 30 {
+                        frame_header(&mut self.write, 4, WINDOW_UPDATE, 0, 0);
+                        self.write
+                            .extend_from_slice(&(self.received as u32).to_be_bytes());
+                        self.received = 0;
+                    }
                     let p = unpadded(&self.read[payload], flags)?;
                     if let Some(slot) = slots.iter_mut().find(|s| s.stream == stream && stream != 0)
                     {
@@ -406,12 +423,13 @@ impl Connection {
                     self.write.extend_from_slice(&data);
                 }
                 GOAWAY => {
-                    self.going_away = true;
-                    let p = &self.read[payload];
-                    let code = p
-                        .get(4..8)
-                        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
-                    eprintln!("loadgen: the server said GOAWAY (error code {code:?})");
+                    let p = self.read[payload].get(..8).ok_or("short GOAWAY")?;
+                    let last = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                    self.going_away = Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+                    // Streams above the last one the server took will never be answered.
+                    for slot in slots.iter().filter(|s| s.stream > last) {
+                        ended(slot.stream, End::Reset);
+                    }
                 }
                 WINDOW_UPDATE if stream == 0 => {
                     let p = &self.read[payload];
@@ -475,18 +493,24 @@ struct Shared {
     streams: usize,
     interval: Option<Duration>,
     measuring: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
+    /// Becomes true when the connections are to stop sending.
+    stop: watch::Receiver<bool>,
 }
 
+/// How long a connection waits, once told to stop, for the calls it has in flight.
+const DRAIN: Duration = Duration::from_secs(5);
+
 /// One connection: `streams` calls in flight (or paced), until `stop`; then it waits for the
-/// calls in flight and returns what they answered.
+/// calls in flight (at most [`DRAIN`]) and returns what they answered. A call that was never
+/// answered (the connection failed, the server went away, or the wait ran out) is a transport
+/// error, and the tally is returned with the error that ended the connection, if any.
 async fn connection(
     tcp: TcpStream,
     addr: String,
     index: usize,
     tasks: usize,
     shared: Arc<Shared>,
-) -> Result<Tally, String> {
+) -> (Tally, Option<String>) {
     let mut conn = Connection {
         tcp,
         read: Vec::with_capacity(64 * 1024),
@@ -498,8 +522,40 @@ async fn connection(
         max_streams: usize::MAX,
         table_size: 4_096,
         got_settings: false,
-        going_away: false,
+        going_away: None,
+        received: 0,
     };
+    // The server's table for our header blocks may not grow past what we allow it.
+    conn.hpack.set_max_allowed_table_size(4_096);
+    let mut slots: Vec<Slot> = (0..shared.streams).map(|_| Slot::default()).collect();
+    let mut tally = Tally::default();
+    let result = drive(
+        &mut conn, &mut slots, &mut tally, &addr, index, tasks, &shared,
+    )
+    .await;
+    let unanswered = slots.iter().filter(|s| s.stream != 0).count();
+    tally.transport_errors += unanswered as u64;
+    let error = match result {
+        Err(e) => Some(e),
+        Ok(()) if unanswered > 0 => Some(format!(
+            "{unanswered} calls unanswered {} s after the end of the run",
+            DRAIN.as_secs()
+        )),
+        Ok(()) => None,
+    };
+    (tally, error)
+}
+
+/// The connection's life: the handshake, then calls until `stop` and the drain.
+async fn drive(
+    conn: &mut Connection,
+    slots: &mut [Slot],
+    tally: &mut Tally,
+    addr: &str,
+    index: usize,
+    tasks: usize,
+    shared: &Shared,
+) -> Result<(), String> {
     // The preface, our settings (no push; the whole receive window per stream), and the rest of
     // the receive window on the connection.
     conn.write.extend_from_slice(PREFACE);
@@ -519,9 +575,8 @@ async fn connection(
         conn.frames(|_, _| {}, &mut [])?;
     }
     conn.flush().await?;
-    let (mut first_headers, later_headers) = request_headers(&addr, conn.table_size);
+    let (mut first_headers, later_headers) = request_headers(addr, conn.table_size);
 
-    let mut slots: Vec<Slot> = (0..shared.streams).map(|_| Slot::default()).collect();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((index as u64 + 1) * 0x1000_0001));
     if let Some(i) = shared.interval {
         // Paced slots start spread over one interval, not all at once.
@@ -531,19 +586,24 @@ async fn connection(
             slot.next = Some(now + i.mul_f64(task as f64 / tasks as f64));
         }
     }
-    let mut tally = Tally::default();
+    let mut stop = shared.stop.clone();
+    let mut drain_until: Option<Instant> = None;
     let mut next_stream = 1u32;
     let mut in_flight = 0usize;
     let mut message = Vec::with_capacity(128);
     let mut digits = [0u8; 24];
     loop {
-        let stopping = shared.stop.load(Ordering::Relaxed) || conn.going_away;
+        let stopping = *stop.borrow_and_update() || conn.going_away.is_some();
         if stopping && in_flight == 0 {
             break;
+        }
+        if stopping && drain_until.is_none() {
+            drain_until = Some(Instant::now() + DRAIN);
         }
         // Send a call on every free slot that is due.
         let now = Instant::now();
         let mut wake: Option<Instant> = None;
+        let mut sent = false;
         for slot in slots.iter_mut().filter(|s| s.stream == 0) {
             if stopping || in_flight >= conn.max_streams {
                 break;
@@ -551,6 +611,9 @@ async fn connection(
             if let Some(at) = slot.next.filter(|at| *at > now) {
                 wake = Some(wake.map_or(at, |w| w.min(at)));
                 continue;
+            }
+            if next_stream > (1 << 31) - 2 {
+                return Err("ran out of stream ids".into());
             }
             message.clear();
             field(&mut message, 1, &shared.domain);
@@ -592,28 +655,36 @@ async fn connection(
             conn.send_window -= body as i64;
             *slot = Slot {
                 stream: next_stream,
-                sent: Some(now),
                 next: slot.next.zip(shared.interval).map(|(at, i)| at + i),
                 ..Slot::default()
             };
             next_stream += 2;
             in_flight += 1;
+            sent = true;
+        }
+        if sent {
+            // A call's latency starts as its frames are written.
+            let at = Instant::now();
+            for slot in slots
+                .iter_mut()
+                .filter(|s| s.stream != 0 && s.sent.is_none())
+            {
+                slot.sent = Some(at);
+            }
         }
         conn.flush().await?;
-        if next_stream > (1 << 30) {
-            return Err("ran out of stream ids".into());
-        }
-        // Then wait for answers, or for the next paced call to be due.
-        let more = match wake.filter(|_| !stopping) {
-            Some(at) if in_flight == 0 => {
-                tokio::time::sleep_until(at.into()).await;
+        // Then wait for answers, for the next paced call to be due, for the end of the run, or
+        // past it for the end of the drain.
+        let until = if stopping { drain_until } else { wake };
+        let more = tokio::select! {
+            more = conn.fill() => more?,
+            () = sleep_until(until), if until.is_some() => {
+                if stopping {
+                    return Ok(()); // the drain ran out: what is left is unanswered
+                }
                 continue;
             }
-            Some(at) => tokio::select! {
-                more = conn.fill() => more?,
-                () = tokio::time::sleep_until(at.into()) => continue,
-            },
-            None => conn.fill().await?,
+            _ = stop.changed(), if !stopping => continue,
         };
         if !more {
             return Err(format!(
@@ -622,7 +693,7 @@ async fn connection(
         }
         let measuring = shared.measuring.load(Ordering::Relaxed);
         let mut done = Vec::new();
-        conn.frames(|stream, end| done.push((stream, end)), &mut slots)?;
+        conn.frames(|stream, end| done.push((stream, end)), slots)?;
         for (stream, end) in done {
             let Some(slot) = slots.iter_mut().find(|s| s.stream == stream && stream != 0) else {
                 continue; // not ours, or already ended
@@ -648,24 +719,47 @@ async fn connection(
             }
         }
     }
-    if conn.going_away && !shared.stop.load(Ordering::Relaxed) {
-        return Err("the server said GOAWAY".into());
+    if let Some(code) = conn.going_away.filter(|_| !*stop.borrow()) {
+        return Err(format!("the server said GOAWAY (error code {code})"));
     }
-    Ok(tally)
+    Ok(())
 }
 
-async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
+/// Sleeps until `at`, or forever for None (a `select!` branch then disabled).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Seconds as a `Duration`, or an error naming the flag.
+fn seconds(flag: &str, s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|e| format!("{flag}: {s:e} s: {e}"))
+}
+
+/// What was measured, over how many seconds, and whether a connection ended in an error (the
+/// server went away, or calls were never answered).
+async fn run(args: Args) -> Result<(Tally, f64, bool), Box<dyn std::error::Error>> {
     let tasks = args.connections * args.streams;
+    let (stop, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
         domain: args.domain.into_bytes(),
         keys: args.keys,
         descriptors: args.descriptors,
         streams: args.streams,
         // Each call slot sends one call per `interval` when paced.
-        interval: args.rate.map(|r| Duration::from_secs_f64(tasks as f64 / r)),
+        interval: match args.rate {
+            Some(r) => Some(seconds("--rate", tasks as f64 / r)?),
+            None => None,
+        },
         measuring: Arc::new(AtomicBool::new(false)),
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: stop_rx,
     });
+    let (warm_up, measured) = (
+        seconds("--warm-up", args.warm_up)?,
+        seconds("--seconds", args.seconds)?,
+    );
     let mut handles = Vec::new();
     for c in 0..args.connections {
         let tcp = TcpStream::connect(&args.addr).await?;
@@ -673,24 +767,23 @@ async fn run(args: Args) -> Result<(Tally, f64), Box<dyn std::error::Error>> {
         let task = connection(tcp, args.addr.clone(), c, tasks, shared.clone());
         handles.push(tokio::spawn(task));
     }
-    tokio::time::sleep(Duration::from_secs_f64(args.warm_up)).await;
+    tokio::time::sleep(warm_up).await;
     shared.measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
+    tokio::time::sleep(measured).await;
     shared.measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
-    shared.stop.store(true, Ordering::Relaxed);
-    let mut total = Tally::default();
+    let _ = stop.send(true);
+    let (mut total, mut failed) = (Tally::default(), false);
     for (c, handle) in handles.into_iter().enumerate() {
-        match handle.await? {
-            Ok(tally) => total.merge(tally),
-            Err(e) => {
-                eprintln!("loadgen: connection {c}: {e}");
-                total.transport_errors += 1;
-            }
+        let (tally, error) = handle.await?;
+        total.merge(tally);
+        if let Some(e) = error {
+            eprintln!("loadgen: connection {c}: {e}");
+            failed = true;
         }
     }
-    Ok((total, elapsed))
+    Ok((total, elapsed, failed))
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -713,7 +806,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let (mut tally, elapsed) = match runtime.block_on(run(args)) {
+    let (mut tally, elapsed, failed) = match runtime.block_on(run(args)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("loadgen: {e}");
@@ -735,4 +828,8 @@ fn main() {
         tally.grpc_errors,
         tally.transport_errors,
     );
+    if failed {
+        // The line above holds what was measured; the run is still not one to take.
+        std::process::exit(1);
+    }
 }
