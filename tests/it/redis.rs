@@ -357,18 +357,15 @@ async fn coalesced_requests_give_the_same_decisions_as_memory() {
             .enumerate()
             .map(|(c, rng)| random_ops(rng, &quotas, c as u128 * 100))
             .collect();
-        let answers =
-            futures_util::future::join_all(schedules.iter().map(|ops| store.check_batch(ops)))
-                .await;
-        for (c, (ops, got)) in schedules.iter().zip(answers).enumerate() {
-            let expected = memories[c].check_batch(ops, now);
-            assert_same(
-                &got.unwrap(),
-                &expected,
-                ops,
-                &format!("client {c}, step {step}"),
-            );
-        }
+        clients_as_in_memory(
+            &store,
+            &memories,
+            &schedules,
+            now,
+            true,
+            &format!("step {step}"),
+        )
+        .await;
     }
     let figures = store.figures();
     assert_eq!(figures.requests, 60 * CLIENTS as u64);
@@ -449,24 +446,18 @@ async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() 
             })
             .collect();
         // Every other step the requests go one after the other, each alone in its call.
-        let answers = if step % 2 == 0 {
-            futures_util::future::join_all(requests.iter().map(|ops| store.check_batch(ops))).await
-        } else {
-            let mut answers = Vec::new();
-            for ops in &requests {
-                answers.push(store.check_batch(ops).await);
-            }
-            answers
-        };
+        let at_once = step % 2 == 0;
+        let expected = clients_as_in_memory(
+            &store,
+            &memories,
+            &requests,
+            now,
+            at_once,
+            &format!("step {step}"),
+        )
+        .await;
         let mut waits = Vec::new();
-        for (c, (ops, got)) in requests.iter().zip(answers).enumerate() {
-            let expected = memories[c].check_batch(ops, now);
-            assert_same(
-                &got.unwrap(),
-                &expected,
-                ops,
-                &format!("client {c}, step {step}"),
-            );
+        for (ops, expected) in requests.iter().zip(expected) {
             let distinct = ops
                 .iter()
                 .all(|o| ops.iter().filter(|p| p.key == o.key).count() == 1);
@@ -583,6 +574,35 @@ async fn run_schedule(
         assert_same(&got, &expected, &ops, &format!("step {step}"));
     }
     lean
+}
+
+/// Sends each client's request to `store`, all at once (coalesced into one call) or one after
+/// the other (each alone), and asserts that every answer is the one that client's memory store
+/// gives at `now`; returns the memory stores' answers, in the clients' order.
+async fn clients_as_in_memory(
+    store: &RedisStore,
+    memories: &[MemoryStore],
+    requests: &[Vec<Op>],
+    now: u64,
+    at_once: bool,
+    at: &str,
+) -> Vec<Batch> {
+    let answers = if at_once {
+        futures_util::future::join_all(requests.iter().map(|ops| store.check_batch(ops))).await
+    } else {
+        let mut answers = Vec::new();
+        for ops in requests {
+            answers.push(store.check_batch(ops).await);
+        }
+        answers
+    };
+    let mut expected = Vec::with_capacity(requests.len());
+    for (c, (ops, got)) in requests.iter().zip(answers).enumerate() {
+        let e = memories[c].check_batch(ops, now);
+        assert_same(&got.unwrap(), &e, ops, &format!("client {c}, {at}"));
+        expected.push(e);
+    }
+    expected
 }
 
 /// Asserts that Redis's answer `got` to `ops` is the memory store's, `expected`, op by op;
