@@ -592,6 +592,8 @@ async fn drive(
     let mut in_flight = 0usize;
     let mut message = Vec::with_capacity(128);
     let mut digits = [0u8; 24];
+    // The streams that a read's frames ended, reused from read to read.
+    let mut done = Vec::new();
     loop {
         let stopping = *stop.borrow_and_update() || conn.going_away.is_some();
         if stopping && in_flight == 0 {
@@ -692,9 +694,8 @@ async fn drive(
             ));
         }
         let measuring = shared.measuring.load(Ordering::Relaxed);
-        let mut done = Vec::new();
         conn.frames(|stream, end| done.push((stream, end)), slots)?;
-        for (stream, end) in done {
+        for (stream, end) in done.drain(..) {
             let Some(slot) = slots.iter_mut().find(|s| s.stream == stream && stream != 0) else {
                 continue; // not ours, or already ended
             };
