@@ -504,7 +504,20 @@ impl Compiler<'_> {
         let burst = self.bounded(r.burst.as_ref(), &field("burst"), 1, 0);
         let (unit, requests, multiplier, burst) = (unit?, requests?, multiplier?, burst?);
         let burst = if r.burst.is_some() { burst } else { requests };
-        let period = unit.seconds() * multiplier * NANOS_PER_SEC;
+        let Some(period) = period_nanos(unit, multiplier) else {
+            let pos = r.unit_multiplier.as_ref().map_or(r.pos, |m| m.pos);
+            self.problem(
+                Some(pos),
+                &field("unit_multiplier"),
+                format!(
+                    "{multiplier} × {} is {} seconds, longer than the longest period sluice \
+                     can count (2^64 nanoseconds, about 584 years)",
+                    unit.name().to_ascii_lowercase(),
+                    u128::from(unit.seconds()) * u128::from(multiplier),
+                ),
+            );
+            return None;
+        };
         let quota = match Quota::new(period, requests, burst) {
             Ok(q) => q,
             Err(QuotaError::TooLong) => {
@@ -614,6 +627,14 @@ impl Compiler<'_> {
         }
         Some(n.value)
     }
+}
+
+/// `multiplier` units in nanoseconds; `None` past `u64::MAX` (about 584 years), which must be
+/// refused rather than wrapped into a shorter period.
+fn period_nanos(unit: Unit, multiplier: u64) -> Option<u64> {
+    unit.seconds()
+        .checked_mul(multiplier)?
+        .checked_mul(NANOS_PER_SEC)
 }
 
 /// A descriptor path's identity (a hash of the domain and each level's key and configured

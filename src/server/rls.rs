@@ -24,6 +24,11 @@ impl RateLimitHandler {
         Self { decider }
     }
 
+    /// Counts a call refused before its request could be read (framing, size, decoding).
+    pub(crate) fn count_malformed(&self) {
+        self.decider.count_malformed();
+    }
+
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
     pub(crate) async fn answer(
         &self,

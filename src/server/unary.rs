@@ -10,10 +10,13 @@
 //!   buffered: a compressed flag is `INTERNAL` (nothing may be compressed), another flag is
 //!   `INTERNAL`, a length over `requests.max_request_bytes` is `RESOURCE_EXHAUSTED` at once, so
 //!   a call never holds more than the limit and one frame;
-//! - the first message is the request; any further message is decoded and dropped, as tonic
-//!   does while it drains the body for trailers; a body that ends inside a message is `INTERNAL`
-//!   ("Unexpected EOF"), one without a message `INTERNAL` ("Missing request message");
+//! - a unary call carries exactly one message: a second one is `INTERNAL` ("Too many requests",
+//!   as grpc-java answers) and nothing is decided (tonic decides the first and drops the rest);
+//!   a body that ends inside a message is `INTERNAL` ("Unexpected EOF"), one without a message
+//!   `INTERNAL` ("Missing request message");
 //! - a message that does not decode is `INVALID_ARGUMENT` (`crate::pb::codec`);
+//! - every call refused for what its body or headers carry counts as an invalid request in
+//!   `sluice_decisions_total`;
 //! - the answer: `content-type: application/grpc`, one message frame, then `grpc-status: 0` as
 //!   trailers; an error is a trailers-only answer, its status in the headers.
 //!
@@ -38,6 +41,9 @@ use crate::pb::codec::Wire;
 
 /// The path of the rate-limit service's one method.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The status of a unary call whose body holds a second message (grpc-java's words).
+const TOO_MANY_REQUESTS: &str = "Too many requests";
 
 /// The length of a gRPC message's prefix: the compressed flag and a 4-byte big-endian length.
 const PREFIX: usize = 5;
@@ -65,10 +71,9 @@ impl ShouldRateLimit {
             return Status::unimplemented("").into_http();
         }
         let answered = async {
-            refuse_compression(req.headers())?;
-            let message = read_message(req.into_body(), self.max_request_bytes).await?;
-            let request =
-                RateLimitRequest::decode(message).map_err(RateLimitRequest::decode_error)?;
+            let request = read_request(req, self.max_request_bytes)
+                .await
+                .inspect_err(|_| self.handler.count_malformed())?;
             encode(&self.handler.answer(request).await?)
         };
         match answered.await {
@@ -105,6 +110,16 @@ impl Service<http::Request<Incoming>> for ShouldRateLimit {
         let this = self.clone();
         Box::pin(async move { Ok(this.answer(req).await) })
     }
+}
+
+/// The call's one request message, decoded; any failure to get it is the status it ends with.
+async fn read_request(
+    req: http::Request<Incoming>,
+    max: usize,
+) -> Result<RateLimitRequest, Status> {
+    refuse_compression(req.headers())?;
+    let message = read_message(req.into_body(), max).await?;
+    RateLimitRequest::decode(message).map_err(RateLimitRequest::decode_error)
 }
 
 /// The request's `grpc-encoding`, which must name no compression.
@@ -197,11 +212,10 @@ impl Messages {
     }
 
     fn message(&mut self, message: Bytes) -> Result<(), Status> {
-        if self.first.is_none() {
-            self.first = Some(message);
-        } else {
-            RateLimitRequest::decode(message).map_err(RateLimitRequest::decode_error)?;
+        if self.first.is_some() {
+            return Err(Status::internal(TOO_MANY_REQUESTS));
         }
+        self.first = Some(message);
         Ok(())
     }
 }
@@ -367,16 +381,17 @@ mod tests {
     }
 
     #[test]
-    fn further_messages_are_decoded_and_dropped() {
+    fn a_second_message_is_refused() {
         let mut body = framed(0, &request("first"));
         body.extend(framed(0, &request("second")));
+        let err = messages(64).feed(Bytes::from(body)).unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
+        assert_eq!(err.message(), TOO_MANY_REQUESTS);
+        // Also when the second arrives in a frame of its own.
         let mut m = messages(64);
-        m.feed(Bytes::from(body)).unwrap();
-        assert_eq!(m.first.as_deref(), Some(&request("first")[..]));
-        let mut bad = framed(0, &request("first"));
-        bad.extend(framed(0, &[0x17, 0x00]));
-        let err = messages(64).feed(Bytes::from(bad)).unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument);
+        m.feed(Bytes::from(framed(0, &request("first")))).unwrap();
+        let err = m.feed(Bytes::from(framed(0, &[]))).unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
     }
 
     #[test]

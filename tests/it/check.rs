@@ -122,6 +122,16 @@ fn each_broken_fixture_is_named_with_its_path_and_exits_2() {
             "too_long.yaml",
             "descriptors[0].rate_limit: burst × period / requests_per_unit is longer than 146 years",
         ),
+        (
+            "period_wraps.yaml",
+            ":5:46: descriptors[0].rate_limit.unit_multiplier: 213504 × day is 18446745600 \
+             seconds, longer than the longest period sluice can count (2^64 nanoseconds, about \
+             584 years)",
+        ),
+        (
+            "period_wraps_years.yaml",
+            "descriptors[0].rate_limit.unit_multiplier: 585 × year is 18448560000 seconds",
+        ),
     ];
     for (file, expected) in cases {
         let (code, stderr) = check_fixtures(&[file]);

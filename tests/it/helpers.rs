@@ -387,3 +387,71 @@ pub fn sentinel_missing(test: &str) -> bool {
 pub fn openssl_missing(test: &str) -> bool {
     missing(test, &["openssl"], "version", "openssl")
 }
+
+/// The real `sluice serve` binary in a process of its own, on loopback ports it chose, with
+/// the given policy files: its metrics are its own, not the test binary's shared recorder.
+pub struct Process {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    /// Holds the policies and the config until the process is gone.
+    _dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Process {
+    /// Starts `sluice serve` on `policies` with `settings` (YAML lines) added to its config.
+    pub fn start(policies: &[(&str, &str)], settings: &str) -> Self {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let policy_dir = dir.path().join("policies");
+        std::fs::create_dir(&policy_dir).expect("mkdir");
+        for (name, text) in policies {
+            std::fs::write(policy_dir.join(name), text).expect("write policy");
+        }
+        let config = dir.path().join("sluice.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "grpc_addr: 127.0.0.1:0\nadmin_addr: 127.0.0.1:0\npolicies: {}\n{settings}",
+                policy_dir.display()
+            ),
+        )
+        .expect("write config");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(["--log-format", "json"])
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run sluice serve");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let (grpc, admin) = loop {
+            let line = lines
+                .next()
+                .expect("sluice exited before serving")
+                .expect("log");
+            let event: serde_json::Value = serde_json::from_str(&line).expect("json log");
+            if event["message"] == "serving" {
+                let addr = |k: &str| event[k].as_str().expect(k).parse().expect(k);
+                break (addr("grpc"), addr("admin"));
+            }
+        };
+        // Drained so that the process never blocks on a full pipe.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        Self {
+            grpc,
+            admin,
+            _dir: dir,
+            child,
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -458,3 +458,102 @@ async fn probe_drives_a_server_and_reports_what_it_saw() {
     assert!(text.contains("latency: p50 "), "{text}");
     assert!(text.contains("RateLimit-Remaining: 0"), "{text}");
 }
+
+/// Whether the numbers written can be counted: the period fits `u64` nanoseconds and the bucket
+/// `B·T` stays within 2^62 ns. Exact arithmetic, independent of the loader's.
+fn representable(unit_seconds: u64, multiplier: u64, requests: u64, burst: u64) -> bool {
+    let period = u128::from(unit_seconds) * u128::from(multiplier) * 1_000_000_000;
+    period <= u128::from(u64::MAX)
+        && (requests == 0 || period.div_ceil(u128::from(requests)) * u128::from(burst) <= 1 << 62)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// For any rule the loader accepts, what `sluice check` promises and what the limiter does
+    /// on a schedule agree with the numbers written: the period and `T = ceil(P / L)` computed
+    /// exactly; `B` admitted at once and the next one denied; one more after `T`, not before;
+    /// `floor(P / T)` more across a span of the period and no further one. A rule refused is one
+    /// whose period or bucket cannot be represented.
+    #[test]
+    fn what_check_promises_is_what_the_limiter_does(
+        unit in 0usize..7,
+        multiplier in proptest::prop_oneof![1u64..=10, 1u64..=1_000_000],
+        requests in proptest::prop_oneof![0u64..=10, 0u64..=u64::from(u32::MAX)],
+        burst in proptest::option::of(proptest::prop_oneof![1u64..=10, 1u64..=u64::from(u32::MAX)]),
+        t0 in 0u64..(1 << 50),
+    ) {
+        use sluice::lab::guarantees;
+        use sluice::limiter::MemoryStore;
+        use sluice::policy::Limit;
+
+        let (name, seconds) = [
+            ("second", 1u64), ("minute", 60), ("hour", 3_600), ("day", 86_400),
+            ("week", 604_800), ("month", 2_592_000), ("year", 31_536_000),
+        ][unit];
+        let burst_field = burst.map_or(String::new(), |b| format!(", burst: {b}"));
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {name}, \
+             unit_multiplier: {multiplier}, requests_per_unit: {requests}{burst_field}}}\n"
+        );
+        let b = burst.unwrap_or(requests);
+        let Ok(set) = load_str(&[("p.yaml", &yaml)]) else {
+            proptest::prop_assert!(!representable(seconds, multiplier, requests, b), "{yaml}");
+            return Ok(());
+        };
+        proptest::prop_assert!(representable(seconds, multiplier, requests, b), "{yaml}");
+        let rule = set.domain("d").unwrap().rules().next().unwrap().clone();
+        let Limit::Limited(rate) = rule.limit else { panic!("{yaml}: not limited") };
+        let q = rate.quota;
+        let period = u128::from(seconds) * u128::from(multiplier) * 1_000_000_000;
+        proptest::prop_assert_eq!(u128::from(q.period()), period);
+        let promised = guarantees(&set);
+        if requests == 0 {
+            proptest::prop_assert!(q.is_ban() && promised.is_empty());
+            return Ok(());
+        }
+        let g = &promised[0];
+        let t = period.div_ceil(u128::from(requests));
+        proptest::prop_assert_eq!(u128::from(g.interval_ns), t);
+        proptest::prop_assert_eq!(u128::from(g.period_seconds), period / 1_000_000_000);
+        proptest::prop_assert_eq!(u64::from(g.burst), b);
+        let t = g.interval_ns;
+
+        let store = MemoryStore::new();
+        // First denial: B at once (one by one while that is cheap), then nothing more.
+        if b <= 64 {
+            for i in 0..b {
+                proptest::prop_assert!(store.check(1, &q, t0, 1).admitted, "request {} of {b}", i + 1);
+            }
+        } else {
+            proptest::prop_assert!(store.check(1, &q, t0, b).admitted);
+        }
+        proptest::prop_assert!(!store.check(1, &q, t0, 1).admitted, "request {} passed", b + 1);
+        // Refill: the next one T later, and not a nanosecond before.
+        proptest::prop_assert!(!store.check(1, &q, t0 + t - 1, 1).admitted);
+        proptest::prop_assert!(store.check(1, &q, t0 + t, 1).admitted);
+        // Worst window: `worst_period` is B + floor(P / T), exactly; across a span W the
+        // greedy schedule (B at its start, then each token as it refills, taken in draws of at
+        // most B) gets B + floor(W / T) through, and no further one at its end. W is the
+        // period, cut to 4,096 buckets' refill and to the clock's first 2^62 ns (where the
+        // limiter's arithmetic is stated to hold).
+        proptest::prop_assert_eq!(
+            u128::from(g.worst_period),
+            u128::from(b) + period / u128::from(t)
+        );
+        let span = q
+            .period()
+            .min(4_096u64.saturating_mul(q.tolerance()))
+            .min((1 << 62) - t0);
+        let fresh = MemoryStore::new();
+        proptest::prop_assert!(fresh.check(2, &q, t0, b).admitted);
+        let (mut more, mut at) = (span / t, t0);
+        while more > 0 {
+            let draw = more.min(b);
+            at += draw * t;
+            proptest::prop_assert!(fresh.check(2, &q, at, draw).admitted, "{draw} at {at}");
+            more -= draw;
+        }
+        proptest::prop_assert!(!fresh.check(2, &q, t0 + span, 1).admitted);
+    }
+}

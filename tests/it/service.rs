@@ -7,8 +7,8 @@ use sluice::pb::rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_li
 use tonic::Code as GrpcCode;
 
 use crate::helpers::{
-    SHOULD_RATE_LIMIT, TestServer, descriptor, grpc_framed, http_get, raw_call, raw_exchange,
-    request, single,
+    Process, SHOULD_RATE_LIMIT, TestServer, descriptor, grpc_framed, http_get, metric, raw_call,
+    raw_exchange, request, single,
 };
 
 const SEC: u64 = 1_000_000_000;
@@ -557,7 +557,7 @@ async fn oversized_requests_are_resource_exhausted_on_the_wire() {
 /// message and `grpc-status: 0` in the trailers, with no `content-length` (and no `date`, as
 /// grpc-go's server answers); an oversized prefix is refused before the rest is sent;
 /// compression, a missing or cut message, and an unknown method each get their status
-/// (`grpc-message` percent-encoded, as gRPC sends it); a second message is read and dropped.
+/// (`grpc-message` percent-encoded, as gRPC sends it); a second message is refused.
 #[tokio::test]
 async fn unary_framing_on_the_wire() {
     use prost::Message;
@@ -593,13 +593,10 @@ async fn unary_framing_on_the_wire() {
     assert_eq!(answer.overall_code, Code::Ok as i32);
     assert_eq!(answer.statuses.len(), 1);
 
-    // Two messages: the first is answered.
+    // Two messages: refused, nothing answered.
     let two = call(vec![[body.clone(), body.clone()].concat()], vec![]).await;
-    assert_eq!(two.status().0, "0");
-    assert_eq!(
-        sluice::pb::RateLimitResponse::decode(&two.data[5..]).unwrap(),
-        answer
-    );
+    assert_eq!(two.status().0, "13");
+    assert!(two.data.is_empty());
 
     // Only the prefix of an oversized message, the stream left open: answered at once.
     let mut over = vec![0u8];
@@ -686,6 +683,81 @@ async fn undecodable_requests_are_invalid_arguments() {
     assert_eq!(
         s.ok(single("svc", "user", "u")).await.overall_code,
         Code::Ok as i32
+    );
+}
+
+/// Every call refused for what it carried counts in `sluice_decisions_total{result="invalid"}`:
+/// bodies that do not decode, bad framing, oversized messages and a doubled unary call. Counted
+/// in a server process of its own, whose metrics no other test touches.
+#[tokio::test]
+async fn every_refused_call_counts_as_invalid() {
+    let p = Process::start(
+        &[("test.yaml", POLICY)],
+        "requests: {max_request_bytes: 1024}\n",
+    );
+    let invalid = "sluice_decisions_total{result=\"invalid\"}";
+    let first = prost::Message::encode_to_vec(&single("test", "burst", "counted"));
+    let undecodable: [&[u8]; 3] = [
+        &[0x0a, 0x02, 0xff, 0xfe],
+        &[0x0a, 0x05, b'a'],
+        &[0x17, 0x00],
+    ];
+    for bytes in undecodable {
+        assert_eq!(raw_call(p.grpc, bytes).await.0, "3");
+    }
+    assert_eq!(raw_call(p.grpc, &[0xff; 1025]).await.0, "8");
+    let mut compressed = grpc_framed(&first);
+    compressed[0] = 1;
+    let (answer, _) = raw_exchange(p.grpc, SHOULD_RATE_LIMIT, &[], &[&compressed], true).await;
+    assert_eq!(answer.status().0, "13");
+    let (answer, _) = raw_exchange(p.grpc, SHOULD_RATE_LIMIT, &[], &[], true).await;
+    assert_eq!(answer.status().0, "13", "no message");
+    let doubled = [grpc_framed(&first), grpc_framed(&first)].concat();
+    let (answer, _) = raw_exchange(p.grpc, SHOULD_RATE_LIMIT, &[], &[&doubled], true).await;
+    assert_eq!(answer.status().0, "13", "two messages");
+    assert_eq!(metric(p.admin, invalid).await, Some(7.0));
+    // A call the decider refuses (an empty domain) is counted once, as before.
+    assert_eq!(
+        raw_call(
+            p.grpc,
+            &prost::Message::encode_to_vec(&single("", "k", "v"))
+        )
+        .await
+        .0,
+        "3"
+    );
+    assert_eq!(metric(p.admin, invalid).await, Some(8.0));
+}
+
+/// A unary call carries exactly one request message: a second one, in the same DATA frame or
+/// in a frame of its own, ends the call with `INTERNAL` and nothing is decided, so nothing is
+/// charged.
+#[tokio::test]
+async fn a_unary_call_with_two_messages_is_refused_and_decides_nothing() {
+    let s = server().await;
+    let one = grpc_framed(&prost::Message::encode_to_vec(&single(
+        "test", "burst", "twice",
+    )));
+    let together = [one.clone(), one.clone()].concat();
+    let cases: [(&str, Vec<&[u8]>); 2] = [
+        ("in one frame", vec![&together]),
+        ("in two frames", vec![&one, &one]),
+    ];
+    for (what, frames) in cases {
+        let (answer, _) = raw_exchange(s.grpc, SHOULD_RATE_LIMIT, &[], &frames, true).await;
+        let (status, message) = answer.status();
+        assert_eq!(status, "13", "{what}: {message}");
+        assert_eq!(message, "Too%20many%20requests", "{what}");
+        assert!(answer.data.is_empty(), "{what}: no response message");
+    }
+    // Nothing was charged: `burst` allows 3 an hour, and all 3 are still there.
+    for n in 1..=3 {
+        let r = s.ok(single("test", "burst", "twice")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "request {n}");
+    }
+    assert_eq!(
+        s.ok(single("test", "burst", "twice")).await.overall_code,
+        Code::OverLimit as i32
     );
 }
 
