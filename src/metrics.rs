@@ -58,6 +58,8 @@ pub const REDIS_REQUESTS: &str = "sluice_redis_requests_total";
 pub const REDIS_ERRORS: &str = "sluice_redis_errors_total";
 /// Requests refused from the local over-limit cache.
 pub const REDIS_CACHE_HITS: &str = "sluice_redis_local_cache_hits_total";
+/// Counters found holding no TAT, read as absent and rewritten.
+pub const REDIS_COUNTER_REPAIRS: &str = "sluice_redis_counter_repairs_total";
 /// Whether a Redis connection is established.
 pub const REDIS_CONNECTED: &str = "sluice_redis_connected";
 /// The circuit breaker's state.
@@ -93,7 +95,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 29] = [
+const FAMILIES: [(&str, Kind, &str); 30] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -158,6 +160,11 @@ const FAMILIES: [(&str, Kind, &str); 29] = [
         REDIS_CACHE_HITS,
         Kind::Counter,
         "Requests refused from the local over-limit cache.",
+    ),
+    (
+        REDIS_COUNTER_REPAIRS,
+        Kind::Counter,
+        "Redis counters found holding no valid TAT (not a number, or a key of another type), read as absent and rewritten.",
     ),
     (
         REDIS_CONNECTED,
@@ -611,6 +618,7 @@ fn render_redis(out: &mut String, redis: &RedisFigures) {
         .collect();
     family(out, REDIS_ERRORS, &errors);
     family(out, REDIS_CACHE_HITS, &plain(redis.cache_hits));
+    family(out, REDIS_COUNTER_REPAIRS, &plain(redis.counter_repairs));
     family(out, REDIS_CONNECTED, &plain(u8::from(redis.connected)));
     let states: Vec<(String, String)> = [
         ("closed", BreakerState::Closed),

@@ -228,7 +228,7 @@ impl Decider {
                 b
             }
             Err(e) => {
-                tracing::debug!(domain = %req.domain, error = %e, "backend failed");
+                tracing::debug!(domain = %req.domain, error = %e.detail(), "backend failed");
                 self.metrics.request(RequestOutcome::BackendError);
                 match (self.options.on_backend_error, &self.local) {
                     (OnBackendError::Allow, _) => Batch::fallback(&plan.ops, true),

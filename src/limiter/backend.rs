@@ -152,6 +152,9 @@ impl ErrorKind {
 }
 
 /// Why a backend could not decide.
+///
+/// Its `Display` is in the product's words, for a client's status details: no Redis error text,
+/// script source or line number. [`BackendError::detail`] adds what Redis said, for the log.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum BackendError {
     /// No answer within the deadline.
@@ -161,16 +164,16 @@ pub enum BackendError {
     #[error("redis is not connected yet")]
     NotConnected,
     /// The connection failed or was dropped.
-    #[error("redis connection failed: {0}")]
+    #[error("the connection to redis failed")]
     Connection(#[source] ::redis::RedisError),
     /// The circuit breaker is open after repeated failures.
     #[error("redis circuit breaker is open")]
     BreakerOpen,
     /// Redis answered with an error.
-    #[error("redis error: {0}")]
+    #[error("redis refused the rate-limit call")]
     Redis(#[source] ::redis::RedisError),
     /// Redis answered with something the script never returns.
-    #[error("unexpected script reply: {0}")]
+    #[error("redis answered the rate-limit call with an unexpected reply")]
     Reply(String),
     /// The connection cannot be set up: a malformed URL, contradicting settings, or a
     /// certificate, key or password file that cannot be used.
@@ -179,6 +182,31 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// The error with what Redis said, for the log (never for a client).
+    #[must_use]
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Connection(e) | Self::Redis(e) => format!("{self}: {e}"),
+            Self::Reply(what) => format!("{self}: {what}"),
+            _ => self.to_string(),
+        }
+    }
+
+    /// Whether the error is about the data of a call (a key of the wrong type, a script that
+    /// failed on what it read), not about Redis being reachable: Redis answered. Such an error
+    /// is no reason to open the circuit breaker for every other key.
+    #[must_use]
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.code() == Some("WRONGTYPE")
+                    || e.detail().is_some_and(|d| d.contains("user_script"))
+                    || e.to_string().contains("user_script")
+            }
+            _ => false,
+        }
+    }
+
     /// Its kind, for metrics.
     #[must_use]
     pub const fn kind(&self) -> ErrorKind {

@@ -1129,3 +1129,197 @@ async fn rate_limits_and_cost_nodes_decide_alike_in_memory_and_redis() {
     let names: Vec<_> = denied_by.into_iter().flatten().collect();
     assert_eq!(names, ["budget", "per_minute"]);
 }
+
+/// Values no sluice node writes: not a number, not finite, empty, further ahead than any
+/// bucket, and keys of other types (set by `redis-cli` arguments).
+const CORRUPTIONS: [&[&str]; 8] = [
+    &["SET", "garbage"],
+    &["SET", "nan"],
+    &["SET", "inf"],
+    &["SET", ""],
+    &["SET", "12abc456789012345"],
+    &["SET", "99999999999999999999999999"],
+    &["HSET", "f", "1"],
+    &["RPUSH", "1"],
+];
+
+/// One corrupt counter is a fact about that counter, not an outage: on every script path (the
+/// lean script's lone op, its multi-descriptor path and its batch path, the exact script for long
+/// buckets, and a lease's take), a counter that holds no TAT is read as absent, the request is
+/// decided, the key is left holding a TAT with its expiry (or gone), the repair is counted, and
+/// the breaker stays closed for every other key.
+#[tokio::test]
+async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
+    if redis_missing("a_corrupt_counter_is_repaired_and_other_keys_are_answered") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut settings = config(&redis.url());
+    settings.key_prefix = "bad:".into();
+    settings.timeout = Duration::from_secs(2);
+    let store = open(settings.clone());
+    connected(&store).await;
+    let cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let name = |key: u128| format!("bad:{key:032x}");
+    let corrupt = |key: u128, how: &[&str]| {
+        let key = name(key);
+        cli(&["DEL", &key]);
+        let mut args = vec![how[0], key.as_str()];
+        args.extend_from_slice(&how[1..]);
+        cli(&args);
+    };
+    let op = |key: u128, quota: Quota, cost: u64, mode: Mode, refund: bool| Op {
+        key,
+        quota,
+        cost,
+        refund,
+        mode,
+    };
+    let ten = Quota::new(3_600 * SEC, 10, 10).unwrap();
+    let year = Quota::new(365 * 86_400 * SEC, 7, 7).unwrap();
+    assert!(!fits_lean(&[op(1, year, 1, Mode::Enforce, false)]));
+    let mut repairs = 0;
+    let mut key = 1_000u128;
+    for how in CORRUPTIONS {
+        // (what, the ops with the corrupt counter first, remaining expected of it)
+        let paths: [(&str, Vec<Op>, u64); 4] = [
+            ("one op", vec![op(key, ten, 2, Mode::Enforce, false)], 8),
+            (
+                "several plain ops",
+                vec![
+                    op(key + 1, ten, 3, Mode::Enforce, false),
+                    op(key + 2, ten, 1, Mode::Enforce, false),
+                ],
+                7,
+            ),
+            (
+                "the batch path",
+                vec![
+                    op(key + 3, ten, 1, Mode::Enforce, false),
+                    op(key + 4, ten, 1, Mode::Shadow, false),
+                ],
+                9,
+            ),
+            (
+                "the exact script",
+                vec![op(key + 5, year, 1, Mode::Enforce, false)],
+                6,
+            ),
+        ];
+        for (what, ops, remaining) in paths {
+            corrupt(ops[0].key, how);
+            let batch = store
+                .check_batch(&ops)
+                .await
+                .unwrap_or_else(|e| panic!("{how:?}, {what}: {}", e.detail()));
+            assert!(!batch.blocked, "{how:?}, {what}");
+            assert!(batch.outcomes[0].admitted, "{how:?}, {what}");
+            assert_eq!(batch.outcomes[0].remaining, remaining, "{how:?}, {what}");
+            // The key now holds a TAT that expires at its millisecond.
+            let k = name(ops[0].key);
+            let (tat, at) = (cli(&["GET", &k]), cli(&["PEXPIRETIME", &k]));
+            let tat: u128 = tat
+                .parse()
+                .unwrap_or_else(|_| panic!("{how:?}, {what}: {tat:?}"));
+            assert_eq!(
+                at.parse::<u128>().unwrap(),
+                tat / 1_000_000,
+                "{how:?}, {what}"
+            );
+            repairs += 1;
+            assert_eq!(store.figures().counter_repairs, repairs, "{how:?}, {what}");
+        }
+        key += 10;
+    }
+    // A denied or refunding request repairs too (it reads as absent and deletes the value).
+    corrupt(key, &["SET", "garbage"]);
+    let refund = [op(key, ten, 1, Mode::Enforce, true)];
+    assert!(store.check_batch(&refund).await.unwrap().outcomes[0].admitted);
+    assert_eq!(cli(&["EXISTS", &name(key)]), "0");
+    repairs += 1;
+    // A lease's take reads the counter as absent too.
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    let shared = RedisStore::new(settings, Arc::clone(&clock), RedisTime::Server).unwrap();
+    spawn_connect(&shared);
+    connected(&shared).await;
+    let leasing = LeaseConfig {
+        min_rate: 1,
+        ..LeaseConfig::default()
+    };
+    let node = LeasedStore::new(Arc::clone(&shared), leasing, clock);
+    let leased = key + 1;
+    corrupt(leased, &["HSET", "f", "1"]);
+    for _ in 0..3 {
+        let batch = node
+            .check_batch(&[op(leased, ten, 1, Mode::Enforce, false)])
+            .await
+            .unwrap();
+        assert!(batch.outcomes[0].admitted);
+    }
+    node.settle(Duration::from_secs(2)).await;
+    assert!(node.figures().slices > 0, "{:?}", node.figures());
+    assert_eq!(shared.figures().counter_repairs, 1);
+    assert!(cli(&["GET", &name(leased)]).parse::<u128>().is_ok());
+    node.close().await;
+    // No call failed, and the breaker never opened.
+    let figures = store.figures();
+    assert_eq!(figures.counter_repairs, repairs);
+    assert!(figures.errors.iter().all(|(_, n)| *n == 0), "{figures:?}");
+    assert_eq!(
+        figures.breaker,
+        sluice::limiter::redis::BreakerState::Closed
+    );
+}
+
+/// The same through a whole server: with one counter corrupt, that counter and every other key
+/// are answered, nothing reaches a client as an error, and the repair shows in the metrics.
+#[tokio::test]
+async fn a_server_answers_every_key_while_one_counter_is_corrupt() {
+    if redis_missing("a_server_answers_every_key_while_one_counter_is_corrupt") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let s = redis_server(&redis.url(), OnBackendError::Error).await;
+    let cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let before = cli(&["--scan"]);
+    s.call(single("shared", "k", "victim")).await.unwrap();
+    // The key that call wrote (its counter), made garbage before each round.
+    let after = cli(&["--scan"]);
+    let victim: Vec<&str> = after.lines().filter(|k| !before.contains(k)).collect();
+    assert_eq!(victim.len(), 1, "{before:?} then {after:?}");
+    for round in 0..20 {
+        for k in &victim {
+            cli(&["SET", k, "garbage"]);
+        }
+        let r = s.call(single("shared", "k", "victim")).await;
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        for other in 0..3 {
+            let r = s
+                .call(single("shared", "j", &format!("other-{other}")))
+                .await;
+            assert!(r.is_ok(), "round {round}, other {other}: {r:?}");
+        }
+    }
+    assert_eq!(
+        metric(s.admin, "sluice_redis_counter_repairs_total").await,
+        Some(20.0 * victim.len() as f64)
+    );
+    assert_eq!(
+        metric(s.admin, "sluice_redis_errors_total{kind=\"redis\"}").await,
+        Some(0.0)
+    );
+}

@@ -157,7 +157,7 @@ impl RedisStore {
             Ok(Vec::new())
         } else {
             match replies.next() {
-                Some(Ok(Value::BulkString(reply))) => parse_lean(&reply, &sizes),
+                Some(Ok(Value::BulkString(reply))) => self.read_lean(&reply, &sizes),
                 Some(Err(e)) if no_script(&e) => self.call(batch).await,
                 Some(Err(e)) => Err(classify(e, timeout)),
                 other => Err(BackendError::Reply(format!("{other:?}"))),
@@ -205,7 +205,14 @@ impl RedisStore {
             .invoke_async(&mut c)
             .await
             .map_err(|e| classify(e, self.config.timeout))?;
-        parse_lean(&reply, &sizes)
+        self.read_lean(&reply, &sizes)
+    }
+
+    /// The answers in the lean script's reply to a batch of `sizes`, its repairs counted.
+    fn read_lean(&self, reply: &[u8], sizes: &[usize]) -> Answers {
+        let (answers, repairs) = parse_lean(reply, sizes)?;
+        self.stats.repaired(repairs);
+        Ok(answers)
     }
 }
 

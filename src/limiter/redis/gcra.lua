@@ -13,7 +13,13 @@
 --          quota-mode ops are over is for the caller to judge (and to compensate by refunds)
 -- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund),
 --          period (ns, the wait reported by a ban)
--- Returns { blocked, now, then per op: admitted (0/1), remaining, wait (ns, decimal string) }.
+-- Returns { blocked, now, then per op: admitted (0/1), remaining, wait (ns, decimal string) },
+--          and after them, when the call repaired counters, how many.
+--
+-- A counter that holds no TAT (anything but 1 to 19 decimal digits, which bound every TAT of a
+-- quota's 2^62 ns, or a key of another type)
+-- is a fact about that counter, not an error: it is deleted, read as absent (a full bucket) and
+-- counted, and the call goes on.
 
 local G = 1000000000
 
@@ -116,9 +122,17 @@ local function decide(op, tat, cost)
   return false, tat, remaining(op, base), sub(debt, op.tol)
 end
 
+local repaired = 0
+
 local function read(key)
-  local v = redis.call('GET', key)
-  if v then return pair(v) end
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' and #v >= 1 and #v <= 19 and not string.find(v, '%D') then
+    return pair(v)
+  end
+  if v then
+    redis.call('DEL', key)
+    repaired = repaired + 1
+  end
   return ZERO
 end
 
@@ -207,4 +221,5 @@ for i = 1, #ops do
   reply[#reply + 1] = out[i][3]
   reply[#reply + 1] = text(out[i][4])
 end
+if repaired > 0 then reply[#reply + 1] = repaired end
 return reply

@@ -33,6 +33,12 @@
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns); as one string
 --          of little-endian doubles (every value an integer below 2^53, so each is exact): one
 --          bulk reply for Redis to write and the caller to read, not an integer reply per value.
+--          When the call repaired counters, one more double follows: how many.
+--
+-- A counter that holds no TAT (not a number, not finite, more than 2^62 ns ahead, or a key of
+-- another type) is a fact about that counter, not an error: it is deleted, read as absent (a
+-- full bucket) and counted in the reply, and the call goes on. A key of another type, which
+-- MGET reads as absent, is replaced when it is written.
 
 local G = 1000000000
 -- floor(x) is written x - x % 1, and a debt's whole seconds (d - d % G) / G: exact for these
@@ -40,7 +46,10 @@ local G = 1000000000
 local unpack_args, pack = struct.unpack, struct.pack
 -- Locals for the globals the loops use: a global is a table lookup at every use.
 local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
+local pcall_ = redis.pcall
 local args = ARGV[3]
+-- Counters repaired by this call.
+local repaired = 0
 
 local now_s, now_ns
 local injected = ARGV[1] ~= ''
@@ -57,6 +66,46 @@ else
   now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
 end
 
+-- The debt (TAT - now) of counter `key` that holds `v`; 0 for a value that is no TAT, which is
+-- deleted and counted.
+local function debt(key, v)
+  local len = #v
+  local d
+  if len <= 9 then
+    d = tonumber(v)
+    if d then d = d - now_ns - now_s * G end
+  else
+    local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
+    if s and ns then d = (s - now_s) * G + (ns - now_ns) end
+  end
+  -- d - d is 0 for every finite number (not NaN nor an infinity); 2^62 ns bounds every debt a
+  -- quota can leave.
+  if d and d - d == 0 and d <= 4611686018427387904 then return d end
+  call('DEL', key)
+  repaired = repaired + 1
+  return 0
+end
+
+-- Writes the TAT `tat` of `key`, expiring at its millisecond; a key of another type is replaced
+-- and counted.
+local function set(key, tat)
+  if injected then
+    call('SET', key, tat)
+    return
+  end
+  local r = pcall_('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
+  if type(r) == 'table' and r.err then
+    call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
+    repaired = repaired + 1
+  end
+end
+
+-- The reply `answer`, with the count of repaired counters after it when there is one.
+local function done(answer)
+  if repaired > 0 then return answer .. pack('<d', repaired) end
+  return answer
+end
+
 -- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
 -- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
 -- path. Its TAT write is the batch's (at the end of this script), written out again here.
@@ -71,14 +120,13 @@ if mode and mode < 4 then
   end
   local key = keys[1]
   local d = 0
-  local v = call('GET', key)
-  if v then
-    local len = #v
-    if len <= 9 then
-      d = tonumber(v) - now_ns - now_s * G
-    else
-      d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
-    end
+  local v = pcall_('GET', key)
+  if type(v) == 'table' then
+    -- A key of another type: no TAT.
+    call('DEL', key)
+    repaired = repaired + 1
+  elseif v then
+    d = debt(key, v)
     if d > tol then d = tol elseif d < 0 then d = 0 end
   end
   local new = d + c * T
@@ -88,7 +136,7 @@ if mode and mode < 4 then
     if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
     local w = new - tol
     if c > burst then w = d end
-    return pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w)
+    return done(pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w))
   end
   if c > 0 and new > 0 then
     local r = new % G
@@ -97,16 +145,12 @@ if mode and mode < 4 then
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
     if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-    if injected then
-      call('SET', key, tat)
-    else
-      call('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
-    end
+    set(key, tat)
   end
   local q = (tol - new) / T
   q = q - q % 1
   if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
-  return pack('<dddd', 0, 1, q, new)
+  return done(pack('<dddd', 0, 1, q, new))
 end
 
 -- One request of 2 to 16 plain charges (enforced, cost at least 1, no refund) on distinct
@@ -148,12 +192,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     local d = 0
     local v = stored[i]
     if v then
-      local len = #v
-      if len <= 9 then
-        d = tonumber(v) - now_ns - now_s * G
-      else
-        d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
-      end
+      d = debt(keys[i], v)
       if d > tol then d = tol elseif d < 0 then d = 0 end
     end
     -- The debt found, for a refused request's restatement below.
@@ -196,7 +235,7 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     -- The reply is made before anything is written, so that nothing is charged for a request
     -- whose answer could not be.
     local answer = pack(out, unpack(reply, 1, 1 + 3 * nk))
-    if blocked then return answer end
+    if blocked then return done(answer) end
     for i = 1, nk do
       local debt = reply[3 * i + 1]
       local r = debt % G
@@ -205,13 +244,9 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
       if ns >= G then s, ns = s + 1, ns - G end
       local tat
       if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-      if injected then
-        call('SET', keys[i], tat)
-      else
-        call('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7), 'GET')
-      end
+      set(keys[i], tat)
     end
-    return answer
+    return done(answer)
   end
 end
 
@@ -240,14 +275,7 @@ for i = 1, #keys do
   if d == nil then
     d = 0
     local v = stored[i]
-    if v then
-      local len = #v
-      if len <= 9 then
-        d = tonumber(v) - now_ns - now_s * G
-      else
-        d = (tonumber(sub(v, 1, len - 9)) - now_s) * G + (tonumber(sub(v, len - 8)) - now_ns)
-      end
-    end
+    if v then d = debt(key, v) end
     cur[key] = d
   end
   base[i] = d
@@ -519,14 +547,10 @@ for i = 1, #keys do
         end
         tat = prefix .. format('%09d', ns)
       end
-      if injected then
-        call('SET', key, tat)
-      else
-        call('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
-      end
+      set(key, tat)
     end
   end
   -- A key that KEYS names again is written here or not at all.
   cur[key] = false
 end
-return answer
+return done(answer)

@@ -25,6 +25,9 @@
 -- give: TAT' = max(TAT - n*T, now) (a refund never makes the bucket exceed its burst). A debt
 --       past the tolerance (other nodes' reservations) is kept: it is not cut to B*T first.
 --       Returns {0, debt after (ns), 0}.
+-- Either reply has a fourth value when the counter held no TAT (not a number, not finite, more
+-- than 2^62 ns ahead, or a key of another type): 1, the counter repaired. It was read as absent
+-- (a full bucket) and deleted, or overwritten by the call's write.
 
 local G = 1000000000
 local floor = math.floor
@@ -48,15 +51,32 @@ local key = KEYS[1]
 local T, tol, n, H = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
 local d = 0
-local v = redis.call('GET', key)
-if v then
+local repaired = false
+local v = redis.pcall('GET', key)
+if type(v) == 'table' then
+  repaired = true
+elseif v then
   local len = #v
   if len <= 9 then
-    d = tonumber(v) - now_ns - now_s * G
+    d = tonumber(v)
+    if d then d = d - now_ns - now_s * G end
   else
-    d = (tonumber(string.sub(v, 1, len - 9)) - now_s) * G + (tonumber(string.sub(v, len - 8)) - now_ns)
+    local s, ns = tonumber(string.sub(v, 1, len - 9)), tonumber(string.sub(v, len - 8))
+    if s and ns then d = (s - now_s) * G + (ns - now_ns) else d = nil end
   end
-  if d < 0 then d = 0 end
+  -- d - d is 0 for every finite number; 2^62 ns bounds every debt a quota can leave.
+  if not d or d - d ~= 0 or d > 4611686018427387904 then
+    d, repaired = 0, true
+  elseif d < 0 then
+    d = 0
+  end
+end
+if repaired then redis.call('DEL', key) end
+
+-- The reply, marked when the counter was repaired.
+local function reply(g, debt, wait)
+  if repaired then return { g, debt, wait, 1 } end
+  return { g, debt, wait }
 end
 
 -- Writes TAT = now + debt, to expire at the TAT's millisecond (as gcra_lean.lua); a debt of 0 is a
@@ -82,7 +102,7 @@ if ARGV[2] == 'give' then
   local back = d - n * T
   if back < 0 then back = 0 end
   if back ~= d then write(back) end
-  return { 0, back, 0 }
+  return reply(0, back, 0)
 end
 
 -- floor((tol + H - d) / T), corrected for the rounding of the division: the tokens due by now + H
@@ -95,7 +115,7 @@ end
 local g = n
 if avail < g then g = avail end
 if g <= 0 then
-  return { 0, d, d + T - tol - H }
+  return reply(0, d, d + T - tol - H)
 end
 write(d + g * T)
-return { g, d + g * T, 0 }
+return reply(g, d + g * T, 0)

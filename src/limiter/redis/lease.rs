@@ -942,19 +942,27 @@ impl RedisStore {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };
-        let parsed = reply.and_then(|r| match r.as_slice() {
-            [g, d, w] => match (int(g), int(d), int(w)) {
-                (Some(g), Some(d), Some(w)) => Ok((g, d, w)),
+        let parsed = reply.and_then(|r| {
+            // A fourth value: the counter held no TAT and was repaired.
+            let (values, repaired) = match r.as_slice() {
+                [g, d, w] => ([g, d, w], false),
+                [g, d, w, one] if int(one) == Some(1) => ([g, d, w], true),
+                _ => return Err(BackendError::Reply(format!("{r:?}"))),
+            };
+            match values.map(int) {
+                [Some(g), Some(d), Some(w)] => {
+                    self.stats.repaired(u64::from(repaired));
+                    Ok((g, d, w))
+                }
                 _ => Err(BackendError::Reply(format!("{r:?}"))),
-            },
-            _ => Err(BackendError::Reply(format!("{r:?}"))),
+            }
         });
         match &parsed {
             Ok(_) => self.breaker.success(),
             Err(e) => {
                 self.stats.error(e.kind());
                 if self.breaker.failure() {
-                    tracing::warn!(error = %e, "redis circuit breaker opened");
+                    tracing::warn!(error = %e.detail(), "redis circuit breaker opened");
                 }
             }
         }

@@ -332,11 +332,23 @@ impl RedisStore {
                 self.stats.error(e.kind());
                 Err(e)
             }
+            // Redis answered: this call's data failed, not Redis. The breaker stays as it is
+            // for every other key; the log has what Redis said.
+            Err(e) if e.is_data_error() => {
+                self.stats.error(e.kind());
+                self.breaker.success();
+                if self.stats.may_log(local_now) {
+                    tracing::warn!(error = %e.detail(), "redis could not decide one call; other calls go on");
+                }
+                Err(e)
+            }
             Err(e) => {
                 self.stats.error(e.kind());
                 self.connector.failed(&e);
                 if self.breaker.failure() {
-                    tracing::warn!(error = %e, cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
+                    tracing::warn!(error = %e.detail(), cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
+                } else if self.stats.may_log(local_now) {
+                    tracing::warn!(error = %e.detail(), "redis call failed");
                 }
                 Err(e)
             }
@@ -399,13 +411,19 @@ impl RedisStore {
             .invoke_async(conn)
             .await
             .map_err(|e| classify(e, self.config.timeout))?;
-        match (lean, reply) {
-            (true, Value::BulkString(reply)) => parse_lean(&reply, &[idx.len()])?
-                .pop()
-                .ok_or_else(|| BackendError::Reply("an empty reply".into())),
-            (false, Value::Array(reply)) => parse(&reply, idx.len()),
-            (_, reply) => Err(BackendError::Reply(format!("{reply:?}"))),
-        }
+        let (answer, repairs) = match (lean, reply) {
+            (true, Value::BulkString(reply)) => {
+                let (mut answers, repairs) = parse_lean(&reply, &[idx.len()])?;
+                let answer = answers
+                    .pop()
+                    .ok_or_else(|| BackendError::Reply("an empty reply".into()))?;
+                (answer, repairs)
+            }
+            (false, Value::Array(reply)) => parse(&reply, idx.len())?,
+            (_, reply) => return Err(BackendError::Reply(format!("{reply:?}"))),
+        };
+        self.stats.repaired(repairs);
+        Ok(answer)
     }
 
     /// Adds the counters of `ops` to a script call's keys, in order.
@@ -596,20 +614,29 @@ fn classify(e: RedisError, timeout: Duration) -> BackendError {
     }
 }
 
-/// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`.
-fn parse(reply: &[Value], n: usize) -> Result<(bool, Vec<Outcome>), BackendError> {
+/// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`, then
+/// the counters it repaired when there were any (else 0).
+fn parse(reply: &[Value], n: usize) -> Result<(Answer, u64), BackendError> {
     let bad = || BackendError::Reply(format!("{reply:?}"));
-    if reply.len() != 2 + 3 * n {
-        return Err(bad());
-    }
+    let repairs = match reply.len().checked_sub(2 + 3 * n) {
+        Some(0) => 0,
+        Some(1) => int(&reply[2 + 3 * n]).ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
     let blocked = int(&reply[0]).ok_or_else(bad)? == 1;
-    Ok((blocked, outcomes(&reply[2..], n).ok_or_else(bad)?))
+    Ok((
+        (blocked, outcomes(&reply[2..], n).ok_or_else(bad)?),
+        repairs,
+    ))
 }
+
+/// One request's answer from a script: whether it was blocked, and each op's outcome.
+type Answer = (bool, Vec<Outcome>);
 
 /// Reads `gcra_lean.lua`'s reply to a batch of requests of `sizes` ops each: little-endian
 /// doubles, per request `blocked, then per op: admitted, remaining, wait`, each an integer below
-/// 2^53.
-fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>, BackendError> {
+/// 2^53; then, when the call repaired counters, how many (else 0).
+fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<(Vec<Answer>, u64), BackendError> {
     let values = sizes.iter().map(|n| 1 + 3 * n).sum::<usize>();
     let bad = |what: &str| {
         BackendError::Reply(format!(
@@ -617,9 +644,11 @@ fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>
             reply.len()
         ))
     };
-    if reply.len() != 8 * values {
-        return Err(bad("a wrong length"));
-    }
+    let repaired = match reply.len().checked_sub(8 * values) {
+        Some(0) => false,
+        Some(8) => true,
+        _ => return Err(bad("a wrong length")),
+    };
     let mut doubles = reply.chunks_exact(8).map(|b| {
         let x = f64::from_le_bytes(<[u8; 8]>::try_from(b).ok()?);
         // Every value is an integer in 0..2^53, which a double holds exactly.
@@ -645,7 +674,8 @@ fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<Vec<(bool, Vec<Outcome>)>
         }
         out.push((blocked, outcomes));
     }
-    Ok(out)
+    let repairs = if repaired { next()? } else { 0 };
+    Ok((out, repairs))
 }
 
 /// `n` outcomes from `admitted, remaining, wait` triples.
@@ -721,7 +751,8 @@ mod tests {
         let doubles = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let big = (EXACT_DOUBLE - 1) as f64;
         let reply = doubles(&[1.0, 1.0, 4.0, 250.0, 0.0, 7.0, big, 0.0, 0.0, 3.0, 0.0]);
-        let got = parse_lean(&reply, &[2, 1]).unwrap();
+        let (got, repairs) = parse_lean(&reply, &[2, 1]).unwrap();
+        assert_eq!(repairs, 0);
         let outcome = |admitted, remaining, wait| Outcome {
             admitted,
             remaining,
@@ -738,12 +769,18 @@ mod tests {
                 (false, vec![outcome(false, 3, 0)]),
             ]
         );
+        // One more value: the counters the call repaired.
+        let mut repaired = reply.clone();
+        repaired.extend(doubles(&[2.0]));
+        assert_eq!(parse_lean(&repaired, &[2, 1]).unwrap(), (got, 2));
         // A reply of another length, a negative, fractional or inexact value: an error naming the
-        // problem, never a guess.
+        // problem (in the log's detail), never a guess.
         assert!(parse_lean(&reply[..80], &[2, 1]).is_err());
+        repaired.extend(doubles(&[0.0]));
+        assert!(parse_lean(&repaired, &[2, 1]).is_err());
         for bad in [-1.0, 0.5, EXACT_DOUBLE as f64, f64::NAN, f64::INFINITY] {
             let reply = doubles(&[0.0, 1.0, bad, 0.0]);
-            let err = parse_lean(&reply, &[1]).unwrap_err().to_string();
+            let err = parse_lean(&reply, &[1]).unwrap_err().detail();
             assert!(err.contains("not an integer"), "{bad}: {err}");
         }
     }

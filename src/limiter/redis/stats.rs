@@ -14,6 +14,9 @@ pub(super) struct RedisStats {
     round_trips: AtomicU64,
     requests: AtomicU64,
     cache_hits: AtomicU64,
+    repairs: AtomicU64,
+    /// Clock nanoseconds of the last failure logged, plus one (0: none yet).
+    logged_at: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     latency: LatencyHistogram,
 }
@@ -27,6 +30,9 @@ pub struct RedisFigures {
     pub requests: u64,
     /// Requests refused from the local over-limit cache.
     pub cache_hits: u64,
+    /// Counters found holding no TAT (not a number, or a key of another type), read as absent
+    /// and rewritten by the scripts.
+    pub counter_repairs: u64,
     /// Failed calls of each kind.
     pub errors: [(ErrorKind, u64); ErrorKind::ALL.len()],
     /// Whether a connection is established.
@@ -51,6 +57,34 @@ impl RedisStats {
         self.cache_hits.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counters a script call found holding no TAT and repaired: a fact about those keys (a
+    /// shared Redis, a key-prefix collision, a hand-made write), logged, never an error.
+    pub(super) fn repaired(&self, n: u64) {
+        if n > 0 {
+            self.repairs.fetch_add(n, Ordering::Relaxed);
+            tracing::warn!(
+                counters = n,
+                "redis counters held no valid TAT; read as absent (a full bucket) and rewritten"
+            );
+        }
+    }
+
+    /// Whether a failed call at `now` (clock nanoseconds) may be logged: one a second at most,
+    /// so that a failing Redis cannot flood the log from the request path.
+    pub(super) fn may_log(&self, now: u64) -> bool {
+        let last = self.logged_at.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_add(1).saturating_sub(last) >= 1_000_000_000)
+            && self
+                .logged_at
+                .compare_exchange(
+                    last,
+                    now.saturating_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
     pub(super) fn error(&self, kind: ErrorKind) {
         self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
@@ -64,6 +98,7 @@ impl RedisStats {
             round_trips: self.round_trips.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            counter_repairs: self.repairs.load(Ordering::Relaxed),
             errors: ErrorKind::ALL.map(|k| (k, self.errors[k.index()].load(Ordering::Relaxed))),
             connected,
             breaker,
