@@ -22,7 +22,7 @@
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary; [`allocator`]: the global
 //!   allocator the binaries declare.
 //! - [`tls`]: the gRPC port's TLS: rustls on ring, certificates reloaded when their files
-//!   change, mTLS.
+//!   change, mTLS, and every served certificate's expiry logged and published.
 //! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
 //!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
 //!   comparisons, with the SVG chart. Never serves.
@@ -49,6 +49,9 @@ pub mod app;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod decision;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzz;
 pub(crate) mod histogram;
 pub mod lab;
 pub mod limiter;

@@ -95,7 +95,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 30] = [
+const FAMILIES: [(&str, Kind, &str); 31] = [
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -162,6 +162,11 @@ const FAMILIES: [(&str, Kind, &str); 30] = [
         "Requests refused from the local over-limit cache.",
     ),
     (
+        crate::tls::NOT_AFTER_METRIC,
+        Kind::Gauge,
+        "When each served TLS certificate stops being valid (notAfter), in Unix seconds; certificate = grpc or redis_client.",
+    ),
+    (
         REDIS_COUNTER_REPAIRS,
         Kind::Counter,
         "Redis counters found holding no valid TAT (not a number, or a key of another type), read as absent and rewritten.",
@@ -218,7 +223,7 @@ const FAMILIES: [(&str, Kind, &str); 30] = [
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 11] = [
+const RECORDED: [&str; 12] = [
     TOTAL_HITS,
     OVER_LIMIT,
     NEAR_LIMIT,
@@ -230,6 +235,7 @@ const RECORDED: [&str; 11] = [
     DECISIONS,
     POLICY_RELOADS,
     BUILD_INFO,
+    crate::tls::NOT_AFTER_METRIC,
 ];
 
 /// A request's result, as `sluice_decisions_total{result}` counts it.

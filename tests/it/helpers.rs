@@ -396,6 +396,10 @@ pub struct Process {
     /// Holds the policies and the config until the process is gone.
     _dir: tempfile::TempDir,
     child: std::process::Child,
+    /// The log lines after "serving" (JSON), as they arrive.
+    log: std::sync::mpsc::Receiver<serde_json::Value>,
+    /// The log lines up to and including "serving".
+    pub startup: Vec<serde_json::Value>,
 }
 
 impl Process {
@@ -427,24 +431,50 @@ impl Process {
             .spawn()
             .expect("run sluice serve");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let mut startup = Vec::new();
         let (grpc, admin) = loop {
             let line = lines
                 .next()
                 .expect("sluice exited before serving")
                 .expect("log");
             let event: serde_json::Value = serde_json::from_str(&line).expect("json log");
+            startup.push(event.clone());
             if event["message"] == "serving" {
                 let addr = |k: &str| event[k].as_str().expect(k).parse().expect(k);
                 break (addr("grpc"), addr("admin"));
             }
         };
-        // Drained so that the process never blocks on a full pipe.
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        // Read as they come, so that the process never blocks on a full pipe.
+        let (send, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let Ok(event) = serde_json::from_str(&line) else {
+                    continue;
+                };
+                if send.send(event).is_err() {
+                    break;
+                }
+            }
+        });
         Self {
             grpc,
             admin,
             _dir: dir,
             child,
+            log,
+            startup,
+        }
+    }
+
+    /// The first log line after "serving" with the message `message`, waiting at most `within`.
+    pub fn logged(&self, message: &str, within: std::time::Duration) -> Option<serde_json::Value> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            let event = self.log.recv_timeout(left).ok()?;
+            if event["message"] == message {
+                return Some(event);
+            }
         }
     }
 }

@@ -278,3 +278,216 @@ async fn a_key_that_does_not_match_the_certificate_stops_the_start() {
     let body = key.lines().nth(1).unwrap();
     assert!(!err.contains(body));
 }
+
+/// A self-signed certificate for localhost valid from `start` to `end` (`YYYYMMDDHHMMSSZ`), as
+/// `name.crt` and `name.key` in `dir` (`openssl ca`, which alone takes both dates).
+fn dated_cert(dir: &Path, name: &str, start: &str, end: &str) {
+    let ca = dir.join(format!("{name}-ca"));
+    std::fs::create_dir_all(&ca).unwrap();
+    std::fs::write(ca.join("index.txt"), "").unwrap();
+    std::fs::write(ca.join("serial"), "01\n").unwrap();
+    std::fs::write(
+        ca.join("ca.cnf"),
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n\
+         default_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n[ext]\n\
+         subjectAltName = DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    let key = dir.join(format!("{name}.key"));
+    let crt = dir.join(format!("{name}.crt"));
+    let (key, crt) = (key.to_str().unwrap(), crt.to_str().unwrap());
+    openssl(
+        &ca,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            "r.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        &ca,
+        &[
+            "ca",
+            "-batch",
+            "-notext",
+            "-selfsign",
+            "-config",
+            "ca.cnf",
+            "-extensions",
+            "ext",
+            "-keyfile",
+            key,
+            "-in",
+            "r.csr",
+            "-out",
+            crt,
+            "-startdate",
+            start,
+            "-enddate",
+            end,
+        ],
+    );
+}
+
+/// `sluice serve` as a process of its own, serving `name.crt`/`name.key` of `dir` on the gRPC
+/// port: its log and its metrics are its own.
+fn serve_tls(dir: &Path, name: &str) -> crate::helpers::Process {
+    crate::helpers::Process::start(
+        &[("test.yaml", POLICY)],
+        &format!(
+            "grpc:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+            dir.join(format!("{name}.crt")).display(),
+            dir.join(format!("{name}.key")).display()
+        ),
+    )
+}
+
+/// The gauge of a served certificate's end, from the server's `/metrics`.
+async fn not_after(admin: std::net::SocketAddr) -> Option<f64> {
+    crate::helpers::metric(
+        admin,
+        "sluice_tls_certificate_not_after_timestamp_seconds{certificate=\"grpc\"}",
+    )
+    .await
+}
+
+/// Starting on an expired pair, or on one that is not valid yet, logs an error naming the
+/// date; one that ends within 14 days, a warning; each served certificate's end is a gauge.
+#[tokio::test]
+async fn a_certificate_out_of_its_dates_is_logged_at_error_with_its_gauge() {
+    if openssl_missing("a_certificate_out_of_its_dates_is_logged_at_error_with_its_gauge") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    dated_cert(dir.path(), "old", "20200101000000Z", "20200102000000Z");
+    dated_cert(dir.path(), "future", "20990101000000Z", "20990102000000Z");
+    make_certs(dir.path());
+    let cases = [
+        (
+            "old",
+            "ERROR",
+            "TLS certificate has expired: peers that verify it refuse the connection",
+            1_577_923_200.0,
+        ),
+        (
+            "future",
+            "ERROR",
+            "TLS certificate is not valid yet: peers that verify it refuse the connection",
+            4_070_995_200.0,
+        ),
+    ];
+    for (name, level, message, end) in cases {
+        let p = serve_tls(dir.path(), name);
+        let line = p
+            .startup
+            .iter()
+            .find(|e| e["message"] == message)
+            .unwrap_or_else(|| panic!("{name}: {:?}", p.startup));
+        assert_eq!(line["level"], level, "{name}");
+        assert_eq!(line["certificate"], "grpc");
+        assert_eq!(not_after(p.admin).await, Some(end), "{name}");
+    }
+    // make_certs' pair ends in 2 days.
+    let p = serve_tls(dir.path(), "server");
+    let soon = p
+        .startup
+        .iter()
+        .find(|e| e["message"] == "TLS certificate expires within 14 days")
+        .unwrap_or_else(|| panic!("{:?}", p.startup));
+    assert_eq!(soon["level"], "WARN");
+    assert!(not_after(p.admin).await.unwrap() > 1.0e9);
+}
+
+/// A rotation to an expired pair is refused like a bad PEM: logged at error, the served pair
+/// kept (its gauge too). A certificate file deleted from under the server is logged at warn
+/// and the served pair stays; a good pair written back is loaded.
+#[tokio::test]
+async fn a_rotation_to_an_expired_pair_keeps_the_served_one() {
+    if openssl_missing("a_rotation_to_an_expired_pair_keeps_the_served_one") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    make_certs(dir.path());
+    dated_cert(dir.path(), "old", "20200101000000Z", "20200102000000Z");
+    let p = serve_tls(dir.path(), "server");
+    let served = not_after(p.admin).await.unwrap();
+    let within = Duration::from_secs(10);
+    let (crt, key) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+    let good = (std::fs::read(&crt).unwrap(), std::fs::read(&key).unwrap());
+    std::fs::copy(dir.path().join("old.key"), &key).unwrap();
+    std::fs::copy(dir.path().join("old.crt"), &crt).unwrap();
+    let refused = p
+        .logged(
+            "new gRPC TLS certificate has expired; not loaded, keeping the served one",
+            within,
+        )
+        .expect("the refusal is logged");
+    assert_eq!(refused["level"], "ERROR");
+    assert_eq!(refused["not_after"], "2020-01-02T00:00:00Z");
+    assert_eq!(not_after(p.admin).await, Some(served));
+    assert_eq!(call_over_tls(p.grpc, &dir.path().join("ca.crt")).await, "0");
+    std::fs::remove_file(&crt).unwrap();
+    let gone = p
+        .logged(
+            "gRPC TLS certificate or key unusable on disk; keeping the served pair",
+            within,
+        )
+        .expect("the missing file is logged");
+    assert_eq!(gone["level"], "WARN");
+    assert!(
+        gone["problem"].as_str().unwrap().contains("server.crt"),
+        "{gone}"
+    );
+    assert_eq!(call_over_tls(p.grpc, &dir.path().join("ca.crt")).await, "0");
+    std::fs::write(&key, &good.1).unwrap();
+    std::fs::write(&crt, &good.0).unwrap();
+    assert!(p.logged("gRPC TLS certificate reloaded", within).is_some());
+}
+
+/// The Redis client certificate is judged the same way when its files are read: expired, an
+/// error at start-up and its gauge, whether or not Redis can be reached.
+#[tokio::test]
+async fn an_expired_redis_client_certificate_is_logged_at_error_with_its_gauge() {
+    if openssl_missing("an_expired_redis_client_certificate_is_logged_at_error_with_its_gauge") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    dated_cert(dir.path(), "old", "20200101000000Z", "20200102000000Z");
+    let port = crate::helpers::free_port();
+    let p = crate::helpers::Process::start(
+        &[("test.yaml", POLICY)],
+        &format!(
+            "backend: redis\nredis:\n  url: rediss://127.0.0.1:{port}\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+            dir.path().join("old.crt").display(),
+            dir.path().join("old.key").display()
+        ),
+    );
+    let line = p
+        .startup
+        .iter()
+        .find(|e| {
+            e["message"]
+                == "TLS certificate has expired: peers that verify it refuse the connection"
+        })
+        .unwrap_or_else(|| panic!("{:?}", p.startup));
+    assert_eq!(line["level"], "ERROR");
+    assert_eq!(line["certificate"], "redis_client");
+    assert_eq!(
+        crate::helpers::metric(
+            p.admin,
+            "sluice_tls_certificate_not_after_timestamp_seconds{certificate=\"redis_client\"}"
+        )
+        .await,
+        Some(1_577_923_200.0)
+    );
+}

@@ -140,6 +140,10 @@ pub(super) struct Connector {
     timeout: Duration,
     /// With Redis Sentinel: the sentinels that name the master (single-node mode only).
     pub(super) sentinel: Option<Box<Sentinels>>,
+    /// The client certificate's expiry, judged each time the files are read.
+    client_expiry: crate::tls::Expiry,
+    /// A fingerprint of the client certificate last judged as new.
+    client_seen: std::sync::Mutex<u64>,
 }
 
 impl Connector {
@@ -226,6 +230,8 @@ impl Connector {
             connect_timeout: config.connect_timeout,
             timeout: config.timeout,
             sentinel: None,
+            client_expiry: crate::tls::Expiry::new("redis_client"),
+            client_seen: std::sync::Mutex::new(0),
         };
         let material = connector.material()?;
         if let Some(sentinel) = &config.sentinel {
@@ -246,7 +252,11 @@ impl Connector {
         let certs = if self.tls.ca_file.is_some() || self.tls.cert_file.is_some() {
             let root_cert = self.tls.ca_file.as_deref().map(read_ca).transpose()?;
             let client_tls = match (&self.tls.cert_file, &self.tls.key_file) {
-                (Some(cert), Some(key)) => Some(read_client(cert, key)?),
+                (Some(cert), Some(key)) => {
+                    let (config, leaf) = read_client(cert, key)?;
+                    self.judge_client(cert, &leaf);
+                    Some(config)
+                }
                 _ => None,
             };
             Some(TlsCertificates {
@@ -262,6 +272,24 @@ impl Connector {
             (None, None) => None,
         };
         Ok(Material { certs, password })
+    }
+
+    /// Judges the client certificate's expiry: as a new certificate (logged, its end published)
+    /// when its bytes changed since the last read, else as the one in use (logged once a day
+    /// while it ends soon or has expired).
+    fn judge_client(&self, path: &Path, leaf: &[u8]) {
+        let now = crate::tls::expiry::now();
+        let print = xxhash_rust::xxh3::xxh3_64(leaf);
+        let fresh = self
+            .client_seen
+            .lock()
+            .map(|mut seen| std::mem::replace(&mut *seen, print) != print)
+            .unwrap_or(true);
+        if fresh {
+            self.client_expiry.loaded(path, leaf, now);
+        } else {
+            self.client_expiry.served(path, leaf, now);
+        }
     }
 
     /// A node's connection info with the credentials set.
@@ -406,9 +434,14 @@ fn read_ca(path: &Path) -> Result<Vec<u8>, ConnectError> {
 }
 
 /// The client certificate and key, checked to belong together.
-fn read_client(cert_path: &Path, key_path: &Path) -> Result<ClientTlsConfig, ConnectError> {
+/// Returns them with the first certificate of the chain (its own), in DER.
+fn read_client(
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<(ClientTlsConfig, CertificateDer<'static>), ConnectError> {
     let client_cert = read("tls.cert_file", cert_path)?;
     let chain = certificates("tls.cert_file", cert_path, &client_cert)?;
+    let leaf = chain[0].clone();
     let (client_key, key) = read_key(key_path)?;
     rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
@@ -423,10 +456,13 @@ fn read_client(cert_path: &Path, key_path: &Path) -> Result<ClientTlsConfig, Con
                 cert_path.display()
             ),
         })?;
-    Ok(ClientTlsConfig {
-        client_cert,
-        client_key,
-    })
+    Ok((
+        ClientTlsConfig {
+            client_cert,
+            client_key,
+        },
+        leaf,
+    ))
 }
 
 /// The key file: its bytes and its one private key.

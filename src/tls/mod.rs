@@ -13,7 +13,14 @@
 //!   be replaced (symlink swaps, renames, copies within one second) and costs two small reads. A
 //!   new pair that does not load (bad PEM, a key that does not match) is logged at error once and
 //!   the old pair stays in service; at start-up the same failure is an error naming the setting
-//!   and the file.
+//!   and the file. A file deleted or emptied from under the server (an unmounted Secret) is
+//!   logged at warn, once, and the old pair stays.
+//! - **Expiry** ([`expiry`]). A pair that has expired or is not valid yet is logged at error,
+//!   at start-up (it is served: there is no other) and on rotation, where an expired pair is
+//!   refused like a bad PEM, the old pair staying in service, and a pair not valid yet is served
+//!   (it becomes valid by itself; the pair it replaces may expire first). A served pair within
+//!   [`expiry::WARN_WITHIN`] of its end is logged at warn once a day, and each served
+//!   certificate's end is the gauge [`NOT_AFTER_METRIC`].
 //! - **What it does not do.** The CA file and the required SAN are read once, at start-up; the
 //!   admin port stays plain HTTP.
 
@@ -34,6 +41,10 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConf
 use tokio_util::sync::CancellationToken;
 
 use crate::settings::GrpcTls;
+
+pub mod expiry;
+
+pub use expiry::{Expiry, NOT_AFTER_METRIC, Standing};
 
 /// How often the certificate and key files are re-read.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
@@ -120,12 +131,16 @@ impl ServerTls {
     pub fn load(settings: &GrpcTls) -> Result<Self, TlsError> {
         let provider = ring();
         let (pair, seen) = load_pair(&settings.cert_file, &settings.key_file, &provider)?;
+        let expiry = Expiry::new("grpc");
+        expiry.loaded(&settings.cert_file, &pair.cert[0], expiry::now());
         let certs = Arc::new(Certs {
             current: ArcSwap::from_pointee(pair),
             seen: std::sync::Mutex::new(seen),
+            missing: std::sync::Mutex::new(None),
             cert_file: settings.cert_file.clone(),
             key_file: settings.key_file.clone(),
             provider: Arc::clone(&provider),
+            expiry,
         });
         let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -186,9 +201,12 @@ struct Certs {
     /// A fingerprint of the files' bytes last tried, so an unchanged pair is not parsed again
     /// and a broken one is logged once.
     seen: std::sync::Mutex<u64>,
+    /// Why the files could not be read at the last try (gone, empty), so it is logged once.
+    missing: std::sync::Mutex<Option<String>>,
     cert_file: PathBuf,
     key_file: PathBuf,
     provider: Arc<CryptoProvider>,
+    expiry: Expiry,
 }
 
 impl fmt::Debug for Certs {
@@ -207,19 +225,35 @@ impl ResolvesServerCert for Certs {
 }
 
 impl Certs {
-    /// Loads the pair when the files' bytes changed since the last try.
+    /// Loads the pair when the files' bytes changed since the last try, and judges the served
+    /// certificate's expiry again.
     fn reload(&self) {
-        let (cert, key) = match (
-            std::fs::read(&self.cert_file),
-            std::fs::read(&self.key_file),
-        ) {
+        let now = expiry::now();
+        self.expiry
+            .served(&self.cert_file, &self.current.load().cert[0], now);
+        let read = |path: &Path| match std::fs::read(path) {
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
+                Err(format!("{} is empty", path.display()))
+            }
+            Ok(bytes) => Ok(bytes),
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let (cert, key) = match (read(&self.cert_file), read(&self.key_file)) {
             (Ok(c), Ok(k)) => (c, k),
-            (Err(e), _) | (_, Err(e)) => {
-                // Mid-swap, or gone: the old pair stays; a lasting problem shows at restart.
-                tracing::debug!(error = %e, "cannot read the gRPC certificate or key; keeping the served pair");
+            (Err(why), _) | (_, Err(why)) => {
+                // Gone or emptied (an unmounted Secret), or caught mid-swap: the old pair stays.
+                if let Ok(mut missing) = self.missing.lock()
+                    && missing.as_deref() != Some(why.as_str())
+                {
+                    tracing::warn!(problem = %why, "gRPC TLS certificate or key unusable on disk; keeping the served pair");
+                    *missing = Some(why);
+                }
                 return;
             }
         };
+        if let Ok(mut missing) = self.missing.lock() {
+            *missing = None;
+        }
         let print = fingerprint(&cert, &key);
         let Ok(mut seen) = self.seen.lock() else {
             return;
@@ -229,9 +263,21 @@ impl Certs {
         }
         *seen = print;
         match parse_pair(&self.cert_file, &cert, &self.key_file, &key, &self.provider) {
+            Ok(pair)
+                if expiry::validity(&pair.cert[0]).map(|v| v.at(now))
+                    == Some(Standing::Expired) =>
+            {
+                let not_after = expiry::validity(&pair.cert[0]).map_or(0, |v| v.not_after);
+                tracing::error!(
+                    cert_file = %self.cert_file.display(),
+                    not_after = %expiry::date(not_after),
+                    "new gRPC TLS certificate has expired; not loaded, keeping the served one"
+                );
+            }
             Ok(pair) => {
-                self.current.store(Arc::new(pair));
                 tracing::info!(cert_file = %self.cert_file.display(), "gRPC TLS certificate reloaded");
+                self.expiry.loaded(&self.cert_file, &pair.cert[0], now);
+                self.current.store(Arc::new(pair));
             }
             Err(e) => {
                 tracing::error!(error = %e, "new gRPC TLS certificate not loaded; keeping the served one")
