@@ -772,3 +772,54 @@ async fn the_store_never_exceeds_max_keys() {
         Code::OverLimit as i32
     );
 }
+
+/// Why the probes use gRPC health: slow clients holding every admin connection make
+/// `/healthcheck` unreachable (a liveness probe there would restart a healthy pod), while the
+/// gRPC health service, on the port and under the cap Envoy's own calls use, still answers.
+#[tokio::test]
+async fn grpc_health_answers_while_slow_clients_hold_the_admin_port() {
+    let s = TestServer::start_with(&[("h.yaml", &policy("health-starved", &[("a", 1)]))], |s| {
+        s.admin.max_connections = 2;
+        s.admin.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    // The probe as a kubelet sends it: refused (reset or closed) while the cap is held.
+    let probe = |admin| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut answer = Vec::new();
+        if let Ok(mut c) = tokio::net::TcpStream::connect(admin).await {
+            let _ = c
+                .write_all(
+                    b"GET /healthcheck HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            let read = c.read_to_end(&mut answer);
+            let _ = tokio::time::timeout(Duration::from_millis(500), read).await;
+        }
+        answer.starts_with(b"HTTP/1.1 200")
+    };
+    assert!(probe(s.admin).await, "answered while the cap is free");
+    // Two clients that connect and never send a request head hold the admin port's cap.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(tokio::net::TcpStream::connect(s.admin).await.unwrap());
+    }
+    let admin = s.admin;
+    let starved = eventually(
+        Duration::from_secs(5),
+        || async move { !probe(admin).await },
+    )
+    .await;
+    assert!(starved, "the admin port's cap is held");
+    let mut health = s.health().await;
+    let status = health
+        .check(HealthCheckRequest {
+            service: "ratelimit".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+    drop(held);
+}
