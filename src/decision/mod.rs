@@ -235,7 +235,7 @@ impl Decider {
                     (OnBackendError::Deny, _) => Batch::fallback(&plan.ops, false),
                     (OnBackendError::Local, Some(local)) => {
                         if let Some(n) = local.enter() {
-                            tracing::warn!(fleet_size = n, reason = %e, "redis cannot decide; counting locally at rate/N with burst ceil(B/N)");
+                            tracing::warn!(fleet_size = n, reason = %e.detail(), "redis cannot decide; counting locally at rate/N with burst ceil(B/N)");
                         }
                         local.check(&plan.ops)
                     }

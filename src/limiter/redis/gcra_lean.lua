@@ -48,8 +48,13 @@ local unpack_args, pack = struct.unpack, struct.pack
 local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
 local pcall_ = redis.pcall
 local args = ARGV[3]
--- Counters repaired by this call.
+-- Counters repaired by this call. Where a stored value is read, a TAT is told from anything else
+-- inline: a closure or a global lookup costs more than the check itself. A reply of
+-- `redis.pcall` is false (nil), a string, or a table with `err`; indexing a string with `err`
+-- gives nil.
 local repaired = 0
+-- 2^62 ns bounds every debt a quota can leave; `d - d == 0` holds for every finite number.
+local MAX_DEBT = 4611686018427387904
 
 local now_s, now_ns
 local injected = ARGV[1] ~= ''
@@ -64,46 +69,6 @@ if injected then
 else
   local t = call('TIME')
   now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
-end
-
--- The debt (TAT - now) of counter `key` that holds `v`; 0 for a value that is no TAT, which is
--- deleted and counted.
-local function debt(key, v)
-  local len = #v
-  local d
-  if len <= 9 then
-    d = tonumber(v)
-    if d then d = d - now_ns - now_s * G end
-  else
-    local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
-    if s and ns then d = (s - now_s) * G + (ns - now_ns) end
-  end
-  -- d - d is 0 for every finite number (not NaN nor an infinity); 2^62 ns bounds every debt a
-  -- quota can leave.
-  if d and d - d == 0 and d <= 4611686018427387904 then return d end
-  call('DEL', key)
-  repaired = repaired + 1
-  return 0
-end
-
--- Writes the TAT `tat` of `key`, expiring at its millisecond; a key of another type is replaced
--- and counted.
-local function set(key, tat)
-  if injected then
-    call('SET', key, tat)
-    return
-  end
-  local r = pcall_('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
-  if type(r) == 'table' and r.err then
-    call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
-    repaired = repaired + 1
-  end
-end
-
--- The reply `answer`, with the count of repaired counters after it when there is one.
-local function done(answer)
-  if repaired > 0 then return answer .. pack('<d', repaired) end
-  return answer
 end
 
 -- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
@@ -121,13 +86,23 @@ if mode and mode < 4 then
   local key = keys[1]
   local d = 0
   local v = pcall_('GET', key)
-  if type(v) == 'table' then
-    -- A key of another type: no TAT.
-    call('DEL', key)
-    repaired = repaired + 1
-  elseif v then
-    d = debt(key, v)
-    if d > tol then d = tol elseif d < 0 then d = 0 end
+  if v then
+    if v.err then
+      d = nil -- a key of another type
+    else
+      local len = #v
+      if len <= 9 then
+        d = tonumber(v)
+        if d then d = d - now_ns - now_s * G end
+      else
+        local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
+        d = s and ns and (s - now_s) * G + (ns - now_ns)
+      end
+    end
+    if not d or d - d ~= 0 or d > MAX_DEBT then
+      call('DEL', key)
+      d, repaired = 0, 1
+    elseif d > tol then d = tol elseif d < 0 then d = 0 end
   end
   local new = d + c * T
   if c > burst or new > tol then
@@ -136,7 +111,9 @@ if mode and mode < 4 then
     if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
     local w = new - tol
     if c > burst then w = d end
-    return done(pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w))
+    local answer = pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w)
+    if repaired > 0 then return answer .. pack('<d', repaired) end
+    return answer
   end
   if c > 0 and new > 0 then
     local r = new % G
@@ -145,12 +122,20 @@ if mode and mode < 4 then
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
     if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-    set(key, tat)
+    -- The GET above found a string or nothing (a key of another type was deleted), so this
+    -- SET ... GET cannot meet one.
+    if injected then
+      call('SET', key, tat)
+    else
+      call('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
+    end
   end
   local q = (tol - new) / T
   q = q - q % 1
   if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
-  return done(pack('<dddd', 0, 1, q, new))
+  local answer = pack('<dddd', 0, 1, q, new)
+  if repaired > 0 then return answer .. pack('<d', repaired) end
+  return answer
 end
 
 -- One request of 2 to 16 plain charges (enforced, cost at least 1, no refund) on distinct
@@ -192,8 +177,18 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     local d = 0
     local v = stored[i]
     if v then
-      d = debt(keys[i], v)
-      if d > tol then d = tol elseif d < 0 then d = 0 end
+      local len = #v
+      if len <= 9 then
+        d = tonumber(v)
+        if d then d = d - now_ns - now_s * G end
+      else
+        local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
+        d = s and ns and (s - now_s) * G + (ns - now_ns)
+      end
+      if not d or d - d ~= 0 or d > MAX_DEBT then
+        call('DEL', keys[i])
+        d, repaired = 0, repaired + 1
+      elseif d > tol then d = tol elseif d < 0 then d = 0 end
     end
     -- The debt found, for a refused request's restatement below.
     stored[i] = d
@@ -235,7 +230,10 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
     -- The reply is made before anything is written, so that nothing is charged for a request
     -- whose answer could not be.
     local answer = pack(out, unpack(reply, 1, 1 + 3 * nk))
-    if blocked then return done(answer) end
+    if blocked then
+      if repaired > 0 then return answer .. pack('<d', repaired) end
+      return answer
+    end
     for i = 1, nk do
       local debt = reply[3 * i + 1]
       local r = debt % G
@@ -244,9 +242,19 @@ if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
       if ns >= G then s, ns = s + 1, ns - G end
       local tat
       if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-      set(keys[i], tat)
+      if injected then
+        call('SET', keys[i], tat)
+      else
+        local r = pcall_('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7), 'GET')
+        -- A key of another type (MGET reads it as none) is replaced, and counted.
+        if r and r.err then
+          call('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7))
+          repaired = repaired + 1
+        end
+      end
     end
-    return done(answer)
+    if repaired > 0 then return answer .. pack('<d', repaired) end
+    return answer
   end
 end
 
@@ -275,7 +283,20 @@ for i = 1, #keys do
   if d == nil then
     d = 0
     local v = stored[i]
-    if v then d = debt(key, v) end
+    if v then
+      local len = #v
+      if len <= 9 then
+        d = tonumber(v)
+        if d then d = d - now_ns - now_s * G end
+      else
+        local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
+        d = s and ns and (s - now_s) * G + (ns - now_ns)
+      end
+      if not d or d - d ~= 0 or d > MAX_DEBT then
+        call('DEL', key)
+        d, repaired = 0, repaired + 1
+      end
+    end
     cur[key] = d
   end
   base[i] = d
@@ -547,10 +568,20 @@ for i = 1, #keys do
         end
         tat = prefix .. format('%09d', ns)
       end
-      set(key, tat)
+      if injected then
+        call('SET', key, tat)
+      else
+        local r = pcall_('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
+        -- A key of another type (MGET reads it as none) is replaced, and counted.
+        if r and r.err then
+          call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
+          repaired = repaired + 1
+        end
+      end
     end
   end
   -- A key that KEYS names again is written here or not at all.
   cur[key] = false
 end
-return done(answer)
+if repaired > 0 then return answer .. pack('<d', repaired) end
+return answer

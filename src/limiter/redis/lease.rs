@@ -959,6 +959,11 @@ impl RedisStore {
         });
         match &parsed {
             Ok(_) => self.breaker.success(),
+            // Redis answered: this counter's data failed, not Redis (as `check_batch`).
+            Err(e) if e.is_data_error() => {
+                self.stats.error(e.kind());
+                self.breaker.success();
+            }
             Err(e) => {
                 self.stats.error(e.kind());
                 if self.breaker.failure() {
