@@ -80,6 +80,16 @@ impl RedisProcess {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// What `redis-cli` prints for `args` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -788,14 +798,7 @@ async fn stored_counters_expire_at_their_tat() {
     assert!(node.figures().slices > 0, "{:?}", node.figures());
     node.close().await;
     assert!(node.figures().tokens_returned > 0, "{:?}", node.figures());
-    let cli = |args: &[&str]| {
-        let out = Command::new("redis-cli")
-            .args(["-p", &redis.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let cli = |args: &[&str]| redis.cli(args);
     let keys: Vec<String> = cli(&["--scan", "--pattern", "ttl:*"])
         .lines()
         .map(str::to_owned)
@@ -1159,14 +1162,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
     settings.timeout = Duration::from_secs(2);
     let store = open(settings.clone());
     connected(&store).await;
-    let cli = |args: &[&str]| {
-        let out = Command::new("redis-cli")
-            .args(["-p", &redis.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let cli = |args: &[&str]| redis.cli(args).trim().to_string();
     let name = |key: u128| format!("bad:{key:032x}");
     let corrupt = |key: u128, how: &[&str]| {
         let key = name(key);
@@ -1287,14 +1283,7 @@ async fn a_server_answers_every_key_while_one_counter_is_corrupt() {
     }
     let redis = RedisProcess::start();
     let s = redis_server(&redis.url(), OnBackendError::Error).await;
-    let cli = |args: &[&str]| {
-        let out = Command::new("redis-cli")
-            .args(["-p", &redis.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let cli = |args: &[&str]| redis.cli(args).trim().to_string();
     let before = cli(&["--scan"]);
     s.call(single("shared", "k", "victim")).await.unwrap();
     // The key that call wrote (its counter), made garbage before each round.

@@ -352,6 +352,14 @@ fn serve_tls(dir: &Path, name: &str) -> crate::helpers::Process {
     )
 }
 
+/// The line logged before "serving" with `message`.
+fn at_start<'a>(p: &'a crate::helpers::Process, message: &str) -> &'a serde_json::Value {
+    p.startup
+        .iter()
+        .find(|e| e["message"] == message)
+        .unwrap_or_else(|| panic!("{message:?} not in {:?}", p.startup))
+}
+
 /// The gauge of a served certificate's end, from the server's `/metrics`.
 async fn not_after(admin: std::net::SocketAddr) -> Option<f64> {
     crate::helpers::metric(
@@ -388,22 +396,14 @@ async fn a_certificate_out_of_its_dates_is_logged_at_error_with_its_gauge() {
     ];
     for (name, level, message, end) in cases {
         let p = serve_tls(dir.path(), name);
-        let line = p
-            .startup
-            .iter()
-            .find(|e| e["message"] == message)
-            .unwrap_or_else(|| panic!("{name}: {:?}", p.startup));
+        let line = at_start(&p, message);
         assert_eq!(line["level"], level, "{name}");
         assert_eq!(line["certificate"], "grpc");
         assert_eq!(not_after(p.admin).await, Some(end), "{name}");
     }
     // make_certs' pair ends in 2 days.
     let p = serve_tls(dir.path(), "server");
-    let soon = p
-        .startup
-        .iter()
-        .find(|e| e["message"] == "TLS certificate expires within 14 days")
-        .unwrap_or_else(|| panic!("{:?}", p.startup));
+    let soon = at_start(&p, "TLS certificate expires within 14 days");
     assert_eq!(soon["level"], "WARN");
     assert!(not_after(p.admin).await.unwrap() > 1.0e9);
 }
@@ -472,14 +472,10 @@ async fn an_expired_redis_client_certificate_is_logged_at_error_with_its_gauge()
             dir.path().join("old.key").display()
         ),
     );
-    let line = p
-        .startup
-        .iter()
-        .find(|e| {
-            e["message"]
-                == "TLS certificate has expired: peers that verify it refuse the connection"
-        })
-        .unwrap_or_else(|| panic!("{:?}", p.startup));
+    let line = at_start(
+        &p,
+        "TLS certificate has expired: peers that verify it refuse the connection",
+    );
     assert_eq!(line["level"], "ERROR");
     assert_eq!(line["certificate"], "redis_client");
     assert_eq!(
