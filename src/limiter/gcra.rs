@@ -114,14 +114,16 @@ impl Quota {
     /// This quota's share for one of `n` nodes counting apart: rate/n with burst ceil(B/n), that
     /// is emission interval `T·n` and burst `ceil(B/n)` (at least 1). A ban stays a ban, and
     /// `n` ≤ 1 changes nothing. Where `T·n·ceil(B/n)` would pass [`MAX_TOLERANCE`] (a bucket of
-    /// more than 146 years) the interval is capped so that it does not.
+    /// more than 146 years) the burst is cut so that it does not, the rate staying rate/n: a
+    /// share is never looser than written. Only an interval `T·n` itself past 146 years is
+    /// capped there, with a burst of 1.
     #[must_use]
     pub fn scaled(&self, n: u64) -> Self {
         if self.is_ban() || n <= 1 {
             return *self;
         }
-        let burst = self.burst.div_ceil(n).max(1);
-        let interval = self.interval.saturating_mul(n).min(MAX_TOLERANCE / burst);
+        let interval = self.interval.saturating_mul(n).min(MAX_TOLERANCE);
+        let burst = self.burst.div_ceil(n).min(MAX_TOLERANCE / interval).max(1);
         Self {
             interval,
             burst,
@@ -344,6 +346,13 @@ mod tests {
         assert!(s.interval() >= q.interval());
         // And the math stays in range on it.
         assert!(decide(&s, 0, 1, 1).admitted);
+        // A bucket that would pass the cap keeps the rate/n and gives up burst instead.
+        // T = 31,536 s, B = 146,235: B·T just under the cap, ceil(B/10)·10·T just over it.
+        let wide = Quota::new(year, 1_000, 146_235).unwrap();
+        let s = wide.scaled(10);
+        assert_eq!(s.interval(), 10 * wide.interval(), "rate/n exactly");
+        assert_eq!(s.burst(), 14_623, "ceil(B/10) = 14,624, cut to fit");
+        assert!(s.tolerance() <= MAX_TOLERANCE);
     }
 
     #[test]
