@@ -16,7 +16,8 @@
 //! Each request carries two descriptors, `[user=u<k>]` and `[client=c<j>]`, with `k` and `j`
 //! drawn independently and uniformly from `0..keys`: `2 × keys` counters in all. With
 //! `--descriptors 1` it carries the `user` one alone, so that the two runs give what a further
-//! descriptor costs.
+//! descriptor costs. With `--key-offset N` they are drawn from `N..N + keys` instead, so that
+//! successive runs (the soak, `benches/soak.py`) can move to values the server has not seen.
 //!
 //! ```sh
 //! cargo run --release --example loadgen -- --addr 127.0.0.1:8081 -c 10 -m 10 --keys 100000
@@ -43,6 +44,8 @@ struct Args {
     seconds: f64,
     warm_up: f64,
     keys: usize,
+    /// The first key drawn: values are `key_offset..key_offset + keys`.
+    key_offset: usize,
     /// 2: `user` and `client`; 1: `user` alone.
     descriptors: usize,
     rate: Option<f64>,
@@ -57,6 +60,7 @@ fn parse_args() -> Result<Args, String> {
         seconds: 5.0,
         warm_up: 1.0,
         keys: 100_000,
+        key_offset: 0,
         descriptors: 2,
         rate: None,
         domain: "bench".into(),
@@ -75,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
             "-D" | "--seconds" => args.seconds = value.parse().map_err(|e| bad(&e))?,
             "--warm-up" => args.warm_up = value.parse().map_err(|e| bad(&e))?,
             "--keys" => args.keys = value.parse().map_err(|e| bad(&e))?,
+            "--key-offset" => args.key_offset = value.parse().map_err(|e| bad(&e))?,
             "--descriptors" => args.descriptors = value.parse().map_err(|e| bad(&e))?,
             "--rate" => args.rate = Some(value.parse().map_err(|e| bad(&e))?),
             "--domain" => args.domain = value,
@@ -83,6 +88,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.connections == 0 || args.streams == 0 || args.keys == 0 || args.seconds <= 0.0 {
         return Err("connections, streams, keys and seconds must be positive".into());
+    }
+    if args.key_offset.checked_add(args.keys).is_none() {
+        return Err("--key-offset plus --keys must fit in a usize".into());
     }
     if !(1..=2).contains(&args.descriptors) {
         return Err("--descriptors must be 1 (user) or 2 (user and client)".into());
@@ -489,6 +497,7 @@ fn unpadded(p: &[u8], flags: u8) -> Result<&[u8], String> {
 struct Shared {
     domain: Vec<u8>,
     keys: usize,
+    key_offset: usize,
     descriptors: usize,
     streams: usize,
     interval: Option<Duration>,
@@ -622,13 +631,21 @@ async fn drive(
             descriptor_field(
                 &mut message,
                 b"user",
-                decimal(&mut digits, b'u', rng.below(shared.keys)),
+                decimal(
+                    &mut digits,
+                    b'u',
+                    shared.key_offset + rng.below(shared.keys),
+                ),
             );
             if shared.descriptors == 2 {
                 descriptor_field(
                     &mut message,
                     b"client",
-                    decimal(&mut digits, b'c', rng.below(shared.keys)),
+                    decimal(
+                        &mut digits,
+                        b'c',
+                        shared.key_offset + rng.below(shared.keys),
+                    ),
                 );
             }
             let body = 5 + message.len();
@@ -747,6 +764,7 @@ async fn run(args: Args) -> Result<(Tally, f64, bool), Box<dyn std::error::Error
     let shared = Arc::new(Shared {
         domain: args.domain.into_bytes(),
         keys: args.keys,
+        key_offset: args.key_offset,
         descriptors: args.descriptors,
         streams: args.streams,
         // Each call slot sends one call per `interval` when paced.
