@@ -1312,3 +1312,25 @@ async fn a_server_answers_every_key_while_one_counter_is_corrupt() {
         Some(0.0)
     );
 }
+
+/// What reaches a client when Redis refuses a call is in the product's words: no Redis error
+/// text (which can quote script lines), only what failed; the log has Redis's own.
+#[tokio::test]
+async fn a_refused_call_reaches_the_client_in_the_products_words() {
+    if redis_missing("a_refused_call_reaches_the_client_in_the_products_words") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let s = redis_server(&redis.url(), OnBackendError::Error).await;
+    // Every write refused: "OOM command not allowed when used memory > 'maxmemory'".
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let status = s
+        .call(single("shared", "k", "refused"))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(status.message(), "redis refused the rate-limit call");
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(s.call(single("shared", "k", "refused")).await.is_ok());
+}
