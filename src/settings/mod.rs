@@ -116,20 +116,9 @@ pub struct GrpcLimits {
     pub max_connection_age_grace: Duration,
 }
 
-/// TLS on the gRPC port: the files it is loaded from (and reloaded from when they change).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GrpcTls {
-    /// The server's certificate chain (PEM).
-    pub cert_file: PathBuf,
-    /// Its private key (PEM).
-    pub key_file: PathBuf,
-    /// With mTLS, the CA certificates (PEM) client certificates must chain to.
-    pub client_ca_file: Option<PathBuf>,
-    /// With mTLS, a DNS name client certificates must carry as a subject alternative name.
-    pub client_san: Option<String>,
-    /// Longest a connection may take to complete its handshake.
-    pub handshake_timeout: Duration,
-}
+/// TLS on the gRPC port: the files it is loaded from (and reloaded from when they change). The
+/// `tls` module owns the type; settings only fill it in.
+pub use crate::tls::TlsFiles as GrpcTls;
 
 /// Bounds on the admin port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

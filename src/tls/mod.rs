@@ -40,11 +40,25 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::settings::GrpcTls;
 
 pub mod expiry;
 
 pub use expiry::{Expiry, NOT_AFTER_METRIC, Standing};
+
+/// What the gRPC port's TLS is loaded from (and reloaded from when the files change).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (PEM).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// With mTLS, the CA certificates (PEM) client certificates must chain to.
+    pub client_ca_file: Option<PathBuf>,
+    /// With mTLS, a DNS name client certificates must carry as a subject alternative name.
+    pub client_san: Option<String>,
+    /// Longest a connection may take to complete its handshake.
+    pub handshake_timeout: Duration,
+}
 
 /// How often the certificate and key files are re-read.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
@@ -128,7 +142,7 @@ impl ServerTls {
     /// # Errors
     ///
     /// [`TlsError`] naming the setting and the file that cannot be used.
-    pub fn load(settings: &GrpcTls) -> Result<Self, TlsError> {
+    pub fn load(settings: &TlsFiles) -> Result<Self, TlsError> {
         let provider = ring();
         let (pair, seen) = load_pair(&settings.cert_file, &settings.key_file, &provider)?;
         let expiry = Expiry::new("grpc");
