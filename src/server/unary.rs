@@ -182,6 +182,10 @@ struct Messages {
 impl Messages {
     fn feed(&mut self, mut data: Bytes) -> Result<(), Status> {
         while !data.is_empty() {
+            // Any byte past the first message begins a second one: refused before it is read.
+            if self.first.is_some() {
+                return Err(Status::internal(TOO_MANY_REQUESTS));
+            }
             if self.partial.is_empty()
                 && let Some(len) = prefix(&data, self.max)?
                 && data.len() >= PREFIX + len
@@ -189,7 +193,7 @@ impl Messages {
                 // The whole message is in this frame: no copy.
                 data.advance(PREFIX);
                 let message = data.split_to(len);
-                self.message(message)?;
+                self.first = Some(message);
                 continue;
             }
             let want = match prefix(&self.partial, self.max)? {
@@ -202,7 +206,7 @@ impl Messages {
                 if self.partial.len() == PREFIX + len {
                     let mut message = self.partial.split().freeze();
                     message.advance(PREFIX);
-                    self.message(message)?;
+                    self.first = Some(message);
                 } else {
                     self.partial.reserve(PREFIX + len - self.partial.len());
                 }
@@ -210,17 +214,9 @@ impl Messages {
         }
         Ok(())
     }
-
-    fn message(&mut self, message: Bytes) -> Result<(), Status> {
-        if self.first.is_some() {
-            return Err(Status::internal(TOO_MANY_REQUESTS));
-        }
-        self.first = Some(message);
-        Ok(())
-    }
 }
 
-/// Reads a unary call's body to its end and returns its first message.
+/// Reads a unary call's body to its end and returns its one message.
 async fn read_message(body: Incoming, max: usize) -> Result<Bytes, Status> {
     let mut body = pin!(body);
     let mut messages = Messages {
@@ -387,10 +383,10 @@ mod tests {
         let err = messages(64).feed(Bytes::from(body)).unwrap_err();
         assert_eq!(err.code(), Code::Internal);
         assert_eq!(err.message(), TOO_MANY_REQUESTS);
-        // Also when the second arrives in a frame of its own.
+        // Also when the second arrives in a frame of its own, from its first byte on.
         let mut m = messages(64);
         m.feed(Bytes::from(framed(0, &request("first")))).unwrap();
-        let err = m.feed(Bytes::from(framed(0, &[]))).unwrap_err();
+        let err = m.feed(Bytes::from_static(&[0])).unwrap_err();
         assert_eq!(err.code(), Code::Internal);
     }
 
