@@ -40,7 +40,6 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig};
 use tokio_util::sync::CancellationToken;
 
-
 pub mod expiry;
 
 pub use expiry::{Expiry, NOT_AFTER_METRIC, Standing};
