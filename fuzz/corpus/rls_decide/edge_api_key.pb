@@ -1,0 +1,6 @@
+
+edge#
+
+generic_keyapi
+
+api_keyk1

@@ -1,0 +1,4 @@
+
+edge 
+
+remote_address203.0.113.66

@@ -1,0 +1,4 @@
+
+edge"
+
+remote_address10.0.0.5 

@@ -1,0 +1,6 @@
+
+edge
+
+path/api/v1/export
+
+path/login/x

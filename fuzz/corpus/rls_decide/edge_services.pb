@@ -1,0 +1,6 @@
+
+edge
+
+serviceimporter
+
+servicehealthcheck

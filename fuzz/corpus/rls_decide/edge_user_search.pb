@@ -1,0 +1,12 @@
+
+edge
+
+
+useru1
+
+routesearch
+
+
+useru1
+
+routeitem

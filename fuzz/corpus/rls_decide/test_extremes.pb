@@ -1,0 +1,10 @@
+
+test-domain
+	
+fastx€Ð¬ó
+
+slowabc
+
+bannedb
+
+whitelistedw

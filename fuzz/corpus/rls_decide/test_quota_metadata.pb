@@ -1,0 +1,11 @@
+
+test-domain
+
+service	service_1
+
+unspecv
+	
+accta
+
+
+router

@@ -1,0 +1,12 @@
+
+test-domain
+
+categoryaccount
+
+foof
+
+barbkthomps
+
+foof
+
+bazshady
