@@ -33,6 +33,13 @@ for t in "${targets[@]}"; do
 done
 echo "fuzz: built in $((SECONDS - build_start)) s"
 
+# What went wrong, from a libFuzzer log: the input, the panic and its message, the verdict.
+explain() {
+    grep -E '^Running: ' "$1" | tail -n 1
+    grep -E -A 1 'panicked at' "$1" || true
+    grep -E 'ERROR: libFuzzer|SUMMARY|Test unit written' "$1" || tail -n 30 "$1"
+}
+
 failed=0
 for t in "${targets[@]}"; do
     # Saved crashes first: libFuzzer runs each file given to it once.
@@ -44,7 +51,7 @@ for t in "${targets[@]}"; do
             echo "fuzz: $t: regressions ok (${#regressions[@]} inputs)"
         else
             echo "fuzz: $t: REGRESSION FAILED (fuzz/target/$t.regressions.log)"
-            tail -n 30 "fuzz/target/$t.regressions.log"
+            explain "fuzz/target/$t.regressions.log"
             failed=1
         fi
     fi
@@ -61,7 +68,7 @@ for t in "${targets[@]}"; do
     cov="$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -n 1)"
     echo "fuzz: $t: $status in ${took} s, ${execs:-?} execs, ${cov:-no coverage line}"
     if [ "$status" != ok ]; then
-        grep -E 'panicked at|ERROR: libFuzzer|SUMMARY|Test unit written' "$log" || tail -n 30 "$log"
+        explain "$log"
         failed=1
     fi
 done

@@ -70,8 +70,9 @@ impl<'de> Deserialize<'de> for Number {
                     .map_err(|_| E::custom("must not be negative"))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
-                // Only whole numbers in range; truncation is guarded by the checks.
-                if v.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&v) {
+                // Only whole numbers in range; truncation is guarded by the checks. The bound is
+                // 2^64, excluded: `u64::MAX as f64` rounds up to it.
+                if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
                     Ok(Number(v as u64))
                 } else {
                     Err(E::custom("must be a whole number"))
@@ -257,6 +258,8 @@ mod tests {
             &br#"{"domain":"d","descriptor":[]}"#[..],
             br#"{"domain":"d","hitsAddend":-1}"#,
             br#"{"domain":"d","hitsAddend":5000000000}"#,
+            // 2^64 as a JSON number (a double), one past the largest u64.
+            br#"{"domain":"d","descriptors":[{"entries":[],"hitsAddend":18446744073709551616.0}]}"#,
             br#"{"domain":"d","descriptors":[{"entries":[],"limit":{"unit":"WEEK"}}]}"#,
             b"not json",
             b"",
