@@ -27,7 +27,7 @@ than `--rss-bound-mib` (default 16 MiB), or the open fds by more than `--fd-boun
     cargo build --release --locked --bin sluice --example loadgen
     python3 benches/soak.py --short --out target/soak/short.csv     # about 26 s
     # CI: the debug build the tests made, at a pace it keeps
-    python3 benches/soak.py --short --rate 1000 --bin target/debug/sluice \
+    python3 benches/soak.py --short --rate 1000 --rss-bound-mib 64 --bin target/debug/sluice \
         --loadgen target/debug/examples/loadgen --out target/soak/short.csv
     python3 benches/soak.py --duration 600 --out target/soak/soak.csv
 
