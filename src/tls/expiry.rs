@@ -100,6 +100,12 @@ impl Expiry {
             .set(v.not_after as f64);
         let standing = v.at(now);
         self.report(file, v, standing, true);
+        // The periodic check says it again a day from now, not at its next tick.
+        if standing != Standing::Valid
+            && let Ok(mut warned) = self.warned.lock()
+        {
+            *warned = Some(Instant::now());
+        }
         Some(standing)
     }
 
