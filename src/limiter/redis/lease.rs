@@ -959,16 +959,8 @@ impl RedisStore {
         });
         match &parsed {
             Ok(_) => self.breaker.success(),
-            // Redis answered: this counter's data failed, not Redis (as `check_batch`).
-            Err(e) if e.is_data_error() => {
-                self.stats.error(e.kind());
-                self.breaker.success();
-            }
             Err(e) => {
-                self.stats.error(e.kind());
-                if self.breaker.failure() {
-                    tracing::warn!(error = %e.detail(), "redis circuit breaker opened");
-                }
+                self.failed(e, self.clock.now());
             }
         }
         parsed

@@ -332,27 +332,34 @@ impl RedisStore {
                 self.stats.error(e.kind());
                 Err(e)
             }
-            // Redis answered: this call's data failed, not Redis. The breaker stays as it is
-            // for every other key; the log has what Redis said.
-            Err(e) if e.is_data_error() => {
-                self.stats.error(e.kind());
-                self.breaker.success();
-                if self.stats.may_log(local_now) {
-                    tracing::warn!(error = %e.detail(), "redis could not decide one call; other calls go on");
-                }
-                Err(e)
-            }
             Err(e) => {
-                self.stats.error(e.kind());
-                self.connector.failed(&e);
-                if self.breaker.failure() {
-                    tracing::warn!(error = %e.detail(), cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
-                } else if self.stats.may_log(local_now) {
-                    tracing::warn!(error = %e.detail(), "redis call failed");
+                if self.failed(&e, local_now) {
+                    self.connector.failed(&e);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// Counts a failed call (at clock nanoseconds `now`) and tells the breaker. An error about
+    /// the call's data means Redis answered: the breaker stays closed for every other key. Any
+    /// other error counts towards opening it. The log gets what Redis said, at most once a
+    /// second, and when the breaker opens. Returns whether Redis itself failed.
+    fn failed(&self, e: &BackendError, now: u64) -> bool {
+        self.stats.error(e.kind());
+        if e.is_data_error() {
+            self.breaker.success();
+            if self.stats.may_log(now) {
+                tracing::warn!(error = %e.detail(), "redis could not decide one call; other calls go on");
+            }
+            return false;
+        }
+        if self.breaker.failure() {
+            tracing::warn!(error = %e.detail(), cooldown_ms = self.config.breaker_cooldown.as_millis(), "redis circuit breaker opened");
+        } else if self.stats.may_log(now) {
+            tracing::warn!(error = %e.detail(), "redis call failed");
+        }
+        true
     }
 
     async fn run(&self, ops: &[Op], now: Option<u64>) -> Result<Batch, BackendError> {
