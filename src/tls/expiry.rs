@@ -73,8 +73,16 @@ pub fn now() -> i64 {
 #[derive(Debug)]
 pub struct Expiry {
     certificate: &'static str,
-    /// When the last "ends soon" warning was logged.
-    warned: Mutex<Option<Instant>>,
+    judged: Mutex<Judged>,
+}
+
+/// What an [`Expiry`] last saw.
+#[derive(Debug, Default)]
+struct Judged {
+    /// A fingerprint of the certificate last judged (0: none yet).
+    print: u64,
+    /// When the last periodic report was logged.
+    warned: Option<Instant>,
 }
 
 impl Expiry {
@@ -83,70 +91,63 @@ impl Expiry {
     pub const fn new(certificate: &'static str) -> Self {
         Self {
             certificate,
-            warned: Mutex::new(None),
+            judged: Mutex::new(Judged {
+                print: 0,
+                warned: None,
+            }),
         }
     }
 
-    /// Judges a chain just loaded from `file` at `now`: logs an expired or not yet valid one at
-    /// `error`, one that ends soon at `warn` (once a day), and publishes its end. Returns its
-    /// standing, or `None` when its validity cannot be read.
-    pub fn loaded(&self, file: &Path, der: &[u8], now: i64) -> Option<Standing> {
-        let Some(v) = validity(der) else {
-            tracing::warn!(certificate = self.certificate, file = %file.display(), "cannot read the certificate's validity; its expiry is not watched");
-            return None;
+    /// Judges the certificate `der`, served from `file`, at `now`. One not judged before (at
+    /// start-up, after a rotation) has its end published, and is logged at `error` when expired
+    /// or not yet valid, at `warn` when it ends soon. The one judged before (a periodic check)
+    /// is logged again at most once a day while it is not plainly valid.
+    pub fn judge(&self, file: &Path, der: &[u8], now: i64) {
+        let print = xxhash_rust::xxh3::xxh3_64(der);
+        let Ok(mut judged) = self.judged.lock() else {
+            return;
         };
-        // f64: a gauge's type; Unix seconds are exact in it for 285 million years.
-        metrics::gauge!(NOT_AFTER_METRIC, "certificate" => self.certificate)
-            .set(v.not_after as f64);
+        let fresh = std::mem::replace(&mut judged.print, print) != print;
+        let Some(v) = validity(der) else {
+            if fresh {
+                tracing::warn!(certificate = self.certificate, file = %file.display(), "cannot read the certificate's validity; its expiry is not watched");
+            }
+            return;
+        };
+        if fresh {
+            // f64: a gauge's type; Unix seconds are exact in it for 285 million years.
+            metrics::gauge!(NOT_AFTER_METRIC, "certificate" => self.certificate)
+                .set(v.not_after as f64);
+        }
         let standing = v.at(now);
-        self.report(file, v, standing, true);
-        // The periodic check says it again a day from now, not at its next tick.
-        if standing != Standing::Valid
-            && let Ok(mut warned) = self.warned.lock()
-        {
-            *warned = Some(Instant::now());
+        if standing == Standing::Valid {
+            return;
         }
-        Some(standing)
-    }
-
-    /// Judges the served certificate again at `now` (a periodic check): `error` once it has
-    /// expired, `warn` while it ends soon; each at most once a day.
-    pub fn served(&self, file: &Path, der: &[u8], now: i64) {
-        if let Some(v) = validity(der) {
-            self.report(file, v, v.at(now), false);
+        // A new certificate is reported at once; then once a day.
+        let due = fresh || judged.warned.is_none_or(|at| at.elapsed() >= DAY);
+        if due {
+            judged.warned = Some(Instant::now());
+            self.report(file, v, standing);
         }
     }
 
-    fn report(&self, file: &Path, v: Validity, standing: Standing, fresh: bool) {
+    fn report(&self, file: &Path, v: Validity, standing: Standing) {
         let (file, not_before, not_after) = (file.display(), date(v.not_before), date(v.not_after));
         match standing {
             Standing::Valid => {}
-            Standing::Expired if fresh || self.due() => tracing::error!(
+            Standing::Expired => tracing::error!(
                 certificate = self.certificate, file = %file, %not_after,
                 "TLS certificate has expired: peers that verify it refuse the connection"
             ),
-            Standing::NotYetValid if fresh || self.due() => tracing::error!(
+            Standing::NotYetValid => tracing::error!(
                 certificate = self.certificate, file = %file, %not_before,
                 "TLS certificate is not valid yet: peers that verify it refuse the connection"
             ),
-            Standing::EndsSoon if self.due() => tracing::warn!(
+            Standing::EndsSoon => tracing::warn!(
                 certificate = self.certificate, file = %file, %not_after,
                 "TLS certificate expires within {} days", WARN_WITHIN.as_secs() / 86_400
             ),
-            _ => {}
         }
-    }
-
-    /// Whether a day has passed since the last periodic report (taking it when so).
-    fn due(&self) -> bool {
-        let Ok(mut warned) = self.warned.lock() else {
-            return false;
-        };
-        let due = warned.is_none_or(|at| at.elapsed() >= DAY);
-        if due {
-            *warned = Some(Instant::now());
-        }
-        due
     }
 }
 

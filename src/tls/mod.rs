@@ -145,7 +145,7 @@ impl ServerTls {
         let provider = ring();
         let (pair, seen) = load_pair(&settings.cert_file, &settings.key_file, &provider)?;
         let expiry = Expiry::new("grpc");
-        expiry.loaded(&settings.cert_file, &pair.cert[0], expiry::now());
+        expiry.judge(&settings.cert_file, &pair.cert[0], expiry::now());
         let certs = Arc::new(Certs {
             current: ArcSwap::from_pointee(pair),
             seen: std::sync::Mutex::new(seen),
@@ -243,7 +243,7 @@ impl Certs {
     fn reload(&self) {
         let now = expiry::now();
         self.expiry
-            .served(&self.cert_file, &self.current.load().cert[0], now);
+            .judge(&self.cert_file, &self.current.load().cert[0], now);
         let read = |path: &Path| match std::fs::read(path) {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
                 Err(format!("{} is empty", path.display()))
@@ -276,22 +276,18 @@ impl Certs {
         }
         *seen = print;
         match parse_pair(&self.cert_file, &cert, &self.key_file, &key, &self.provider) {
-            Ok(pair)
-                if expiry::validity(&pair.cert[0]).map(|v| v.at(now))
-                    == Some(Standing::Expired) =>
-            {
-                let not_after = expiry::validity(&pair.cert[0]).map_or(0, |v| v.not_after);
-                tracing::error!(
+            Ok(pair) => match expiry::validity(&pair.cert[0]) {
+                Some(v) if v.at(now) == Standing::Expired => tracing::error!(
                     cert_file = %self.cert_file.display(),
-                    not_after = %expiry::date(not_after),
+                    not_after = %expiry::date(v.not_after),
                     "new gRPC TLS certificate has expired; not loaded, keeping the served one"
-                );
-            }
-            Ok(pair) => {
-                tracing::info!(cert_file = %self.cert_file.display(), "gRPC TLS certificate reloaded");
-                self.expiry.loaded(&self.cert_file, &pair.cert[0], now);
-                self.current.store(Arc::new(pair));
-            }
+                ),
+                _ => {
+                    tracing::info!(cert_file = %self.cert_file.display(), "gRPC TLS certificate reloaded");
+                    self.expiry.judge(&self.cert_file, &pair.cert[0], now);
+                    self.current.store(Arc::new(pair));
+                }
+            },
             Err(e) => {
                 tracing::error!(error = %e, "new gRPC TLS certificate not loaded; keeping the served one")
             }

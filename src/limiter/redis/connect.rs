@@ -142,8 +142,6 @@ pub(super) struct Connector {
     pub(super) sentinel: Option<Box<Sentinels>>,
     /// The client certificate's expiry, judged each time the files are read.
     client_expiry: crate::tls::Expiry,
-    /// A fingerprint of the client certificate last judged as new.
-    client_seen: std::sync::Mutex<u64>,
 }
 
 impl Connector {
@@ -231,7 +229,6 @@ impl Connector {
             timeout: config.timeout,
             sentinel: None,
             client_expiry: crate::tls::Expiry::new("redis_client"),
-            client_seen: std::sync::Mutex::new(0),
         };
         let material = connector.material()?;
         if let Some(sentinel) = &config.sentinel {
@@ -254,7 +251,8 @@ impl Connector {
             let client_tls = match (&self.tls.cert_file, &self.tls.key_file) {
                 (Some(cert), Some(key)) => {
                     let (config, leaf) = read_client(cert, key)?;
-                    self.judge_client(cert, &leaf);
+                    self.client_expiry
+                        .judge(cert, &leaf, crate::tls::expiry::now());
                     Some(config)
                 }
                 _ => None,
@@ -272,24 +270,6 @@ impl Connector {
             (None, None) => None,
         };
         Ok(Material { certs, password })
-    }
-
-    /// Judges the client certificate's expiry: as a new certificate (logged, its end published)
-    /// when its bytes changed since the last read, else as the one in use (logged once a day
-    /// while it ends soon or has expired).
-    fn judge_client(&self, path: &Path, leaf: &[u8]) {
-        let now = crate::tls::expiry::now();
-        let print = xxhash_rust::xxh3::xxh3_64(leaf);
-        let fresh = self
-            .client_seen
-            .lock()
-            .map(|mut seen| std::mem::replace(&mut *seen, print) != print)
-            .unwrap_or(true);
-        if fresh {
-            self.client_expiry.loaded(path, leaf, now);
-        } else {
-            self.client_expiry.served(path, leaf, now);
-        }
     }
 
     /// A node's connection info with the credentials set.
