@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Load benchmark of the whole server: builds the release binary, a transport-floor build of it
-# (--features bench-floor: decode, answer OK, decide nothing) and the many-keys load generator,
-# then runs benches/load/run.py, which pins the server to core 0 and the load to core 1, drives
-# ShouldRateLimit with h2load (pre-framed gRPC POSTs) and with the generator, checks every run's
-# answers against the server's own counters, and prints decisions/s and p50/p99/p99.9.
+# Load benchmark of the whole server: builds the release binary, the transport floor (the
+# `floor` example: a default tonic server that decodes, answers OK, decides nothing) and the
+# many-keys load generator, then runs benches/load/run.py, which pins the server to core 0 and
+# the load to core 1, drives ShouldRateLimit with h2load (pre-framed gRPC POSTs) and with the
+# generator, checks every run's answers against the server's own counters, and prints
+# decisions/s and p50/p99/p99.9.
 #
 #   benches/load.sh                      # needs h2load (Debian: nghttp2-client); redis-server optional
 #   DURATION=10 ROUNDS=5 benches/load.sh
@@ -23,11 +24,9 @@ if [ -n "${LOADBENCH_BIN:-}" ] && [ -n "${LOADBENCH_FLOOR_BIN:-}" ] && [ -n "${L
     cp "$LOADBENCH_LOADGEN_BIN" "$bins/loadgen"
 else
     echo "== building release binaries: the server, its transport floor, the load generator" >&2
-    cargo build --release --locked --quiet --bin sluice --features bench-floor
-    cp target/release/sluice "$bins/sluice-floor"
-    cargo build --release --locked --quiet --bin sluice
+    cargo build --release --locked --quiet --bin sluice --example floor --example loadgen
     cp target/release/sluice "$bins/sluice"
-    cargo build --release --locked --quiet --example loadgen
+    cp target/release/examples/floor "$bins/sluice-floor"
     cp target/release/examples/loadgen "$bins/loadgen"
 fi
 

@@ -22,12 +22,8 @@ use crate::limiter::{
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
-#[cfg(feature = "bench-floor")]
-use crate::server;
-#[cfg(not(feature = "bench-floor"))]
 use crate::server::GrpcRoutes;
 use crate::server::admin::{self, AdminState};
-#[cfg(not(feature = "bench-floor"))]
 use crate::server::listener::GrpcConnections;
 use crate::server::listener::{self, Incoming};
 use crate::server::{Health, rls::RateLimitHandler};
@@ -75,10 +71,6 @@ pub enum ServeError {
     /// It returned although nothing asked it to stop.
     #[error("stopped unexpectedly")]
     Stopped,
-    /// The bench-floor build's tonic server failed.
-    #[cfg(feature = "bench-floor")]
-    #[error(transparent)]
-    Floor(#[from] tonic::transport::Error),
 }
 
 impl From<std::convert::Infallible> for ServeError {
@@ -276,18 +268,6 @@ impl App {
             backend: backend.clone(),
             policies: policies.clone(),
         };
-        #[cfg(feature = "bench-floor")]
-        let mut grpc = {
-            let _ = &tls;
-            tokio::spawn(server::bench_floor(
-                grpc_listener,
-                RateLimitHandler::new(decider),
-                health_service,
-                settings.max_request_bytes,
-                stop.clone(),
-            ))
-        };
-        #[cfg(not(feature = "bench-floor"))]
         let mut grpc = {
             let limits = settings.grpc;
             let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);

@@ -1,6 +1,6 @@
 //! Thin public wrappers over crate-private entry points, for the fuzz targets in `fuzz/` only:
-//! the gRPC adapter's answer to a decoded `ShouldRateLimit` request (`server::rls`) and the
-//! `/json` body's parser and renderer (`server::json`), which are internal to the crate.
+//! the gRPC adapter's answer to a decoded `ShouldRateLimit` request (`server::rls`), and the
+//! `/json` body's parser and renderer (`wire::json`) under the names the targets use.
 //!
 //! Compiled only under `--cfg fuzzing`, which `cargo fuzz` passes; the server, the binaries and
 //! the documentation never see it. Nothing here parses, converts or decides anything itself.
@@ -14,10 +14,10 @@ use crate::limiter::{Backend, ManualClock, MemoryStore};
 use crate::metrics::Metrics;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::policy::PolicyHandle;
-use crate::server::json;
 use crate::server::rls::RateLimitHandler;
+use crate::wire::json;
 
-/// `server::json::parse`: a `/json` body as a decision request, or why it is refused.
+/// `wire::json::parse`: a `/json` body as a decision request, or why it is refused.
 ///
 /// # Errors
 ///
@@ -26,7 +26,7 @@ pub fn json_parse(body: &[u8]) -> Result<Request, String> {
     json::parse(body).map_err(|e| e.to_string())
 }
 
-/// `server::json::render`: a decision as the `/json` answer's body.
+/// `wire::json::render`: a decision as the `/json` answer's body.
 #[must_use]
 pub fn json_render(decision: &Decision) -> serde_json::Value {
     json::render(decision)

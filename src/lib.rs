@@ -65,3 +65,4 @@ pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod wire;

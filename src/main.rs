@@ -12,9 +12,6 @@ use sluice::probe::{self, ProbeConfig};
 use sluice::settings::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs, Settings};
 use sluice::{shutdown, telemetry};
 
-// The bench-floor build keeps the system allocator: the load benchmark's reference is a default
-// tonic server, as it was before the allocator was chosen.
-#[cfg(not(feature = "bench-floor"))]
 #[global_allocator]
 static ALLOCATOR: sluice::allocator::Allocator = sluice::allocator::ALLOCATOR;
 

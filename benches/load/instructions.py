@@ -4,7 +4,7 @@ other load on the machine does not move. Runs each given server build under
 `valgrind --tool=callgrind`, zeroes the counters once it is healthy, drives it with h2load (a fixed
 count of hot-key calls) and with loadgen (two descriptors over 100,000 keys, for a fixed time),
 dumps, and divides the instructions by the decisions the server itself counted (by the calls the
-driver saw answered for a bench-floor build, which decides nothing and counts no decision).
+driver saw answered for the floor example, which decides nothing and counts no decision).
 
     python3 benches/load/instructions.py --loadgen LOADGEN NAME=BIN [NAME=BIN ...]
 

@@ -4,8 +4,8 @@
 Starts the server pinned to core 0 and drives it from core 1, with h2load for the fixed-body
 scenarios and the `loadgen` example for the many-keys one. Every line it prints is checked
 against the server's own counters: no gRPC errors, and the answers a scenario must give (OK
-and OVER_LIMIT in the proportion the policy implies). The transport floor (the same server
-built with --features bench-floor, answering OK without deciding) runs in the same rounds,
+and OVER_LIMIT in the proportion the policy implies). The transport floor (the `floor`
+example, a default tonic server answering OK without deciding) runs in the same rounds,
 alternating with the real server, and the summary compares medians of the rounds.
 """
 

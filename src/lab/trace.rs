@@ -2,9 +2,9 @@
 //! magic bytes, whatever the file is called).
 //!
 //! Each line is the body `POST /json` takes (a proto3-JSON `RateLimitRequest`, read by the
-//! admin port's own parser) plus `"t"`: when the request arrived, in seconds (a number, may be
-//! fractional) from any origin, e.g. Unix time. Lines must be in time order; blank lines and
-//! lines starting with `#` are skipped.
+//! admin port's own parser, [`crate::wire::json`]) plus `"t"`: when the request arrived, in
+//! seconds (a number, may be fractional) from any origin, e.g. Unix time. Lines must be in
+//! time order; blank lines and lines starting with `#` are skipped.
 //!
 //! ```text
 //! {"t": 59.9, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}]}
@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::decision::Request;
 use crate::limiter::gcra::NANOS_PER_SEC;
-use crate::server::json;
+use crate::wire::json;
 
 /// One request of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,11 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use super::Health;
-use super::json;
 use crate::decision::{Code, DecideError, Decider};
 use crate::limiter::Backend;
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle};
+use crate::wire::json;
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]

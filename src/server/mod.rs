@@ -9,16 +9,10 @@
 //! HTTP/2 connection builder from [`grpc_connection`] and [`GrpcRoutes`] (`ShouldRateLimit`
 //! served by hand, [`unary`], and the generated health service, each behind the edge, routed by
 //! path), runs its calls in the connection's own task ([`streams`]), and drains, ages and idles
-//! it out. The
-//! `bench-floor` build serves a default tonic server instead (`bench_floor`), the reference
-//! the load benchmark measures this path against.
-
-// The lean path goes unused in the bench-floor build.
-#![cfg_attr(feature = "bench-floor", allow(dead_code))]
+//! it out.
 
 pub(crate) mod admin;
 mod edge;
-pub(crate) mod json;
 pub(crate) mod listener;
 pub(crate) mod rls;
 mod streams;
@@ -39,9 +33,7 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthReporter;
 
-use crate::pb::envoy::r#type::v3::RateLimitUnit;
-use crate::pb::rate_limit_service_server::RateLimitServiceServer;
-use crate::policy::Unit;
+use crate::pb::rate_limit_service_server;
 use crate::settings::GrpcLimits;
 use edge::GrpcEdge;
 use rls::RateLimitHandler;
@@ -89,11 +81,7 @@ impl Health {
         } else {
             ServingStatus::NotServing
         };
-        for name in [
-            "",
-            HEALTH_SERVICE,
-            <RateLimitServiceServer<RateLimitHandler> as tonic::server::NamedService>::NAME,
-        ] {
+        for name in ["", HEALTH_SERVICE, rate_limit_service_server::SERVICE_NAME] {
             self.reporter.set_service_status(name, status).await;
         }
     }
@@ -265,41 +253,4 @@ impl hyper::body::Body for GrpcBody {
             Self::Tonic(body) => body.size_hint(),
         }
     }
-}
-
-/// `envoy.type.v3.RateLimitUnit` (no WEEK) → our unit; `None` for UNKNOWN or undefined values.
-pub(crate) fn override_unit(value: i32) -> Option<Unit> {
-    Some(match RateLimitUnit::try_from(value).ok()? {
-        RateLimitUnit::Unknown => return None,
-        RateLimitUnit::Second => Unit::Second,
-        RateLimitUnit::Minute => Unit::Minute,
-        RateLimitUnit::Hour => Unit::Hour,
-        RateLimitUnit::Day => Unit::Day,
-        RateLimitUnit::Month => Unit::Month,
-        RateLimitUnit::Year => Unit::Year,
-    })
-}
-
-/// The load benchmark's reference (the `bench-floor` build only): a default tonic server, its
-/// `Server` and `Router` with none of sluice's limits, in front of the handler that answers a
-/// constant OK without deciding, so the lean path's gain shows against what tonic gives out of
-/// the box.
-#[cfg(feature = "bench-floor")]
-pub(crate) async fn bench_floor(
-    listener: tokio::net::TcpListener,
-    handler: RateLimitHandler,
-    health: HealthServer<impl tonic_health::pb::health_server::Health>,
-    max_request_bytes: usize,
-    stop: tokio_util::sync::CancellationToken,
-) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(
-            RateLimitServiceServer::new(handler).max_decoding_message_size(max_request_bytes),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            stop.cancelled_owned(),
-        )
-        .await
 }

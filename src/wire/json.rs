@@ -10,7 +10,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use serde_json::{Map, Value, json};
 
-use crate::decision::{self, Code, Decision};
+use crate::decision::{self, Code, Decision, RequestError};
+use crate::pb;
 use crate::pb::envoy::r#type::v3::RateLimitUnit;
 
 /// `RateLimitRequest` in proto3 JSON.
@@ -106,6 +107,9 @@ pub enum JsonError {
         /// The descriptor's index.
         descriptor: usize,
     },
+    /// The request is refused as the protobuf one would be.
+    #[error("invalid request: {0}")]
+    Request(RequestError),
 }
 
 /// Parses a `/json` body into a decision request.
@@ -122,20 +126,19 @@ pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
     for (i, d) in raw.descriptors.into_iter().enumerate() {
         let limit = match d.limit {
             None => None,
-            Some(ov) => Some(decision::Override {
+            Some(ov) => Some(pb::rate_limit_descriptor::RateLimitOverride {
                 requests_per_unit: fits(ov.requests_per_unit, &|| {
                     format!("descriptors[{i}].limit.requestsPerUnit")
                 })?,
-                unit: override_unit(ov.unit.as_ref())
-                    .and_then(super::override_unit)
+                unit: unit_number(ov.unit.as_ref())
                     .ok_or(JsonError::UnknownUnit { descriptor: i })?,
             }),
         };
-        descriptors.push(decision::Descriptor {
+        descriptors.push(pb::RateLimitDescriptor {
             entries: d
                 .entries
                 .into_iter()
-                .map(|e| decision::Entry {
+                .map(|e| pb::rate_limit_descriptor::Entry {
                     key: e.key,
                     value: e.value,
                 })
@@ -145,15 +148,19 @@ pub fn parse(body: &[u8]) -> Result<decision::Request, JsonError> {
             is_negative_hits: d.is_negative_hits,
         });
     }
-    Ok(decision::Request {
+    let request = pb::RateLimitRequest {
         domain: raw.domain,
         descriptors,
         hits_addend: fits(raw.hits_addend, &|| "hitsAddend".into())?,
+    };
+    super::from_pb(request).map_err(|e| match e {
+        RequestError::UnknownUnit { descriptor, .. } => JsonError::UnknownUnit { descriptor },
+        other => JsonError::Request(other),
     })
 }
 
 /// `envoy.type.v3.RateLimitUnit` by name or number.
-fn override_unit(v: Option<&Value>) -> Option<i32> {
+fn unit_number(v: Option<&Value>) -> Option<i32> {
     match v {
         None => Some(0),
         Some(Value::String(s)) => RateLimitUnit::from_str_name(s).map(Into::into),
