@@ -8,6 +8,7 @@ mod gcra;
 mod headers;
 mod helpers;
 mod lab;
+mod layers;
 mod lease;
 mod local;
 mod memory;
