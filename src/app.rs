@@ -22,11 +22,9 @@ use crate::limiter::{
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
-use crate::server::GrpcRoutes;
 use crate::server::admin::{self, AdminState};
-use crate::server::listener::GrpcConnections;
-use crate::server::listener::{self, Incoming};
-use crate::server::{Health, rls::RateLimitHandler};
+use crate::server::{self, Health, rls::RateLimitHandler};
+use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
 
@@ -270,7 +268,7 @@ impl App {
         };
         let mut grpc = {
             let limits = settings.grpc;
-            let incoming = Incoming::new(grpc_listener, "gRPC", limits.max_connections);
+            let incoming = CappedListener::new(grpc_listener, "gRPC", limits.max_connections);
             let connections = GrpcConnections {
                 limits,
                 tls: tls.clone(),
@@ -281,15 +279,16 @@ impl App {
                 settings.max_request_bytes,
                 &limits,
             );
-            tokio::spawn(listener::serve_grpc(
+            tokio::spawn(server::serve_grpc(
                 incoming,
                 routes,
                 connections,
                 stop.clone(),
             ))
         };
-        let admin_incoming = Incoming::new(admin_listener, "admin", settings.admin.max_connections);
-        let mut admin = tokio::spawn(listener::serve_admin(
+        let admin_incoming =
+            CappedListener::new(admin_listener, "admin", settings.admin.max_connections);
+        let mut admin = tokio::spawn(admin::serve_admin(
             admin_incoming,
             admin::router(admin_state, settings.max_request_bytes),
             settings.admin.header_read_timeout,

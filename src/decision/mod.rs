@@ -22,7 +22,7 @@ use crate::limiter::{Backend, BackendError, Batch, LocalFallback};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
-use plan::{Plan, Slot};
+use plan::{DescriptorPlan, Plan};
 pub use request::{Caps, Descriptor, Entry, Override, Request, RequestError};
 
 /// The answer when the backend cannot decide.
@@ -196,7 +196,7 @@ impl Decider {
     /// `local` on a decider without a local fallback).
     pub async fn decide(&self, req: &Request) -> Result<Decision, DecideError> {
         let start = Instant::now();
-        if let Err(e) = self.options.caps.check(req) {
+        if let Err(e) = self.options.caps.validate(req) {
             self.metrics.request(RequestOutcome::Invalid);
             return Err(e.into());
         }
@@ -247,11 +247,13 @@ impl Decider {
         let mut decision = self.respond(overall, statuses);
         if self.options.dynamic_metadata {
             let passed =
-                plan.slots
+                plan.descriptors
                     .iter()
                     .zip(&decision.statuses)
-                    .map(|(slot, status)| match *slot {
-                        Slot::Counted { metadata, .. } if status.code == Code::Ok => metadata,
+                    .map(|(planned, status)| match *planned {
+                        DescriptorPlan::Counted { metadata, .. } if status.code == Code::Ok => {
+                            metadata
+                        }
                         _ => None,
                     });
             decision.dynamic_metadata = Some(metadata::build(req, passed));
@@ -306,8 +308,8 @@ impl Decider {
             Code::Ok => RequestOutcome::Ok,
             Code::OverLimit => RequestOutcome::OverLimit,
         });
-        for (desc, slot) in req.descriptors.iter().zip(&plan.slots) {
-            let Slot::Counted { start, end, .. } = *slot else {
+        for (desc, planned) in req.descriptors.iter().zip(&plan.descriptors) {
+            let DescriptorPlan::Counted { start, end, .. } = *planned else {
                 continue;
             };
             for i in start..end {

@@ -30,7 +30,7 @@ const OVERRIDE_SEED: u128 = 0x6f76_6572_7269_6465;
 
 /// What was matched for one descriptor.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Slot<'p> {
+pub(super) enum DescriptorPlan<'p> {
     /// No rule applies.
     None,
     /// Only unlimited rules.
@@ -55,7 +55,7 @@ pub(super) struct Applied<'p> {
 #[derive(Debug)]
 pub(super) struct Plan<'p> {
     /// One per request descriptor.
-    pub(super) slots: Vec<Slot<'p>>,
+    pub(super) descriptors: Vec<DescriptorPlan<'p>>,
     /// The backend's ops.
     pub(super) ops: Vec<Op>,
     /// One per op: what it counts for.
@@ -117,7 +117,7 @@ pub(super) fn plan<'p>(
         });
     }
     let mut plan = Plan {
-        slots: Vec::with_capacity(req.descriptors.len()),
+        descriptors: Vec::with_capacity(req.descriptors.len()),
         // Most descriptors match one rule: sized so that the first op does not grow them.
         ops: Vec::with_capacity(req.descriptors.len()),
         applied: Vec::with_capacity(req.descriptors.len()),
@@ -181,16 +181,16 @@ pub(super) fn plan<'p>(
             }
         }
         let end = plan.ops.len();
-        plan.slots.push(if end > start {
-            Slot::Counted {
+        plan.descriptors.push(if end > start {
+            DescriptorPlan::Counted {
                 start,
                 end,
                 metadata,
             }
         } else if unlimited {
-            Slot::Unlimited
+            DescriptorPlan::Unlimited
         } else {
-            Slot::None
+            DescriptorPlan::None
         });
     }
     plan
@@ -212,15 +212,15 @@ fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
 /// first in file order.
 pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code, Vec<Status>) {
     let statuses = plan
-        .slots
+        .descriptors
         .iter()
-        .map(|slot| match *slot {
-            Slot::None => Status::UNMATCHED,
-            Slot::Unlimited => Status {
+        .map(|planned| match *planned {
+            DescriptorPlan::None => Status::UNMATCHED,
+            DescriptorPlan::Unlimited => Status {
                 remaining: u32::MAX,
                 ..Status::UNMATCHED
             },
-            Slot::Counted { start, end, .. } => {
+            DescriptorPlan::Counted { start, end, .. } => {
                 let rank = |i: usize| {
                     let o = &batch.outcomes[i];
                     let shadow = plan.applied[i].rule.is_some_and(|r| r.shadow_mode);

@@ -103,7 +103,7 @@ impl Caps {
     /// # Errors
     ///
     /// The first [`RequestError`] found.
-    pub fn check(&self, req: &Request) -> Result<(), RequestError> {
+    pub fn validate(&self, req: &Request) -> Result<(), RequestError> {
         let caps = self;
         if req.domain.is_empty() {
             return Err(RequestError::EmptyDomain);

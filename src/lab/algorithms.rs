@@ -16,25 +16,25 @@
 use std::collections::{HashMap, VecDeque};
 
 /// A counter deciding requests for one rule, keyed by the descriptor's values.
-pub trait Counter {
+pub trait WindowCounter {
     /// Whether `cost` more fits at `t` for `key`, counting nothing: `Ok(())`, or `Err` with
     /// the nanoseconds until the same request would fit.
     ///
     /// # Errors
     ///
     /// The wait, when the request is over the limit.
-    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64>;
+    fn fits(&self, key: &str, t: u64, cost: u64) -> Result<(), u64>;
 
-    /// Counts `cost` admitted at `t` for `key` (after a [`Counter::check`] that fitted).
+    /// Counts `cost` admitted at `t` for `key` (after a [`WindowCounter::fits`] that fitted).
     fn charge(&mut self, key: &str, t: u64, cost: u64);
 
-    /// [`Counter::check`], then [`Counter::charge`] when it fits.
+    /// [`WindowCounter::fits`], then [`WindowCounter::charge`] when it fits.
     ///
     /// # Errors
     ///
     /// The wait, when the request is over the limit; nothing is counted then.
     fn admit(&mut self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
-        self.check(key, t, cost)?;
+        self.fits(key, t, cost)?;
         self.charge(key, t, cost);
         Ok(())
     }
@@ -69,8 +69,8 @@ impl FixedWindow {
     }
 }
 
-impl Counter for FixedWindow {
-    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+impl WindowCounter for FixedWindow {
+    fn fits(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
         if self.count(key, t) + cost <= self.limit {
             Ok(())
         } else {
@@ -111,8 +111,8 @@ impl SlidingLog {
     }
 }
 
-impl Counter for SlidingLog {
-    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+impl WindowCounter for SlidingLog {
+    fn fits(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
         let Some((log, sum)) = self.keys.get(key) else {
             return if cost <= self.limit {
                 Ok(())
@@ -201,8 +201,8 @@ fn roll((window, current, previous): (u64, u64, u64), now: u64) -> (u64, u64) {
     }
 }
 
-impl Counter for SlidingWindow {
-    fn check(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
+impl WindowCounter for SlidingWindow {
+    fn fits(&self, key: &str, t: u64, cost: u64) -> Result<(), u64> {
         let state = self.state(key, t);
         if self.fits(state, t, cost) {
             return Ok(());
@@ -285,7 +285,7 @@ mod tests {
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
 
-    fn run(c: &mut dyn Counter, times: &[u64]) -> u64 {
+    fn run(c: &mut dyn WindowCounter, times: &[u64]) -> u64 {
         times
             .iter()
             .filter(|&&t| c.admit("k", t, 1).is_ok())
@@ -332,18 +332,18 @@ mod tests {
     }
 
     #[test]
-    fn check_counts_nothing() {
-        let mut counters: [Box<dyn Counter>; 3] = [
+    fn fits_counts_nothing() {
+        let mut counters: [Box<dyn WindowCounter>; 3] = [
             Box::new(FixedWindow::new(2, 10 * S)),
             Box::new(SlidingLog::new(2, 10 * S)),
             Box::new(SlidingWindow::new(2, 10 * S)),
         ];
         for c in &mut counters {
             for _ in 0..5 {
-                assert_eq!(c.check("k", S, 2), Ok(()));
+                assert_eq!(c.fits("k", S, 2), Ok(()));
             }
             assert_eq!(c.admit("k", S, 2), Ok(()));
-            assert!(c.check("k", S, 1).is_err());
+            assert!(c.fits("k", S, 1).is_err());
         }
     }
 

@@ -20,7 +20,7 @@ use crate::limiter::{Backend, ManualClock, MemoryStore};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle, PolicySet, Rule};
 
-use super::algorithms::{Counter, FixedWindow, Peak, SlidingLog, SlidingWindow};
+use super::algorithms::{FixedWindow, Peak, SlidingLog, SlidingWindow, WindowCounter};
 
 /// Where the decider's clock stands at a trace's time 0, so that no request is ever decided
 /// at time 0 (a TAT of 0 means a fresh key). GCRA does not depend on the origin; the
@@ -264,7 +264,7 @@ struct Comparisons {
 }
 
 impl Comparisons {
-    fn counter(&mut self, a: Algorithm) -> Option<&mut dyn Counter> {
+    fn counter(&mut self, a: Algorithm) -> Option<&mut dyn WindowCounter> {
         match a {
             Algorithm::Gcra => None,
             Algorithm::FixedWindow => Some(&mut self.fixed_window),
@@ -365,7 +365,7 @@ impl Lab {
                 for (slot, key, cost) in &counted {
                     if let Some(Err(w)) = self.comparisons[*slot]
                         .counter(algorithm)
-                        .map(|c| c.check(key, t, *cost))
+                        .map(|c| c.fits(key, t, *cost))
                     {
                         wait = Some(wait.unwrap_or(0).max(w));
                     }

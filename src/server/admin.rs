@@ -5,8 +5,12 @@
 //!   limit, 400 with the reason for bad input);
 //! - `GET /rlconfig`: the loaded limits (each entry of a `rate_limits` its own line, its name in
 //!   brackets after the stats key) and cost nodes, one sorted line each.
+//!
+//! It is served with hyper's HTTP/1 connection builder ([`serve_admin`]) rather than
+//! `axum::serve`, for a header-read deadline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -15,7 +19,10 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use tokio_util::sync::CancellationToken;
+
 use super::Health;
+use super::accept::CappedListener;
 use crate::decision::{Code, DecideError, Decider};
 use crate::limiter::Backend;
 use crate::metrics::Metrics;
@@ -143,4 +150,60 @@ async fn rlconfig(State(s): State<AdminState>) -> String {
     let mut out = lines.join("\n");
     out.push('\n');
     out
+}
+
+/// Serves `router` over HTTP/1.1 on `incoming` until `stop`, then finishes the requests in
+/// flight and returns. A connection that has not sent a complete request head within
+/// `header_read_timeout` (for its first request or the next one on a kept-alive connection) is
+/// closed; axum's `serve` sets no timer, so hyper enforces no header deadline under it.
+///
+/// # Errors
+///
+/// Never: accept errors are backed off and retried, connection errors end one connection.
+/// (The `Result` lets callers treat it like the gRPC server's future.)
+pub async fn serve_admin(
+    mut incoming: CappedListener,
+    router: axum::Router,
+    header_read_timeout: Duration,
+    stop: CancellationToken,
+) -> Result<(), std::convert::Infallible> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    // Every connection task holds a receiver; shutdown waits until all are dropped.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    loop {
+        let conn = tokio::select! {
+            () = stop.cancelled() => break,
+            conn = incoming.accept() => conn,
+        };
+        let served =
+            builder.serve_connection(TokioIo::new(conn), TowerToHyperService::new(router.clone()));
+        let (stop, open) = (stop.clone(), open_rx.clone());
+        tokio::spawn(async move {
+            let mut served = std::pin::pin!(served);
+            tokio::select! {
+                r = served.as_mut() => finished(r),
+                () = stop.cancelled() => {
+                    served.as_mut().graceful_shutdown();
+                    finished(served.await);
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(incoming);
+    drop(open_rx);
+    open_tx.closed().await;
+    Ok(())
+}
+
+fn finished(r: Result<(), hyper::Error>) {
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "admin connection ended");
+    }
 }

@@ -1,22 +1,23 @@
-//! The transport adapters: the gRPC server (rate-limit service and `grpc.health.v1`) and the
-//! HTTP admin server. The only code that speaks protobuf or HTTP; it owns health state. Each
-//! adapter converts its wire form to a [`crate::decision::Request`], asks the
-//! [`crate::decision::Decider`], and converts the [`crate::decision::Decision`] back; none of
-//! them counts or reaches a store.
-//!
-//! The gRPC port is served without tonic's `Server`: [`listener::serve_grpc`] accepts each
-//! connection (within the connection cap, with TLS when configured), serves it with hyper's
-//! HTTP/2 connection builder from [`grpc_connection`] and [`GrpcRoutes`] (`ShouldRateLimit`
-//! served by hand, [`unary`], and the generated health service, each behind the edge, routed by
-//! path), runs its calls in the connection's own task ([`streams`]), and drains, ages and idles
-//! it out.
+//! The transport adapters: the gRPC port (rate-limit service and `grpc.health.v1`) and the HTTP
+//! admin port, and the health state both report. Each adapter reads its wire form into a
+//! decision request ([`crate::wire`]), asks the [`crate::decision::Decider`] and writes the
+//! answer back; none counts or reaches a store. The gRPC port is served without tonic's
+//! `Server`: connections accepted under a cap ([`accept`]), served by hyper's HTTP/2 builder
+//! with ages, idle cuts and a drain ([`connections`], [`idle`]), calls run in the connection's
+//! task ([`streams`]) and routed by path to `ShouldRateLimit` served by hand ([`unary`]) or the
+//! generated health service, each behind the edge ([`edge`]).
 
+mod accept;
 pub(crate) mod admin;
+mod connections;
 mod edge;
-pub(crate) mod listener;
+mod idle;
 pub(crate) mod rls;
 mod streams;
 mod unary;
+
+pub(crate) use accept::CappedListener;
+pub(crate) use connections::{GrpcConnections, serve_grpc};
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -98,7 +99,7 @@ pub(crate) const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 
 /// The HTTP/2 connection builder of one gRPC connection, with every per-connection limit in
 /// `limits` (streams, header list size, keep-alive) and the reset-stream limits, its calls run
-/// by `streams` in the connection's own task; [`listener::serve_grpc`] builds one for each
+/// by `streams` in the connection's own task; [`serve_grpc`] builds one for each
 /// connection. The request timeout is applied per call by the edge.
 pub(crate) fn grpc_connection(
     limits: &GrpcLimits,

@@ -95,12 +95,13 @@ impl ShouldRateLimit {
     }
 }
 
-type Answer = Pin<Box<dyn Future<Output = Result<http::Response<UnaryBody>, Infallible>> + Send>>;
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<UnaryBody>, Infallible>> + Send>>;
 
 impl Service<http::Request<Incoming>> for ShouldRateLimit {
     type Response = http::Response<UnaryBody>;
     type Error = Infallible;
-    type Future = Answer;
+    type Future = ResponseFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
