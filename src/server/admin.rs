@@ -1,13 +1,6 @@
-//! The HTTP admin port, envoyproxy/ratelimit's surface:
-//! - `GET /healthcheck`: 200 `OK` while serving, 500 otherwise;
-//! - `GET /metrics`: Prometheus text exposition;
-//! - `POST /json`: a proto3-JSON `RateLimitRequest` decided like a gRPC call (200 OK, 429 over
-//!   limit, 400 with the reason for bad input);
-//! - `GET /rlconfig`: the loaded limits (each entry of a `rate_limits` its own line, its name in
-//!   brackets after the stats key) and cost nodes, one sorted line each.
-//!
-//! It is served with hyper's HTTP/1 connection builder ([`serve_admin`]) rather than
-//! `axum::serve`, for a header-read deadline.
+//! The HTTP admin port, envoyproxy/ratelimit's surface: `GET /healthcheck`, `GET /metrics`,
+//! `POST /json` (a request decided like a gRPC call) and `GET /rlconfig`, routed by [`router`]
+//! and served over HTTP/1 by [`serve_admin`], which holds a header-read deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +48,7 @@ pub(crate) fn router(state: AdminState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
+/// `GET /healthcheck`: 200 `OK` while serving, 500 otherwise.
 async fn healthcheck(State(s): State<AdminState>) -> (StatusCode, &'static str) {
     if s.health.is_serving() {
         (StatusCode::OK, "OK")
@@ -63,6 +57,7 @@ async fn healthcheck(State(s): State<AdminState>) -> (StatusCode, &'static str) 
     }
 }
 
+/// `GET /metrics`: Prometheus text exposition.
 async fn metrics(State(s): State<AdminState>) -> Response {
     (
         [(
@@ -77,6 +72,8 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .into_response()
 }
 
+/// `POST /json`: a proto3-JSON `RateLimitRequest` decided like a gRPC call: 200 OK, 429 over
+/// limit, 400 with the reason for bad input, 503 when the backend fails.
 async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
     let bad = |reason: String| (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
     let req = match json::parse(&body) {
@@ -113,6 +110,8 @@ async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
     response
 }
 
+/// `GET /rlconfig`: the loaded limits (each entry of a `rate_limits` its own line, its name in
+/// brackets after the stats key) and cost nodes, one sorted line each.
 async fn rlconfig(State(s): State<AdminState>) -> String {
     let set = s.policies.load();
     let domains = set.domains();

@@ -1,28 +1,8 @@
-//! The edge of each gRPC service: what every call meets before and after the service itself,
-//! in one wrapper, so a call pays for one layer, not three.
-//!
-//! - **Content type.** gRPC over HTTP/2 requires a `content-type` that begins with
-//!   `application/grpc`, and says a server SHOULD answer anything else with HTTP 415
-//!   (Unsupported Media Type), so that a plain HTTP/2 client does not take a gRPC error's
-//!   `200 OK` for success. sluice speaks protobuf only, so it accepts `application/grpc` (what
-//!   Envoy and every gRPC client send) and `application/grpc+proto`, case-insensitively and with
-//!   any parameters after `;`, and answers every other value, or none, with a bare 415 before the
-//!   request reaches a service (`application/grpc+json` included: there is no JSON codec here).
-//! - **Deadline.** `grpc.request_timeout_ms`, answered `DEADLINE_EXCEEDED`: the code gRPC's
-//!   status-code specification lists for "deadline expires before server returns status".
-//!   tonic's own server timeout answers `CANCELLED`, so the server's deadline is applied here
-//!   instead, around the service, body reading included. A client's shorter `grpc-timeout` wins
-//!   (read as tonic's server reads it: at most 8 digits and a unit; a malformed value is
-//!   ignored); that client never reads the answer, its own deadline having passed.
-//! - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
-//!   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
-//!   configured limit", as soon as its length prefix is read, before the body is buffered: that
-//!   check is what bounds the memory one call can take. `ShouldRateLimit`'s own reader
-//!   (`super::unary`) answers so itself. tonic's decoder, which reads the health service's
-//!   requests, refuses with `OUT_OF_RANGE` instead, so its code is corrected here, on the way
-//!   out. None of sluice's own answers is `OUT_OF_RANGE` (the adapter's one mapping gives
-//!   `INVALID_ARGUMENT` or `UNAVAILABLE`), so every `OUT_OF_RANGE` a service returns is that
-//!   decoder's; its message (the length and the limit) is kept.
+//! The edge of each gRPC service ([`GrpcEdge`]): what every call meets before and after the
+//! service itself, in one wrapper, so a call pays for one layer, not three. It refuses a content
+//! type other than protobuf gRPC with HTTP 415, cuts a call at its deadline with
+//! `DEADLINE_EXCEEDED`, and answers an oversized message `RESOURCE_EXHAUSTED`: each as gRPC's
+//! specification says, where tonic alone would answer otherwise.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -42,6 +22,24 @@ const RESOURCE_EXHAUSTED: http::HeaderValue = http::HeaderValue::from_static("8"
 
 /// A gRPC service behind the edge: the content-type check, the server's deadline, and the
 /// standard code for oversized messages.
+///
+/// - **Content type.** gRPC says a server SHOULD answer a `content-type` that does not begin
+///   with `application/grpc` with HTTP 415, so that a plain HTTP/2 client does not take a gRPC
+///   error's `200 OK` for success. sluice speaks protobuf only, so `application/grpc+json` is
+///   refused too (there is no JSON codec here), as is a missing one; the refusal is a bare 415,
+///   before the request reaches the service.
+/// - **Deadline.** `grpc.request_timeout_ms`, answered `DEADLINE_EXCEEDED`, the code gRPC's
+///   status-code specification lists for "deadline expires before server returns status".
+///   tonic's own server timeout answers `CANCELLED`, so the deadline is applied here instead,
+///   around the service, body reading included. A client's shorter `grpc-timeout` wins; that
+///   client never reads the answer, its own deadline having passed.
+/// - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
+///   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
+///   configured limit", as soon as its length prefix is read, before the body is buffered: that
+///   check is what bounds the memory one call can take. `ShouldRateLimit`'s own reader
+///   (`super::unary`) answers so itself; tonic's decoder, which reads the health service's
+///   requests, refuses with `OUT_OF_RANGE`, which [`GrpcEdge::with_tonic_decoder`] corrects on
+///   the way out.
 #[derive(Debug, Clone)]
 pub struct GrpcEdge<S> {
     inner: S,
@@ -129,7 +127,7 @@ fn finish_corrected<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Respo
 }
 
 /// The client's `grpc-timeout` (`TimeoutValue`: at most 8 digits, then `H`, `M`, `S`, `m`, `u`
-/// or `n`); `None` when absent or malformed.
+/// or `n`), read as tonic's server reads it; `None` when absent or malformed, which is ignored.
 fn client_timeout(value: Option<&http::HeaderValue>) -> Option<Duration> {
     let text = value?.to_str().ok()?;
     let digits = text.get(..text.len().checked_sub(1)?)?;
@@ -148,7 +146,8 @@ fn client_timeout(value: Option<&http::HeaderValue>) -> Option<Duration> {
     })
 }
 
-/// `application/grpc` or `application/grpc+proto`, any case, optionally with parameters.
+/// `application/grpc` (what Envoy and every gRPC client send) or `application/grpc+proto`, any
+/// case, with any parameters after `;`.
 fn is_grpc_proto(value: Option<&http::HeaderValue>) -> bool {
     // What Envoy and every gRPC client send, compared at once.
     if value.is_some_and(|v| v.as_bytes() == b"application/grpc") {
@@ -162,8 +161,11 @@ fn is_grpc_proto(value: Option<&http::HeaderValue>) -> bool {
         || media.eq_ignore_ascii_case("application/grpc+proto")
 }
 
-/// The decoder's refusal comes before any message, as a trailers-only response: its status is
-/// in the headers.
+/// `response` with tonic's decoder's `OUT_OF_RANGE` answered `RESOURCE_EXHAUSTED`, its message
+/// (the length and the limit) kept. None of sluice's own answers is `OUT_OF_RANGE` (the
+/// adapter's one mapping gives `INVALID_ARGUMENT` or `UNAVAILABLE`), so every `OUT_OF_RANGE` a
+/// service returns is that decoder's. The refusal comes before any message, as a trailers-only
+/// response: its status is in the headers.
 fn exhausted<R>(mut response: http::Response<R>) -> http::Response<R> {
     let headers = response.headers_mut();
     if headers

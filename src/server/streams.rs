@@ -1,22 +1,10 @@
-//! The calls of one gRPC connection, run in the connection's own task instead of a task each.
-//!
-//! hyper hands every accepted HTTP/2 stream to an executor. With tokio's, each call is a task of
-//! its own: spawned, scheduled, and woken back into the connection's task once its answer is
-//! queued, so the connection writes its answers about two to a `writev` while it reads the
-//! requests six or more to a `recvfrom` (BENCHMARKS.md). Here [`Streams`] is that executor, and
-//! [`Served`] the connection's future: it polls hyper's connection, then every call the
-//! connection accepted, and the connection again while calls finish, so the answers to one read
-//! leave together, in one write, and no task is spawned per call.
-//!
-//! What this gives up: the calls of one connection run on one worker thread at a time, where
-//! tokio could spread them over several. h2 already serialises a connection on its one
-//! connection task and the streams' lock, a memory decision takes microseconds, and Envoy opens
-//! a connection per worker thread, so the cores are used by the connections, not by the calls.
-//! A call waiting on Redis waits as before: it is polled again only when woken.
-//!
-//! When the connection ends, the calls still running are dropped, as hyper drops a call whose
-//! stream the client reset: there is no stream left to answer on. A call that panics ends alone,
-//! as its task did: its stream is reset and the connection's other calls go on.
+//! The calls of one gRPC connection, run in the connection's own task instead of a task each:
+//! [`Streams`] is the executor hyper hands each accepted stream to, and [`Served`] the
+//! connection's future, polling the connection and its calls together so that the answers to
+//! one read leave in one write. What this gives up: one connection's calls share one worker
+//! thread. h2 already serialises a connection on its one connection task and the streams' lock,
+//! and Envoy opens a connection per worker thread, so the cores are used by the connections,
+//! not by the calls.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -30,9 +18,8 @@ use futures_util::stream::FuturesUnordered;
 /// One call: hyper's future for an accepted stream, from its request to its last frame.
 type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// A call polled so that a panic ends it alone: the call is then dropped (hyper resets its
-/// stream), and the connection and its other calls go on, as they did when each call was a
-/// task of its own.
+/// A call polled so that a panic ends it alone, as a task of its own would: the call is then
+/// dropped (hyper resets its stream), and the connection and its other calls go on.
 struct Isolated(Call);
 
 impl Future for Isolated {
@@ -54,6 +41,10 @@ const ROUNDS_PER_POLL: usize = 16;
 
 /// The executor of one connection's calls: hyper queues each call here, and [`Served`] runs
 /// it. One per connection, shared by the connection's hyper builder and its [`Served`].
+///
+/// With tokio's executor each call would be a task of its own: spawned, scheduled, and woken
+/// back into the connection's task once its answer is queued, so the answers to one read would
+/// leave in several writes.
 #[derive(Clone, Default)]
 pub(crate) struct Streams {
     /// Calls accepted since [`Served`] last took them. The lock is only ever taken inside the
@@ -92,6 +83,12 @@ where
 
 /// A connection's future `C` (hyper's, built with `streams` as its executor) together with its
 /// calls: ready when the connection is.
+///
+/// Each poll polls hyper's connection, then every call the connection accepted, and the
+/// connection again while calls finish, so the answers to one read leave together, in one write,
+/// and no task is spawned per call. A call waiting on Redis is polled again only when woken.
+/// When the connection ends, the calls still running are dropped, as hyper drops a call whose
+/// stream the client reset: there is no stream left to answer on.
 pub(crate) struct Served<C> {
     conn: Pin<Box<C>>,
     streams: Streams,

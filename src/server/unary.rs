@@ -1,27 +1,7 @@
-//! `ShouldRateLimit` served by hand over hyper's body: the one unary call Envoy makes, without
-//! tonic's per-call codec machinery (its `Streaming` decoder with an 8 KiB buffer, the request
-//! body boxed twice over, the encode body and its buffer, and two boxed futures).
-//!
-//! The call behaves on the wire as tonic's generated server made it behave, answer for answer:
-//! - another method of the service: `UNIMPLEMENTED`, trailers-only;
-//! - the request's `grpc-encoding`: absent or `identity`, else `UNIMPLEMENTED` with
-//!   `grpc-accept-encoding: identity` (no compression is offered);
-//! - each message's 5-byte prefix, checked as soon as it arrives, before the message is
-//!   buffered: a compressed flag is `INTERNAL` (nothing may be compressed), another flag is
-//!   `INTERNAL`, a length over `requests.max_request_bytes` is `RESOURCE_EXHAUSTED` at once, so
-//!   a call never holds more than the limit and one frame;
-//! - a unary call carries exactly one message: a second one is `INTERNAL` ("Too many requests",
-//!   as grpc-java answers) and nothing is decided (tonic decides the first and drops the rest);
-//!   a body that ends inside a message is `INTERNAL` ("Unexpected EOF"), one without a message
-//!   `INTERNAL` ("Missing request message");
-//! - a message that does not decode is `INVALID_ARGUMENT` (`crate::pb::codec`);
-//! - every call refused for what its body or headers carry counts as an invalid request in
-//!   `sluice_decisions_total`;
-//! - the answer: `content-type: application/grpc`, one message frame, then `grpc-status: 0` as
-//!   trailers; an error is a trailers-only answer, its status in the headers.
-//!
-//! A message that arrives in one DATA frame (Envoy's requests do) is decoded where hyper put it,
-//! without a copy; one split across frames is assembled in a buffer sized once from its prefix.
+//! `ShouldRateLimit` served by hand over hyper's body ([`ShouldRateLimit`]): the one unary call
+//! Envoy makes, without tonic's per-call codec machinery (its `Streaming` decoder with an 8 KiB
+//! buffer, the request body boxed twice over, the encode body and its buffer, and two boxed
+//! futures). On the wire it answers as tonic's generated server does, answer for answer.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -49,8 +29,26 @@ const TOO_MANY_REQUESTS: &str = "Too many requests";
 const PREFIX: usize = 5;
 
 /// `ShouldRateLimit` answered by `handler`, with request messages limited to `max_request_bytes`.
-/// Each call holds one reference to the handler: cloning the decider itself takes a reference
-/// count for each of its parts, about 450 instructions a call more (BENCHMARKS.md).
+/// Each call holds one reference to the handler, where a clone of the decider itself would take
+/// a reference count for each of its parts.
+///
+/// The call behaves on the wire as tonic's generated server does:
+/// - another method of the service: `UNIMPLEMENTED`, trailers-only;
+/// - the request's `grpc-encoding`: absent or `identity`, else `UNIMPLEMENTED` with
+///   `grpc-accept-encoding: identity` (no compression is offered);
+/// - each message's 5-byte prefix, checked as soon as it arrives, before the message is
+///   buffered: a compressed flag is `INTERNAL` (nothing may be compressed), another flag is
+///   `INTERNAL`, a length over `requests.max_request_bytes` is `RESOURCE_EXHAUSTED` at once, so
+///   a call never holds more than the limit and one frame;
+/// - a unary call carries exactly one message: a second one is `INTERNAL` ("Too many requests",
+///   as grpc-java answers) and nothing is decided (tonic decides the first and drops the rest);
+///   a body that ends inside a message is `INTERNAL` ("Unexpected EOF"), one without a message
+///   `INTERNAL` ("Missing request message");
+/// - a message that does not decode is `INVALID_ARGUMENT` (`crate::pb::codec`);
+/// - every call refused for what its body or headers carry counts as an invalid request in
+///   `sluice_decisions_total`;
+/// - the answer: `content-type: application/grpc`, one message frame, then `grpc-status: 0` as
+///   trailers; an error is a trailers-only answer, its status in the headers.
 #[derive(Debug, Clone)]
 pub(crate) struct ShouldRateLimit {
     handler: Arc<RateLimitHandler>,
@@ -172,6 +170,8 @@ fn prefix(bytes: &[u8], max: usize) -> Result<Option<usize>, Status> {
 }
 
 /// Splits a unary call's body into messages, checking each prefix as soon as it is complete.
+/// A message that arrives in one DATA frame (Envoy's requests do) is taken where hyper put it,
+/// without a copy; one split across frames is assembled in a buffer sized once from its prefix.
 #[derive(Debug)]
 struct Messages {
     max: usize,
