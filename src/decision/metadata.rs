@@ -1,26 +1,8 @@
 //! The response's dynamic metadata, in envoyproxy/ratelimit's shape (its
-//! `RESPONSE_DYNAMIC_METADATA`), as JSON values: the transport adapters turn it into a
-//! `google.protobuf.Struct` (gRPC) or write it as it is (`/json`). Envoy's rate-limit filter
-//! puts it under its own namespace, `envoy.filters.http.ratelimit`.
-//!
-//! ```text
-//! domain:      the request's domain
-//! descriptors: one per request descriptor, in order:
-//!              entries:    ["key=value", ...]
-//!              limit:      the request's override as protobuf text, e.g.
-//!                          "requests_per_unit:10 unit:MINUTE" (only when it has one)
-//!              hitsAddend: the descriptor's own hits_addend (only when set, 0 included)
-//! hitsAddend:  the request's hits_addend (only when not 0)
-//! metadata:    the `metadata` maps of the rules whose descriptors passed, merged in
-//!              descriptor order: nested maps are merged, otherwise the first value wins
-//!              (only when not empty)
-//! ```
-//!
-//! "Passed" is the reference's: a descriptor a rule was counted for whose status is OK. A
-//! shadow-mode rule's status is OK even over its limit, so it passes; over the limit under
-//! global shadow mode or in quota mode the status stays OVER_LIMIT, so it does not. A
-//! descriptor with no rule, an unlimited or replaced rule, or a request's override brings no
-//! `metadata`. It is built only when the setting is on: off, a decision costs nothing more.
+//! `RESPONSE_DYNAMIC_METADATA`), as JSON values; Envoy's rate-limit filter puts it under its own
+//! namespace, `envoy.filters.http.ratelimit`. The transport adapters turn it into a
+//! `google.protobuf.Struct` (gRPC) or write it as it is (`/json`). It is built only when the
+//! setting is on: off, a decision costs nothing more.
 
 use serde_json::{Map, Value, json};
 
@@ -28,7 +10,26 @@ use super::request::Request;
 use crate::policy::Metadata;
 
 /// The dynamic metadata of `req`, with `passed` the `metadata` of each descriptor whose
-/// counted rule passed (`None` for the others), in descriptor order.
+/// counted rule passed (`None` for the others), in descriptor order:
+///
+/// ```text
+/// domain:      the request's domain
+/// descriptors: one per request descriptor, in order:
+///              entries:    ["key=value", ...]
+///              limit:      the request's override as protobuf text, e.g.
+///                          "requests_per_unit:10 unit:MINUTE" (only when it has one)
+///              hitsAddend: the descriptor's own hits_addend (only when set, 0 included)
+/// hitsAddend:  the request's hits_addend (only when not 0)
+/// metadata:    the `metadata` maps of the rules whose descriptors passed, merged in
+///              descriptor order: nested maps are merged, otherwise the first value wins
+///              (only when not empty)
+/// ```
+///
+/// "Passed" is the reference's: a descriptor a rule was counted for whose status is OK. A
+/// shadow-mode rule's status is OK even over its limit, so it passes; over the limit under
+/// global shadow mode or in quota mode the status stays OVER_LIMIT, so it does not. A
+/// descriptor with no rule, an unlimited or replaced rule, or a request's override brings no
+/// `metadata`.
 pub(super) fn build<'m>(
     req: &Request,
     passed: impl IntoIterator<Item = Option<&'m Metadata>>,

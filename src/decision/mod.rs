@@ -4,9 +4,6 @@
 //! [`Backend`], apply the operator's answer when the backend cannot decide, aggregate, build the
 //! response headers, and record the metrics. The gRPC and JSON adapters only convert to and from
 //! their wire forms and map errors.
-//!
-//! A [`Decision`] owns what it reports (the applied rule is shared, not borrowed), so it outlives
-//! the snapshot it was decided on.
 
 pub mod headers;
 mod metadata;
@@ -68,7 +65,8 @@ pub enum Code {
     OverLimit,
 }
 
-/// The answer for a whole request.
+/// The answer for a whole request. It owns what it reports (the applied rule is shared, not
+/// borrowed), so it outlives the snapshot it was decided on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     /// Whether the request may go through.

@@ -1,21 +1,8 @@
-//! The two synchronous halves of a decision around the backend call: [`plan`] matches each
-//! descriptor against the policy snapshot and turns the matches into backend [`Op`]s; [`finish`]
-//! turns the backend's [`Batch`] into one status per descriptor and an overall code.
-//!
-//! Semantics, decided once here:
-//! - cost: the descriptor's `hits_addend` when set (0 = check only), else the request's, where
-//!   0 means 1; times a cost node's `cost`; `is_negative_hits` refunds instead (refunds apply
-//!   whatever the outcome);
-//! - several rules on one node (`rate_limits`): one op each, charged all or nothing with the rest
-//!   of the request; the descriptor's status is the most constrained of them (see [`finish`]);
-//! - all or nothing: when an enforced descriptor is over, nothing of the request is charged
-//!   (the backend guarantees it);
-//! - `shadow_mode` rules are counted exactly as enforced ones but never refuse and report OK;
-//!   `quota_mode` rules refuse only when every quota rule of the request is over; global shadow
-//!   mode never refuses but keeps each status's OVER_LIMIT;
-//! - `replaces`: a matched rule named in another matched rule's `replaces` is dropped (each
-//!   entry of `rate_limits` on its own);
-//! - a request's `RateLimitOverride` replaces matching when its domain is known.
+//! The two synchronous halves of a decision around the backend call, where its semantics are
+//! decided once: [`plan`] matches each descriptor against the policy snapshot and turns the
+//! matches into backend [`Op`]s; [`finish`] turns the backend's [`Batch`] into one status per
+//! descriptor and an overall code. A request is charged all or nothing: when an enforced
+//! descriptor is over, nothing of it is charged (the backend guarantees it).
 
 use std::sync::Arc;
 
@@ -93,6 +80,17 @@ fn replaced(matched: &[Matched<'_>], rule: &Rule) -> bool {
 
 /// Matches a (valid) request against its domain; `shadow_mode` and `quota_mode` are the global
 /// switches (shadow wins, as a rule's own `shadow_mode` does).
+///
+/// - cost: the descriptor's `hits_addend` when set (0 = check only), else the request's, where
+///   0 means 1; times a cost node's `cost`; `is_negative_hits` refunds instead (refunds apply
+///   whatever the outcome);
+/// - several rules on one node (`rate_limits`): one op each, charged all or nothing with the rest
+///   of the request; the descriptor's status is the most constrained of them (see [`finish`]);
+/// - `shadow_mode` rules are counted exactly as enforced ones but never refuse and report OK;
+///   `quota_mode` rules refuse only when every quota rule of the request is over;
+/// - `replaces`: a matched rule named in another matched rule's `replaces` is dropped (each
+///   entry of `rate_limits` on its own);
+/// - a request's `RateLimitOverride` replaces matching when its domain is known.
 pub(super) fn plan<'p>(
     req: &Request,
     domain: &'p Domain,
@@ -209,7 +207,8 @@ fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
 /// The statuses and overall code of `plan` as decided by `batch`. A descriptor counted on
 /// several limits reports the most constrained: one that refuses (denied, not shadow), else
 /// one denied in shadow, else the fewest remaining; ties go to the longest wait, then to the
-/// first in file order.
+/// first in file order. Global shadow mode (`shadow_mode`) never refuses but keeps each
+/// status's OVER_LIMIT.
 pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code, Vec<Status>) {
     let statuses = plan
         .descriptors
