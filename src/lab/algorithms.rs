@@ -1,17 +1,8 @@
-//! The three counters sluice is compared with, each for one rule's limit `L` per period `P`,
-//! one state per key, pure: integer nanoseconds on the trace's clock, no runtime, no clock of
-//! their own. Only admitted requests are counted, as sluice counts.
-//!
-//! - [`FixedWindow`]: windows `[kP, (k+1)P)` aligned to the clock's origin (the Unix epoch for
-//!   a trace of Unix times, as envoyproxy/ratelimit counts); at most `L` per window.
-//! - [`SlidingLog`]: a timestamp per admitted request; at most `L` in `(t − P, t]`.
-//! - [`SlidingWindow`]: two counters per key, this window's `c` and the previous one's `p`,
-//!   and the estimate `p · (P − e) / P + c` where `e` is the time since this window began
-//!   (Cloudflare's 2017 design); admitted while the estimate plus the cost is at most `L`.
-//!   Computed exactly as `p · (P − e) + (c + cost) · P ≤ L · P` in 128 bits.
-//!
-//! [`Peak`] measures what any of them (or GCRA) let through: the most admitted in any closed
-//! span of `W`, by a sliding maximum over the admitted timestamps.
+//! The three counters sluice is compared with ([`FixedWindow`], [`SlidingLog`],
+//! [`SlidingWindow`]), each for one rule's limit `L` per period `P`, one state per key, pure:
+//! integer nanoseconds on the trace's clock, no runtime, no clock of their own. Only admitted
+//! requests are counted, as sluice counts. [`Peak`] measures what any of them (or GCRA) let
+//! through.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -40,7 +31,8 @@ pub trait WindowCounter {
     }
 }
 
-/// Epoch-aligned fixed windows.
+/// Epoch-aligned fixed windows: windows `[kP, (k+1)P)` aligned to the clock's origin (the Unix
+/// epoch for a trace of Unix times, as envoyproxy/ratelimit counts); at most `L` per window.
 #[derive(Debug)]
 pub struct FixedWindow {
     limit: u64,
@@ -85,7 +77,7 @@ impl WindowCounter for FixedWindow {
     }
 }
 
-/// A log of admitted timestamps.
+/// A log of admitted timestamps: a timestamp per admitted request; at most `L` in `(t − P, t]`.
 #[derive(Debug)]
 pub struct SlidingLog {
     limit: u64,
@@ -158,7 +150,10 @@ impl WindowCounter for SlidingLog {
     }
 }
 
-/// The weighted two-window estimate.
+/// The weighted two-window estimate (Cloudflare's 2017 design): two counters per key, this
+/// window's `c` and the previous one's `p`, and the estimate `p · (P − e) / P + c` where `e` is
+/// the time since this window began; admitted while the estimate plus the cost is at most `L`.
+/// Computed exactly as `p · (P − e) + (c + cost) · P ≤ L · P` in 128 bits.
 #[derive(Debug)]
 pub struct SlidingWindow {
     limit: u64,
@@ -232,7 +227,8 @@ impl WindowCounter for SlidingWindow {
     }
 }
 
-/// The most admitted in any closed span of `span` nanoseconds, over timestamps fed in order.
+/// The most admitted in any closed span of `span` nanoseconds, over timestamps fed in order, by
+/// a sliding maximum over the admitted timestamps.
 #[derive(Debug)]
 pub struct Peak {
     span: u64,

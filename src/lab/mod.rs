@@ -1,18 +1,9 @@
-//! The stampede lab, behind `sluice check` and `sluice replay`: what a policy promises, and
-//! what it and the usual alternatives actually let through on a given trace.
-//!
-//! - `guarantee`: each limited rule's promise in numbers (`B + floor(W / T)`), beside a fixed
-//!   window's worst second.
-//! - `trace`: JSON Lines traces (the `POST /json` body plus `"t"`), plain or gzip.
-//! - `algorithms`: fixed window, sliding log and sliding-window counter, pure, for comparison;
-//!   and the sliding maximum that measures the worst second and period.
-//! - `replay`: the server's own [`crate::decision::Decider`] on a hand-driven clock, beside
-//!   the comparison counters, tallied per rule.
-//! - `scenario`: the built-in traces and the retry-storm loop.
-//! - `svg`: the per-100 ms timeline as a chart.
-//!
-//! The lab never serves and never touches a network; it reaches the server only for the
-//! `/json` body parser, so a trace line means exactly what the admin port would take it to.
+//! The stampede lab, behind `sluice check` and `sluice replay`: what a policy promises
+//! ([`guarantee`]), and what it and the usual alternatives ([`algorithms`]) actually let through
+//! on a trace ([`trace`]) or a built-in scenario ([`scenario`]), replayed through the server's
+//! own decider ([`mod@replay`]) and drawn as a chart ([`svg`]). The lab never serves and never
+//! touches a network; a trace line is read by the admin port's own `/json` parser
+//! ([`crate::wire::json`]), so it means exactly what the admin port would take it to.
 
 pub mod algorithms;
 pub mod guarantee;

@@ -1,12 +1,9 @@
 //! The replay engine: requests at given times through the server's own [`Decider::decide`]
 //! on a [`ManualClock`] set to each request's time (the in-memory backend, which never
 //! awaits), and, for comparison, through the three counters of [`super::algorithms`] with
-//! each matched rule's limit. What each let through is tallied per rule.
-//!
-//! Every algorithm answers a whole request as the server does, all or nothing: it goes through
-//! only when each of its counted descriptors fits, and only then is each charged. A rule's
-//! tally counts hits (a request's cost, 1 unless `hitsAddend` says otherwise) of the requests
-//! that reached it, over all of its keys together: what the service behind it receives.
+//! each matched rule's limit. Every algorithm answers a whole request as the server does, all
+//! or nothing: it goes through only when each of its counted descriptors fits, and only then is
+//! each charged. What each let through is tallied per rule ([`Tally`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -86,7 +83,9 @@ pub enum ReplayError {
     Pending,
 }
 
-/// One algorithm's tally for one rule.
+/// One algorithm's tally for one rule. It counts hits (a request's cost, 1 unless `hitsAddend`
+/// says otherwise) of the requests that reached the rule, over all of its keys together: what
+/// the service behind it receives.
 #[derive(Debug, Serialize)]
 pub struct Tally {
     /// Hits admitted.

@@ -1,17 +1,7 @@
-//! Traces: JSON Lines, one request per line, optionally gzip-compressed (recognised by its
-//! magic bytes, whatever the file is called).
-//!
-//! Each line is the body `POST /json` takes (a proto3-JSON `RateLimitRequest`, read by the
-//! admin port's own parser, [`crate::wire::json`]) plus `"t"`: when the request arrived, in
-//! seconds (a number, may be fractional) from any origin, e.g. Unix time. Lines must be in
-//! time order; blank lines and lines starting with `#` are skipped.
-//!
-//! ```text
-//! {"t": 59.9, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}]}
-//! {"t": 60.1, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}], "hitsAddend": 2}
-//! ```
-//!
-//! A bad line is an error naming its line number; reading stops there.
+//! Traces: JSON Lines, one request per line ([`parse_line`]), optionally gzip-compressed
+//! (recognised by its magic bytes, whatever the file is called), read by [`TraceReader`]. Lines
+//! must be in time order; blank lines and lines starting with `#` are skipped. A bad line is an
+//! error naming its line number; reading stops there.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
@@ -165,7 +155,14 @@ impl Iterator for TraceReader {
     }
 }
 
-/// One line: a `/json` body with `"t"`.
+/// One line: the body `POST /json` takes (a proto3-JSON `RateLimitRequest`, read by the admin
+/// port's own parser, [`crate::wire::json`]) plus `"t"`: when the request arrived, in seconds (a
+/// number, may be fractional) from any origin, e.g. Unix time.
+///
+/// ```text
+/// {"t": 59.9, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}]}
+/// {"t": 60.1, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}], "hitsAddend": 2}
+/// ```
 ///
 /// # Errors
 ///
