@@ -1,29 +1,11 @@
-//! An adaptive concurrency limit for the calls a service makes to its own downstream (the
-//! database, the GPU endpoint): the in-flight budget shrinks as the downstream's round-trip time
-//! climbs, so the service backs off before sluice (or the downstream) has to refuse it.
-//!
-//! The algorithms are those of the `tower-resilience-adaptive` crate (Netflix
+//! An adaptive concurrency limit ([`AdaptiveLimit`]) for the calls a service makes to its own
+//! downstream (the database, the GPU endpoint): the in-flight budget shrinks as the downstream's
+//! round-trip time climbs, so the service backs off before sluice (or the downstream) has to
+//! refuse it. The algorithms are those of the `tower-resilience-adaptive` crate (Netflix
 //! concurrency-limits' family; maintained, and its algorithms take a measured latency rather
 //! than reading a clock, so they can be driven by scripted latencies). This module adds what a
-//! downstream call needs that is not a tower service: a permit per call, the in-flight count,
-//! and an injected [`Clock`] that measures each call's round trip.
-//!
-//! Which algorithm, as concurrency-limits recommends:
-//! - [`Vegas`] (delay-based, for a service protecting a downstream it alone loads): keeps the
-//!   minimum RTT seen as the no-load baseline and a smoothed RTT (EMA, factor ½); after 10
-//!   samples, `queue = (rtt_smoothed − rtt_min) / rtt_min · limit`; the limit grows by 1 while
-//!   `queue < α` (3), shrinks by 1 while `queue > β` (6), and halves on a failure. The minimum
-//!   is never forgotten (Netflix's Vegas probes it again now and then): after a lasting
-//!   slowdown of the downstream itself, make a new limit.
-//! - [`Gradient2`]: compares the latest RTT with a long-term average (EMA over 600 samples):
-//!   `limit ← (1 − s)·limit + s·(clamp(1.5 · rtt_long / rtt, ½, 1) · limit + ⌈log₁₀ limit⌉)`
-//!   with smoothing `s` = 0.2, only while at least half the limit is in flight.
-//! - [`Aimd`] (loss-based, for a client of a shared downstream, where latency is noisy): +1 per
-//!   success, × 0.5 on a failure or a round trip above a threshold.
-//!
-//! All keep the limit within the bounds their builder sets. A call's outcome is reported on its
-//! [`Permit`]: [`Permit::success`] (the RTT is a sample), [`Permit::failure`] (the downstream
-//! failed or timed out: a congestion signal), or dropping the permit (cancelled: no sample).
+//! downstream call needs that is not a tower service: a [`Permit`] per call, the in-flight
+//! count, and an injected [`Clock`] that measures each call's round trip.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,6 +42,21 @@ impl Clock for MonotonicClock {
 }
 
 /// An adaptive limit on concurrent calls to one downstream. Cheap to clone; clones share it.
+///
+/// Which algorithm, as concurrency-limits recommends:
+/// - [`Vegas`] (delay-based, for a service protecting a downstream it alone loads): keeps the
+///   minimum RTT seen as the no-load baseline and a smoothed RTT (EMA, factor ½); after 10
+///   samples, `queue = (rtt_smoothed − rtt_min) / rtt_min · limit`; the limit grows by 1 while
+///   `queue < α` (3), shrinks by 1 while `queue > β` (6), and halves on a failure. The minimum
+///   is never forgotten (Netflix's Vegas probes it again now and then): after a lasting
+///   slowdown of the downstream itself, make a new limit.
+/// - [`Gradient2`]: compares the latest RTT with a long-term average (EMA over 600 samples):
+///   `limit ← (1 − s)·limit + s·(clamp(1.5 · rtt_long / rtt, ½, 1) · limit + ⌈log₁₀ limit⌉)`
+///   with smoothing `s` = 0.2, only while at least half the limit is in flight.
+/// - [`Aimd`] (loss-based, for a client of a shared downstream, where latency is noisy): +1 per
+///   success, × 0.5 on a failure or a round trip above a threshold.
+///
+/// All keep the limit within the bounds their builder sets.
 #[derive(Clone)]
 pub struct AdaptiveLimit {
     inner: Arc<Inner>,
@@ -129,7 +126,9 @@ impl AdaptiveLimit {
     }
 }
 
-/// One call in flight. Report how it ended; dropping it unreported counts as cancelled.
+/// One call in flight. Report how it ended: [`Permit::success`] (the RTT is a sample),
+/// [`Permit::failure`] (the downstream failed or timed out: a congestion signal), or dropping
+/// the permit unreported (cancelled: no sample).
 #[must_use = "report the call's outcome with success() or failure()"]
 pub struct Permit {
     inner: Arc<Inner>,

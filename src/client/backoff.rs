@@ -1,30 +1,18 @@
-//! Jittered backoff that never asks again earlier than the server said.
-//!
-//! A refused caller that waits exactly `duration_until_reset` comes back at the same instant as
-//! every other caller refused with it, and the second wave is refused too. So each wait is
-//! spread *upward* by a random fraction: never below the server's wait (asking earlier is a
-//! wasted call that is refused again), never all at once. Repeated refusals or failures of one
-//! caller also raise the floor exponentially, capped, so a caller that keeps losing the race
-//! yields to the others.
-//!
-//! For attempt `n` (0 for the first wait after a success), with the server's wait `w` (zero
-//! after a failure, when there is no answer), base `b`, cap `c`, spread `s` and `u` drawn
-//! uniformly from `[0, 1)`:
-//!
-//! ```text
-//! floor = max(w, min(c, b · 2ⁿ))
-//! wait  = floor · (1 + s · u)           ∈ [floor, floor · (1 + s))
-//! ```
-//!
-//! The randomness is [`Jitter`], a SplitMix64 generator: seeded for tests (the draws are then
-//! reproducible), seeded from the process's hasher keys otherwise. It is for spreading retries,
-//! not for secrets, and needs no dependency.
+//! Jittered backoff that never asks again earlier than the server said ([`Backoff`]). A refused
+//! caller that waits exactly `duration_until_reset` comes back at the same instant as every
+//! other caller refused with it, and the second wave is refused too. So each wait is spread
+//! *upward* by a random fraction: never below the server's wait (asking earlier is a wasted call
+//! that is refused again), never all at once. Repeated refusals or failures of one caller also
+//! raise the floor exponentially, capped, so a caller that keeps losing the race yields to the
+//! others.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A shareable source of uniform fractions in `[0, 1)` (SplitMix64).
+/// A shareable source of uniform fractions in `[0, 1)` (SplitMix64): seeded for tests (the draws
+/// are then reproducible), seeded from the process's hasher keys otherwise. It is for spreading
+/// retries, not for secrets, and needs no dependency.
 #[derive(Debug)]
 pub struct Jitter {
     state: AtomicU64,
@@ -66,7 +54,14 @@ impl Jitter {
     }
 }
 
-/// The backoff of one caller (see the module documentation for the formula).
+/// The backoff of one caller. For attempt `n` (0 for the first wait after a success), with the
+/// server's wait `w` (zero after a failure, when there is no answer), base `b`, cap `c`, spread
+/// `s` and `u` drawn uniformly from `[0, 1)` by a [`Jitter`]:
+///
+/// ```text
+/// floor = max(w, min(c, b · 2ⁿ))
+/// wait  = floor · (1 + s · u)           ∈ [floor, floor · (1 + s))
+/// ```
 #[derive(Debug)]
 pub struct Backoff {
     base: Duration,

@@ -1,37 +1,8 @@
-//! A tower layer that asks sluice before each request: a limiter for an axum or tonic service
-//! in a few lines.
-//!
-//! The service supplies a closure that builds the descriptors from the request (a header, the
-//! path, the peer); no descriptors means the request is not limited and sluice is not asked.
-//! A refused request never reaches the inner service. It is answered, as [`Refusal`] says:
-//!
-//! - [`Refusal::Http`]: `429 Too Many Requests` with `Retry-After` in whole seconds, the exact
-//!   wait rounded up and then spread upward by up to half of it (at least one second), so
-//!   refused clients do not come back in lockstep;
-//! - [`Refusal::Grpc`]: gRPC `RESOURCE_EXHAUSTED` (a trailers-only response) with the same
-//!   jittered wait in `grpc-retry-pushback-ms`, which gRPC's own retry policy honours.
-//!
-//! When sluice does not answer, the client's [`FailurePolicy`](super::FailurePolicy) decides.
-//! The layer reads nothing but the request's head, so it is generic over the request body.
-//!
-//! ```no_run
-//! use axum::{Router, routing::get};
-//! use sluice::client::{Descriptor, RateLimitClient, RateLimitLayer};
-//!
-//! # fn main() -> Result<(), sluice::client::ClientError> {
-//! // config/policies/edge.yaml: 600 a minute per API key, as [generic_key=api, api_key=<key>].
-//! let sluice = RateLimitClient::connect_lazy("http://127.0.0.1:8081", "edge")?;
-//! let app: Router = Router::new()
-//!     .route("/api/search", get(|| async { "results" }))
-//!     .layer(RateLimitLayer::new(sluice, |req: &http::Request<axum::body::Body>| {
-//!         let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-//!         // No key, no descriptor: not limited here.
-//!         key.map(|k| vec![Descriptor::new([("generic_key", "api"), ("api_key", k)])])
-//!             .unwrap_or_default()
-//!     }));
-//! # Ok(())
-//! # }
-//! ```
+//! A tower layer that asks sluice before each request ([`RateLimitLayer`], [`RateLimit`]): a
+//! limiter for an axum or tonic service in a few lines. A refused request never reaches the
+//! inner service and is answered as [`Refusal`] says; when sluice does not answer, the client's
+//! [`FailurePolicy`](super::FailurePolicy) decides. The layer reads nothing but the request's
+//! head, so it is generic over the request body.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,14 +21,40 @@ use super::{Answer, Descriptor, RateLimitClient};
 /// How a refused request is answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Refusal {
-    /// HTTP `429` with `Retry-After` (an axum or any HTTP service).
+    /// HTTP `429 Too Many Requests` with `Retry-After` (an axum or any HTTP service): in whole
+    /// seconds, the exact wait rounded up and then spread upward by up to half of it (at least
+    /// one second), so refused clients do not come back in lockstep
+    /// ([`retry_after_seconds`]).
     #[default]
     Http,
-    /// gRPC `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms` (a tonic service).
+    /// gRPC `RESOURCE_EXHAUSTED` (a trailers-only response) with the same jittered wait in
+    /// `grpc-retry-pushback-ms`, which gRPC's own retry policy honours (a tonic service).
     Grpc,
 }
 
 /// Puts [`RateLimit`] in front of a service.
+///
+/// The service supplies a closure that builds the descriptors from the request (a header, the
+/// path, the peer); no descriptors means the request is not limited and sluice is not asked.
+///
+/// ```no_run
+/// use axum::{Router, routing::get};
+/// use sluice::client::{Descriptor, RateLimitClient, RateLimitLayer};
+///
+/// # fn main() -> Result<(), sluice::client::ClientError> {
+/// // config/policies/edge.yaml: 600 a minute per API key, as [generic_key=api, api_key=<key>].
+/// let sluice = RateLimitClient::connect_lazy("http://127.0.0.1:8081", "edge")?;
+/// let app: Router = Router::new()
+///     .route("/api/search", get(|| async { "results" }))
+///     .layer(RateLimitLayer::new(sluice, |req: &http::Request<axum::body::Body>| {
+///         let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+///         // No key, no descriptor: not limited here.
+///         key.map(|k| vec![Descriptor::new([("generic_key", "api"), ("api_key", k)])])
+///             .unwrap_or_default()
+///     }));
+/// # Ok(())
+/// # }
+/// ```
 pub struct RateLimitLayer<F> {
     client: RateLimitClient,
     describe: Arc<F>,
@@ -125,7 +122,7 @@ struct Shared<F> {
     jitter: Arc<Jitter>,
 }
 
-/// A service that asks sluice before passing a request on (see the module documentation).
+/// A service that asks sluice before passing a request on (see [`RateLimitLayer`]).
 pub struct RateLimit<S, F> {
     inner: S,
     shared: Arc<Shared<F>>,

@@ -1,21 +1,11 @@
-//! The client half: what a service links to ask sluice before it does work.
-//!
-//! It owns the call (`ShouldRateLimit` with a per-call deadline), the reading of the answer into
-//! a typed [`Answer`] (allowed, or refused with the exact wait), the stated [`FailurePolicy`] for
-//! when sluice does not answer, the jittered [`backoff`] before asking again, the tower
-//! [`layer`] that puts a limiter in front of an axum or tonic service, and the [`adaptive`]
-//! concurrency limit a service keeps for its own downstream calls.
-//!
-//! It does not decide, count or know policies: it is the other side of the wire and speaks the
-//! generated [`crate::pb`] types only, never the server, the decision internals or the stores
-//! (`.ci/run` checks this), so a service linking it depends on the API, not on sluice's insides.
-//! It is behind the `client` cargo feature so the server build does not grow.
-//!
-//! Every failure (deadline, transport, an error status, an answer that is neither `OK` nor
-//! `OVER_LIMIT`) is counted in `sluice_client_failures_total{reason, policy}` and in
-//! [`RateLimitClient::failures`], and logged: a warning when the client starts failing, debug
-//! lines while it keeps failing, an info line when sluice answers again (a warning per failure
-//! would flood the log of a busy service exactly when sluice is down).
+//! The client half: what a service links to ask sluice before it does work. It owns the call
+//! ([`RateLimitClient`]: `ShouldRateLimit` with a per-call deadline), the typed [`Answer`], the
+//! stated [`FailurePolicy`] for when sluice does not answer, the jittered [`backoff`], the tower
+//! [`layer`], and the [`adaptive`] concurrency limit for a service's own downstream calls. It
+//! does not decide, count or know policies: it speaks the generated [`crate::pb`] types only,
+//! never the server, the decision internals or the stores (the layer check holds it to that),
+//! so a service linking it depends on the API, not on sluice's insides. It is behind the
+//! `client` cargo feature so the server build does not grow.
 
 pub mod adaptive;
 pub mod backoff;
@@ -35,8 +25,8 @@ pub use backoff::{Backoff, Jitter};
 pub use layer::{RateLimit, RateLimitLayer, Refusal};
 
 /// The default per-call deadline: a quarter of Envoy's default 20 ms for its whole call to a
-/// rate-limit service. sluice answers in well under a millisecond on a LAN; a call that takes
-/// longer than this is better treated as a failure than waited for.
+/// rate-limit service; a call that takes longer than this is better treated as a failure than
+/// waited for.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(5);
 
 /// The wait reported for an `OVER_LIMIT` answer that names no `duration_until_reset` (sluice
@@ -183,6 +173,12 @@ impl Descriptor {
 
 /// A client of one domain of a sluice server, over the generated gRPC stub. Cheap to clone;
 /// clones share the channel and the failure count.
+///
+/// Every failure (deadline, transport, an error status, an answer that is neither `OK` nor
+/// `OVER_LIMIT`) is counted in `sluice_client_failures_total{reason, policy}` and in
+/// [`failures`](Self::failures), and logged: a warning when the client starts failing, debug
+/// lines while it keeps failing, an info line when sluice answers again (a warning per failure
+/// would flood the log of a busy service exactly when sluice is down).
 #[derive(Clone, Debug)]
 pub struct RateLimitClient {
     stub: RateLimitServiceClient<Channel>,
