@@ -1,13 +1,9 @@
 //! When a served certificate stops working: its validity window read from the certificate
-//! itself, judged against the wall clock, logged where an operator looks, and published as
-//! `sluice_tls_certificate_not_after_timestamp_seconds{certificate}`.
-//!
-//! - Expired or not yet valid: `error`, every time such a pair is loaded (verifying clients
-//!   refuse it).
-//! - Expiring within [`WARN_WITHIN`]: `warn`, at most once a day per certificate.
-//! - The validity is read from the DER of the first certificate of the chain by a small reader
-//!   of the fixed path `Certificate → tbsCertificate → validity` (RFC 5280, 4.1); a certificate
-//!   it cannot read is reported as such and served as rustls accepted it.
+//! itself ([`validity`]), judged against the wall clock ([`Expiry::judge`]), logged where an
+//! operator looks, and published as [`NOT_AFTER_METRIC`]. Expired or not yet valid is an
+//! `error` every time such a pair is loaded (verifying clients refuse it); ending within
+//! [`WARN_WITHIN`] a `warn`, at most once a day per certificate. A certificate whose validity
+//! cannot be read is reported as such and served as rustls accepted it.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -184,9 +180,11 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The validity of a DER certificate: `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE {
-/// [0] version OPTIONAL, serialNumber, signature, issuer, validity SEQUENCE { notBefore,
-/// notAfter }, ... } ... }`. `None` for anything else.
+/// The validity of a DER certificate (the first of a served chain), read by a small reader of
+/// the fixed path `Certificate → tbsCertificate → validity` (RFC 5280, 4.1):
+/// `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
+/// signature, issuer, validity SEQUENCE { notBefore, notAfter }, ... } ... }`. `None` for
+/// anything else.
 #[must_use]
 pub fn validity(der: &[u8]) -> Option<Validity> {
     let (cert, _) = element(der, 0x30)?;

@@ -1,28 +1,9 @@
-//! TLS for the gRPC port, with rustls on the ring provider: the server's certificate and key
-//! read from PEM files and re-read when they change, and optionally mTLS (client certificates
-//! verified against a CA file, and a DNS subject alternative name required of them).
-//!
-//! - **Provider.** [`install_crypto_provider`] makes ring the process-wide default once at
-//!   start-up, for any library that asks rustls for the default. The configs built here never
-//!   depend on that global: each is built with ring's provider explicitly.
-//! - **Reload.** cert-manager and Kubernetes Secret volumes replace the files (through a
-//!   `..data` symlink swap) without telling anyone. [`ServerTls::watch`] re-reads both files every
-//!   [`RELOAD_EVERY`] and, when their bytes changed, loads the new pair; the certificate is chosen
-//!   per handshake by a resolver over an `ArcSwap`, so new connections get the new pair while open
-//!   ones keep theirs. Polling the contents, not file events or mtimes, sees every way a file can
-//!   be replaced (symlink swaps, renames, copies within one second) and costs two small reads. A
-//!   new pair that does not load (bad PEM, a key that does not match) is logged at error once and
-//!   the old pair stays in service; at start-up the same failure is an error naming the setting
-//!   and the file. A file deleted or emptied from under the server (an unmounted Secret) is
-//!   logged at warn, once, and the old pair stays.
-//! - **Expiry** ([`expiry`]). A pair that has expired or is not valid yet is logged at error,
-//!   at start-up (it is served: there is no other) and on rotation, where an expired pair is
-//!   refused like a bad PEM, the old pair staying in service, and a pair not valid yet is served
-//!   (it becomes valid by itself; the pair it replaces may expire first). A served pair within
-//!   [`expiry::WARN_WITHIN`] of its end is logged at warn once a day, and each served
-//!   certificate's end is the gauge [`NOT_AFTER_METRIC`].
-//! - **What it does not do.** The CA file and the required SAN are read once, at start-up; the
-//!   admin port stays plain HTTP.
+//! TLS for the gRPC port, with rustls on the ring provider ([`ServerTls`]): the server's
+//! certificate and key read from PEM files ([`TlsFiles`]) and re-read when they change
+//! ([`ServerTls::watch`]), each served certificate's expiry judged ([`expiry`]), and optionally
+//! mTLS (client certificates verified against a CA file, and a DNS subject alternative name
+//! required of them). It does not re-read the CA file or the required SAN (both are read once,
+//! at start-up), and the admin port stays plain HTTP.
 
 use std::fmt;
 use std::io;
@@ -62,7 +43,9 @@ pub struct TlsFiles {
 /// How often the certificate and key files are re-read.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
 
-/// Makes ring rustls's process-wide default provider; a no-op when one is installed already.
+/// Makes ring rustls's process-wide default provider, once at start-up, for any library that
+/// asks rustls for the default; a no-op when one is installed already. The configs built here
+/// never depend on that global: each is built with ring's provider explicitly.
 pub fn install_crypto_provider() {
     // Err only when a provider is installed already, which is what this asks for.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -136,7 +119,8 @@ impl fmt::Debug for ServerTls {
 }
 
 impl ServerTls {
-    /// Loads the certificate, the key and (for mTLS) the client CA named by `settings`.
+    /// Loads the certificate, the key and (for mTLS) the client CA named by `settings`. A pair
+    /// that has expired or is not valid yet is logged at error and served: there is no other.
     ///
     /// # Errors
     ///
@@ -190,8 +174,24 @@ impl ServerTls {
         self.handshake_timeout
     }
 
-    /// Re-reads the certificate and key every `every` until `stop`, serving a new pair from the
-    /// next handshake on once it loads; a pair that does not load is logged and skipped.
+    /// Re-reads the certificate and key every `every` ([`RELOAD_EVERY`]) until `stop`, serving
+    /// a new pair from the next handshake on once it loads; a pair that does not load is logged
+    /// and skipped.
+    ///
+    /// cert-manager and Kubernetes Secret volumes replace the files (through a `..data` symlink
+    /// swap) without telling anyone. Polling the contents, not file events or mtimes, sees every
+    /// way a file can be replaced (symlink swaps, renames, copies within one second) and costs
+    /// two small reads; the pair is loaded only when the files' bytes changed. The certificate is
+    /// chosen per handshake by a resolver over an `ArcSwap`, so new connections get the new pair
+    /// while open ones keep theirs.
+    ///
+    /// The served pair stays when a new one does not load (bad PEM, a key that does not match:
+    /// logged at error once), when the new one has expired (refused like a bad PEM, logged at
+    /// error), and when a file is deleted or emptied from under the server (an unmounted Secret:
+    /// logged at warn, once). A new pair not valid yet is logged at error and served: it becomes
+    /// valid by itself, and the pair it replaces may expire first. A served pair within
+    /// [`expiry::WARN_WITHIN`] of its end is logged at warn once a day, and each served
+    /// certificate's end is the gauge [`NOT_AFTER_METRIC`].
     pub async fn watch(self, every: Duration, stop: CancellationToken) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
