@@ -1,7 +1,8 @@
 //! Generated protobuf and gRPC code for Envoy's rate-limit API (see `proto/README.md`).
 //!
-//! Only `server/`, `client/` and the `probe` (the other side of the wire) and tests speak these
-//! types; the rest of the crate works on domain types.
+//! Only the wire forms (`wire/`), the transports (`server/`), `client/` and the `probe` (the
+//! other side of the wire) and tests speak these types; the rest of the crate works on domain
+//! types.
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 
 pub mod codec;
