@@ -18,8 +18,9 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::Lcg;
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request};
-use crate::redis::{Lcg, RedisProcess};
 
 const MS: u64 = 1_000_000;
 
@@ -30,7 +31,7 @@ fn config(url: &str) -> RedisConfig {
         connect_timeout: Duration::from_millis(500),
         breaker_failures: 0,
         breaker_cooldown: Duration::from_millis(100),
-        ..crate::redis::config(url)
+        ..crate::helpers::redis::config(url)
     }
 }
 

@@ -20,10 +20,10 @@ use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{
     TestServer, descriptor, eventually, free_port, metric, sentinel_missing, single,
 };
-use crate::redis::RedisProcess;
 
 const MASTER: &str = "mymaster";
 const POLICY: &str = "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: year, requests_per_unit: 1000000}\n";

@@ -19,10 +19,10 @@ use sluice::limiter::{ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, Red
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{
     TestServer, eventually, free_port, http_get, openssl_missing, redis_missing, single,
 };
-use crate::redis::RedisProcess;
 
 /// Whether the test must skip (a notice printed) for want of Redis or openssl.
 fn missing(test: &str) -> bool {
@@ -173,7 +173,7 @@ fn config(url: &str) -> RedisConfig {
         timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
         breaker_failures: 0,
-        ..crate::redis::config(url)
+        ..crate::helpers::redis::config(url)
     }
 }
 
