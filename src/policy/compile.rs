@@ -1,16 +1,18 @@
 //! Validation and compilation: raw model → [`Domain`] with the lookup tables matching needs.
 //!
-//! Every semantic check of a policy file (README, "Policies") lives here and every problem is collected, so an
-//! operator fixes a file in one pass. The output is immutable; matching never parses, allocates
-//! or compiles anything.
+//! Every semantic check of a policy file (README, "Policies") lives here and every problem is
+//! collected, so an operator fixes a file in one pass. The output is immutable; matching never
+//! parses, allocates or compiles anything.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::Problem;
 use super::matcher::{Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
+use super::rule::{Cost, Limit, Metadata, Rate, Rule, Unit};
+use super::set::Domain;
 use super::yaml::{Node, Pos, Value};
-use super::{Cost, Domain, Limit, Metadata, Problem, Rate, Rule, Unit};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{KeyBuilder, Quota, QuotaError};
 

@@ -1,19 +1,16 @@
 //! Matching a request descriptor's entries against a domain's compiled tree, as
-//! envoyproxy/ratelimit does: one tree level per entry; at each level an exact value beats a
-//! wildcard (the first in file order), which beats a key-only rule; no backtracking; a limit
-//! applies only when the node reached by the last entry has one, or is a cost node (ours), which
-//! draws from the limits of its nearest limited ancestor.
-//!
-//! Lookups borrow the request's strings: matching allocates nothing. The counter key is built in
-//! the same walk from the request's values (the pattern, for `share_threshold` levels, so every
-//! matching value shares one counter) and then each rule's identity. A cost node's counters are
-//! its ancestor's: their key holds only the values of the levels down to that ancestor, so this
-//! rarer case walks the levels a second time.
+//! envoyproxy/ratelimit does: one level per entry; an exact value beats a wildcard (the first in
+//! file order), which beats a key-only rule; no backtracking; a limit applies only when the node
+//! reached by the last entry has one, or is a cost node (ours), drawing from its nearest limited
+//! ancestor. Matching borrows the request's strings and allocates nothing; the counter key is
+//! built in the same walk (the pattern, not the value, at `share_threshold` levels). A cost
+//! node's key holds only the levels down to that ancestor, so that rarer case walks twice.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Cost, Domain, Metadata, Rule};
+use super::rule::{Cost, Metadata, Rule};
+use super::set::Domain;
 
 /// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
 /// domain and each entry's key and value here, and SipHash (std's default) cost more than the
@@ -136,8 +133,7 @@ impl<'p> Resolved<'p> {
     }
 
     /// The counter of `rule`, reusing the walk's key state instead of copying it: for the
-    /// last rule counted, so the common one-rule case costs what it did before nodes could
-    /// hold several.
+    /// last rule counted, so the common one-rule case copies nothing.
     #[must_use]
     pub fn into_key(self, rule: &Rule) -> Key {
         let mut key = self.values;
