@@ -712,3 +712,257 @@ fn plain_number(text: &str) -> PlainNumber {
         None => PlainNumber::Not,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::{problems, set};
+    use crate::policy::{Limit, Unit};
+
+    #[test]
+    fn rule_identity_survives_a_reload_and_ignores_the_rate() {
+        let a = set(
+            "domain: test-domain\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]",
+        );
+        let b = set(
+            "domain: test-domain\ndescriptors:\n  - key: x\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9, burst: 3}\n",
+        );
+        let ka = a
+            .domain("test-domain")
+            .unwrap()
+            .resolve([("k", "v")])
+            .unwrap();
+        let kb = b
+            .domain("test-domain")
+            .unwrap()
+            .resolve([("k", "v")])
+            .unwrap();
+        assert_eq!(ka.key(&ka.rules[0]), kb.key(&kb.rules[0]));
+        assert_ne!(ka.rules[0].limit, kb.rules[0].limit);
+    }
+
+    #[test]
+    fn extensions_and_units() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: MINUTE, requests_per_unit: 100, unit_multiplier: 5, burst: 10}
+  - key: b
+    rate_limit: {unit: Week, requests_per_unit: 7}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 0}
+");
+        let d = s.domain("test-domain").unwrap();
+        let Limit::Limited(a) = d.resolve([("a", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert_eq!((a.burst, a.unit_multiplier, a.unit), (10, 5, Unit::Minute));
+        assert!(a.burst_set);
+        assert_eq!(a.quota.interval(), 3 * NANOS_PER_SEC);
+        assert_eq!(a.quota.burst(), 10);
+        let Limit::Limited(b) = d.resolve([("b", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert_eq!((b.unit, b.burst), (Unit::Week, 7));
+        assert!(
+            !b.burst_set,
+            "no burst written: inherited from requests_per_unit"
+        );
+        let Limit::Limited(c) = d.resolve([("c", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert!(c.quota.is_ban());
+    }
+
+    #[test]
+    fn accepts_the_whole_reference_schema() {
+        set(r#"
+domain: test-domain
+descriptors:
+  - key: category
+    value: account
+    rate_limit:
+      replaces: [{name: bkthomps}, {name: fake_name}]
+      unit: minute
+      requests_per_unit: 4
+  - key: foo
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    descriptors:
+      - key: bar
+        value: bkthomps
+        rate_limit: {name: bkthomps, unit: minute, requests_per_unit: 1}
+      - key: baz
+        value: shady
+        shadow_mode: true
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: unspec
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: "service_1"}}
+"#);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_position_and_path() {
+        let p = problems(
+            r#"domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: minutes, requests_per_unit: 5}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - value: v
+  - key: b
+    ratelimit: {}
+  - key: c
+    rate_limit: {unlimited: true, unit: second}
+  - key: d
+    rate_limit: {name: me, unit: second, requests_per_unit: 1, replaces: [{name: me}, {name: ""}]}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: -1, burst: 0}
+  - key: f
+    value: plain
+    share_threshold: true
+  - key: g
+    rate_limit: {name: "a\"b", unit: second, requests_per_unit: 1}
+"#,
+        );
+        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let expect = [
+            r#"bad.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit "minutes""#,
+            "bad.yaml:5:5: descriptors[1]: duplicate descriptor `a` (already at descriptors[0])",
+            "bad.yaml:7:5: descriptors[2]: descriptor has empty key",
+            "bad.yaml:9:5: descriptors[3].ratelimit: unknown field `ratelimit`",
+            "bad.yaml:11:41: descriptors[4].rate_limit.unit: should not specify rate limit unit when unlimited",
+            "descriptors[5].rate_limit.replaces[0].name: replaces should not contain name of same descriptor",
+            "descriptors[5].rate_limit.replaces[1].name: should not have an empty replaces entry",
+            "descriptors[6].rate_limit.requests_per_unit: expected a whole number",
+            "descriptors[6].rate_limit.burst: must be between 1 and",
+            "descriptors[7].share_threshold: share_threshold needs a value with a `*` wildcard",
+            "descriptors[8].rate_limit.name: name must not contain '\"'",
+        ];
+        for e in expect {
+            assert!(
+                shown.iter().any(|s| s.contains(e)),
+                "missing {e:?} in:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+    }
+
+    #[test]
+    fn rate_limits_ids_are_stable_and_tied_to_the_entry_name() {
+        let id = |text: &str| {
+            let s = set(text);
+            let d = s.domain("test-domain").unwrap();
+            let r = d.resolve([("k", "v")]).unwrap();
+            r.rules.iter().map(|r| r.id).collect::<Vec<_>>()
+        };
+        let a = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: second, requests_per_unit: 1}\n      - {name: b, unit: day, requests_per_unit: 9}\n",
+        );
+        // Reordered and re-rated: each name keeps its identity (its counter survives a reload).
+        let b = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: b, unit: day, requests_per_unit: 5}\n      - {name: a, unit: second, requests_per_unit: 2}\n",
+        );
+        assert_eq!((a[0], a[1]), (b[1], b[0]));
+        // `rate_limit` keeps the identity it always had, distinct from any entry's.
+        let single = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1}\n",
+        );
+        assert!(!a.contains(&single[0]));
+    }
+
+    #[test]
+    fn rate_limits_and_cost_problems_are_positioned() {
+        let p = problems(
+            r"domain: test-domain
+descriptors:
+  - key: both
+    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limits: [{unit: second, requests_per_unit: 1}]
+  - key: empty
+    rate_limits: []
+  - key: unnamed
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {unit: day, requests_per_unit: 1}
+  - key: twice
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {name: a, unit: day, requests_per_unit: 1}
+  - key: user
+    rate_limits:
+      - {name: s, unit: second, requests_per_unit: 10, burst: 20}
+      - {name: d, unit: day, requests_per_unit: 100, burst: 15}
+    descriptors:
+      - key: zero
+        cost: 0
+      - key: big
+        cost: 16
+      - key: own
+        cost: 2
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: orphan
+    cost: 3
+  - key: bad
+    rate_limits: {unit: second}
+",
+        );
+        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let expect = [
+            "bad.yaml:5:18: descriptors[0].rate_limits: rate_limit and rate_limits cannot both be given",
+            "bad.yaml:7:18: descriptors[1].rate_limits: rate_limits must not be empty",
+            "bad.yaml:11:9: descriptors[2].rate_limits[1]: each of several rate_limits needs a name",
+            "bad.yaml:15:16: descriptors[3].rate_limits[1].name: duplicate rate_limits name \"a\" (already at descriptors[3].rate_limits[0])",
+            "bad.yaml:22:15: descriptors[4].descriptors[0].cost: must be between 1 and",
+            "bad.yaml:24:15: descriptors[4].descriptors[1].cost: cost 16 is above the burst 15 of test-domain.user, so such a request could never pass",
+            "bad.yaml:26:15: descriptors[4].descriptors[2].cost: cost is for a node without a limit of its own",
+            "bad.yaml:29:11: descriptors[5].cost: cost needs an ancestor descriptor with a rate_limit",
+            "bad.yaml:31:18: descriptors[6].rate_limits: expected a list, found a map",
+        ];
+        for e in expect {
+            assert!(
+                shown.iter().any(|s| s.contains(e)),
+                "missing {e:?} in:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+    }
+
+    #[test]
+    fn bad_metadata_is_a_positioned_problem() {
+        let p = problems(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    metadata: {x: .inf, y: 1e999, z: {w: 1, w: 2}, [1]: v}\n",
+        );
+        let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter()
+                .any(|t| t
+                    .contains("descriptors[0].metadata.y: metadata number 1e999 is not finite")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("descriptors[0].metadata.z.w: metadata key `w` is given twice")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("metadata keys must be text, found a list")),
+            "{text:?}"
+        );
+        // `.inf` is not a decimal number: it stays text.
+        assert_eq!(p.len(), 3, "{text:?}");
+        let p = problems("domain: d\ndescriptors:\n  - key: a\n    metadata: [1]\n");
+        assert!(p[0].message.contains("expected a map"), "{p:?}");
+    }
+}

@@ -334,3 +334,257 @@ fn read_one(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<model
     problems[before..].sort_by_key(|p| p.pos.map(|p| (p.line, p.col)));
     Some(raw)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Domain, Limit};
+
+    #[test]
+    fn duplicate_domains_across_files() {
+        let err = load_str(&[("a.yaml", "domain: d"), ("b.yaml", "domain: d")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("b.yaml: domain: duplicate domain \"d\" (also in a.yaml)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn load_dir_reads_yaml_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "domain: a").unwrap();
+        std::fs::write(dir.path().join("b.yml"), "domain: b").unwrap();
+        std::fs::write(dir.path().join("README.md"), "not yaml").unwrap();
+        std::fs::write(dir.path().join(".hidden.yaml"), "broken: [").unwrap();
+        let s = load_dir(dir.path()).unwrap();
+        assert_eq!(s.summary().files, 2);
+        assert!(s.domain("a").is_some() && s.domain("b").is_some());
+        assert!(matches!(
+            load_dir(&dir.path().join("missing")),
+            Err(PolicyError::Dir { .. })
+        ));
+    }
+
+    /// Loads `dir` on another thread, failing the test instead of hanging if the load blocks.
+    fn load_dir_within_10s(
+        dir: &std::path::Path,
+        options: LoadOptions,
+    ) -> Result<PolicySet, PolicyError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = dir.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(load_dir_with(&dir, options));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("load_dir blocked (opened a FIFO?)")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn entries_named_as_policies_that_are_not_readable_files_fail_the_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("good.yaml"), "domain: good").unwrap();
+        std::fs::write(d.join("README.md"), "not a policy").unwrap();
+        std::os::unix::fs::symlink("gone.yaml", d.join("dangling.yaml")).unwrap();
+        std::fs::create_dir(d.join("dir.yaml")).unwrap();
+        let status = std::process::Command::new("mkfifo")
+            .arg(d.join("fifo.yml"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _socket = std::os::unix::net::UnixListener::bind(d.join("socket.yaml")).unwrap();
+        // Hidden entries stay ignored whatever they are.
+        std::os::unix::fs::symlink("nowhere", d.join(".hidden.yaml")).unwrap();
+
+        let Err(PolicyError::Invalid(problems)) = load_dir_within_10s(d, LoadOptions::default())
+        else {
+            panic!("the load must fail");
+        };
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        let expect = |file: &str, says: &str| {
+            let line = format!("{}: {says}", d.join(file).display());
+            assert!(
+                lines.iter().any(|l| l.starts_with(&line)),
+                "{line:?} not in {lines:#?}"
+            );
+        };
+        expect(
+            "dangling.yaml",
+            "cannot read: dangling symlink (to gone.yaml, which does not exist)",
+        );
+        expect("dir.yaml", "not a regular file (a directory)");
+        expect("fifo.yml", "not a regular file (a FIFO)");
+        expect("socket.yaml", "not a regular file (a socket)");
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+    }
+
+    #[test]
+    fn a_directory_without_policies_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("README.md"), "no policies here").unwrap();
+        let err = load_dir(dir.path()).unwrap_err();
+        assert!(matches!(err, PolicyError::Empty { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("allow_empty_policies: true"),
+            "{err}"
+        );
+        let set = load_dir_with(
+            dir.path(),
+            LoadOptions {
+                allow_empty: true,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(set.summary().domains, 0);
+        // Problems are reported first: an empty set is not the news when files are broken.
+        std::fs::write(dir.path().join("x.yaml"), "domain: [").unwrap();
+        assert!(matches!(load_dir(dir.path()), Err(PolicyError::Invalid(_))));
+    }
+
+    /// envoyproxy/ratelimit's reading: every file whatever its extension (`Files::All`), or every
+    /// file not starting with a dot (`Files::Visible`, its `RUNTIME_IGNOREDOTFILES=true`).
+    #[test]
+    fn any_extension_reads_every_file_and_visible_skips_dot_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("edge"), "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
+        std::fs::write(d.join("api.conf"), "domain: api\n").unwrap();
+        std::fs::write(d.join(".hidden"), "domain: hidden\n").unwrap();
+        let domains = |files: Files| {
+            let set = load_dir_with(
+                d,
+                LoadOptions {
+                    files,
+                    ..LoadOptions::default()
+                },
+            )
+            .unwrap();
+            set.domains()
+                .into_iter()
+                .map(|d| d.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(domains(Files::All), ["api", "edge", "hidden"]);
+        assert_eq!(domains(Files::Visible), ["api", "edge"]);
+        // The default reads *.yaml/*.yml only: none here.
+        let err = load_dir(d).unwrap_err();
+        assert!(matches!(err, PolicyError::Empty { .. }), "{err}");
+        // A file that is not YAML breaks the whole load, as in the reference.
+        std::fs::write(d.join("notes.txt"), "just: [text").unwrap();
+        let err = load_dir_with(
+            d,
+            LoadOptions {
+                files: Files::Visible,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("notes.txt"), "{err}");
+    }
+
+    const MERGE_A: &str = r"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: w
+    value: x*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+
+    const MERGE_B: &str = r"
+domain: d
+descriptors:
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    descriptors:
+      - key: c
+        rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: w
+    value: xy*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+    #[test]
+    fn merged_domains_concatenate_the_files_in_order() {
+        let s = load_str_with(
+            &[
+                ("a.yaml", MERGE_A),
+                ("b.yaml", MERGE_B),
+                ("o.yaml", "domain: other"),
+            ],
+            true,
+        )
+        .unwrap();
+        assert_eq!(s.summary().domains, 2);
+        let d = s.domain("d").unwrap();
+        assert_eq!(d.files(), ["a.yaml", "b.yaml"]);
+        assert_eq!(d.file(), "a.yaml");
+        let rpu = |e: &[(&str, &str)]| {
+            d.resolve(e.iter().copied())
+                .map(|r| match r.rules[0].limit {
+                    Limit::Limited(rate) => rate.requests_per_unit,
+                    Limit::Unlimited => u32::MAX,
+                })
+        };
+        assert_eq!(rpu(&[("a", "1")]), Some(1));
+        assert_eq!(rpu(&[("b", "1")]), Some(3));
+        assert_eq!(rpu(&[("b", "1"), ("c", "2")]), Some(4));
+        // Wildcards in file order, across files: a.yaml's `x*` comes before b.yaml's `xy*`.
+        assert_eq!(rpu(&[("w", "xyz")]), Some(2));
+        // The rules' identities are the domain's and path's, whichever file holds them, so
+        // counters are the same merged or not.
+        let alone = load_str(&[("b.yaml", MERGE_B)]).unwrap();
+        let ids = |d: &Domain| {
+            let mut v: Vec<(String, u128)> =
+                d.rules().map(|r| (r.stats_key.clone(), r.id)).collect();
+            v.sort();
+            v
+        };
+        let merged_ids = ids(d);
+        for id in ids(alone.domain("d").unwrap()) {
+            if id.0 != "d.w_xy*" {
+                assert!(merged_ids.contains(&id), "{id:?}");
+            }
+        }
+        // Without merging the second file is refused, naming both and the setting.
+        let err = load_str(&[("a.yaml", MERGE_A), ("b.yaml", MERGE_B)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "b.yaml: domain: duplicate domain \"d\" (also in a.yaml); set merge_domains: true"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_descriptor_in_two_merged_files_is_a_duplicate_naming_both() {
+        let b = "domain: d\ndescriptors:\n  - key: z\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+        let c = "domain: d\ndescriptors:\n  - key: q\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+        let Err(PolicyError::Invalid(p)) =
+            load_str_with(&[("a.yaml", MERGE_A), ("b.yaml", b), ("c.yaml", c)], true)
+        else {
+            panic!("expected problems");
+        };
+        let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "b.yaml:5:5: descriptors[1]: duplicate descriptor `a` (already at descriptors[0] of a.yaml)",
+                "c.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit \"fortnight\" (expected second, minute, hour, day, week, month or year)",
+            ]
+        );
+        // A file without a domain is still reported as such.
+        let Err(PolicyError::Invalid(p)) =
+            load_str_with(&[("a.yaml", MERGE_A), ("n.yaml", "descriptors: []")], true)
+        else {
+            panic!("expected problems");
+        };
+        assert_eq!(p[0].to_string(), "n.yaml:1:1: domain: missing domain");
+    }
+}

@@ -96,8 +96,32 @@ impl fmt::Display for Problems<'_> {
     }
 }
 
+/// Loading shortcuts shared by the tests of the stages.
 #[cfg(test)]
-use crate::limiter::gcra::NANOS_PER_SEC;
+mod testing {
+    use super::{Limit, PolicyError, PolicySet, Problem, load_str};
 
-#[cfg(test)]
-mod tests;
+    /// `text` loaded as `test.yaml`; panics on a problem.
+    pub(super) fn set(text: &str) -> PolicySet {
+        load_str(&[("test.yaml", text)]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The problems of `text` loaded as `bad.yaml`; panics if it loads.
+    pub(super) fn problems(text: &str) -> Vec<Problem> {
+        match load_str(&[("bad.yaml", text)]) {
+            Err(PolicyError::Invalid(p)) => p,
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    /// `requests_per_unit` of the first rule matched in `test-domain` (`u32::MAX` when
+    /// unlimited).
+    pub(super) fn rpu(set: &PolicySet, entries: &[(&str, &str)]) -> Option<u32> {
+        let d = set.domain("test-domain").expect("domain");
+        d.resolve(entries.iter().copied())
+            .map(|r| match r.rules[0].limit {
+                Limit::Limited(rate) => rate.requests_per_unit,
+                Limit::Unlimited => u32::MAX,
+            })
+    }
+}

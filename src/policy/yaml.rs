@@ -371,8 +371,9 @@ fn too_deep(pos: Pos) -> SyntaxError {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::policy::testing::{problems, rpu, set};
 
     #[test]
     fn positions_and_shapes() {
@@ -410,7 +411,7 @@ pub(crate) mod tests {
 
     /// `levels` anchors of `fan_out` items each, every level aliasing the one before, inside a
     /// policy's `metadata`: `fan_out^levels` nodes from a few hundred bytes.
-    pub(crate) fn alias_bomb(levels: usize, fan_out: usize) -> String {
+    fn alias_bomb(levels: usize, fan_out: usize) -> String {
         let mut text = String::from("domain: bomb\ndescriptors: []\nmetadata:\n");
         let names: Vec<char> = ('a'..='z').take(levels).collect();
         for (i, name) in names.iter().enumerate() {
@@ -524,5 +525,28 @@ pub(crate) mod tests {
         let err = parse("a: [1, 2\nb: 3\n").unwrap_err();
         assert!(err.pos.line >= 1, "{err:?}");
         assert!(!err.message.is_empty());
+    }
+
+    #[test]
+    fn aliases_reuse_rate_limit_blocks() {
+        let s = set(
+            "domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: &std {unit: minute, requests_per_unit: 7}\n  - key: key2\n    rate_limit: *std\n",
+        );
+        assert_eq!(rpu(&s, &[("key1", "v")]), Some(7));
+        assert_eq!(rpu(&s, &[("key2", "v")]), Some(7));
+    }
+
+    #[test]
+    fn an_alias_bomb_is_a_positioned_problem() {
+        let text = alias_bomb(9, 9);
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            p[0].to_string(),
+            format!(
+                "bad.yaml:{}: YAML aliases expand to more than 1000000 nodes",
+                p[0].pos.unwrap()
+            )
+        );
     }
 }
