@@ -775,37 +775,131 @@ descriptors:
         assert!(c.quota.is_ban());
     }
 
+    /// The reference's schema with our additions (the fixture the fuzz targets decide against)
+    /// compiles to what each field means.
     #[test]
     fn accepts_the_whole_reference_schema() {
-        set(r#"
-domain: test-domain
-descriptors:
-  - key: category
-    value: account
-    rate_limit:
-      replaces: [{name: bkthomps}, {name: fake_name}]
-      unit: minute
-      requests_per_unit: 4
-  - key: foo
-    rate_limit: {unit: minute, requests_per_unit: 2}
-    descriptors:
-      - key: bar
-        value: bkthomps
-        rate_limit: {name: bkthomps, unit: minute, requests_per_unit: 1}
-      - key: baz
-        value: shady
-        shadow_mode: true
-        value_to_metric: true
-        rate_limit: {unit: minute, requests_per_unit: 3}
-  - key: unspec
-    detailed_metric: true
-    rate_limit: {unit: minute, requests_per_unit: 2}
-  - key: service
-    value: service_1
-    quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-    metadata: {service_with_quota: {name: "service_1"}}
-"#);
+        let s = set(include_str!("../../tests/fixtures/reference-schema.yaml"));
+        let d = s.domain("test-domain").unwrap();
+        let one = |entries: &[(&str, &str)]| {
+            let r = d
+                .resolve(entries.iter().copied())
+                .unwrap_or_else(|| panic!("{entries:?} matches no rule"));
+            assert_eq!(r.rules.len(), 1, "{entries:?}");
+            (Rule::clone(&r.rules[0]), r.cost, r.metadata.cloned())
+        };
+        let rate = |rule: &Rule| match rule.limit {
+            Limit::Limited(rate) => rate,
+            Limit::Unlimited => panic!("{} is unlimited", rule.stats_key),
+        };
+        let per = |rule: &Rule| {
+            let r = rate(rule);
+            (r.requests_per_unit, r.unit, r.unit_multiplier, r.burst)
+        };
+        // Every flag off unless written.
+        let flags = |rule: &Rule| {
+            (
+                rule.shadow_mode,
+                rule.quota_mode,
+                rule.detailed_metric,
+                rule.value_to_metric,
+            )
+        };
+
+        let (category, _, _) = one(&[("category", "account")]);
+        assert_eq!(per(&category), (4, Unit::Minute, 1, 4));
+        assert_eq!(category.replaces, ["bkthomps", "fake_name"]);
+        assert_eq!(category.name, None);
+        assert_eq!(category.stats_key, "test-domain.category_account");
+        assert_eq!(category.path, "descriptors[0]");
+        assert!(d.resolve([("category", "other")]).is_none());
+        assert_eq!(flags(&category), (false, false, false, false));
+
+        // A nested descriptor: its own limit and name, its parent's limit one level up.
+        let (foo, _, _) = one(&[("foo", "x")]);
+        assert_eq!(per(&foo), (2, Unit::Minute, 1, 2));
+        let (bar, _, _) = one(&[("foo", "x"), ("bar", "bkthomps")]);
+        assert_eq!(per(&bar), (1, Unit::Minute, 1, 1));
+        assert_eq!(bar.name.as_deref(), Some("bkthomps"));
+        assert_eq!(bar.stats_key, "test-domain.foo.bar_bkthomps");
+        assert_eq!(bar.levels, ["foo", "bar_bkthomps"]);
+        assert_eq!(bar.path, "descriptors[1].descriptors[0]");
+        assert!(d.resolve([("foo", "x"), ("bar", "other")]).is_none());
+        let (baz, _, _) = one(&[("foo", "x"), ("baz", "shady")]);
+        assert_eq!(per(&baz), (3, Unit::Minute, 1, 3));
+        assert_eq!(flags(&baz), (true, false, false, true));
+
+        let (unspec, _, _) = one(&[("unspec", "x")]);
+        assert_eq!(per(&unspec), (2, Unit::Minute, 1, 2));
+        assert_eq!(flags(&unspec), (false, false, true, false));
+
+        let (service, _, metadata) = one(&[("service", "service_1")]);
+        assert_eq!(per(&service), (1, Unit::Minute, 1, 1));
+        assert_eq!(flags(&service), (false, true, false, false));
+        assert_eq!(
+            metadata.map(serde_json::Value::Object),
+            Some(serde_json::json!({
+                "service_with_quota": {"name": "service_1"},
+                "n": 3,
+                "flags": [true, null, "7"],
+            }))
+        );
+
+        // `burst` below the rate; a cost node under a key-only node draws from it.
+        let (acct, cost, metadata) = one(&[("acct", "a")]);
+        let acct_rate = rate(&acct);
+        assert_eq!(per(&acct), (10, Unit::Minute, 1, 4));
+        assert!(acct_rate.burst_set);
+        assert_eq!(
+            (acct_rate.quota.interval(), acct_rate.quota.burst()),
+            (6 * NANOS_PER_SEC, 4)
+        );
+        assert_eq!(cost, 1);
+        assert_eq!(metadata.unwrap()["level"], "acct");
+        let (route, cost, metadata) = one(&[("acct", "a"), ("route", "r")]);
+        assert_eq!((route.id, cost), (acct.id, 2));
+        assert_eq!(metadata.unwrap()["level"], "route");
+        let costs: Vec<_> = d
+            .costs()
+            .map(|c| (c.stats_key.as_str(), c.cost, c.of.as_str()))
+            .collect();
+        assert_eq!(costs, [("test-domain.acct.route", 2, "test-domain.acct")]);
+
+        // The extremes of a rate: 4e9 a second is one every nanosecond (rounded up); one per
+        // 100 years is a period past a double's exact integers.
+        let (fast, _, _) = one(&[("fast", "x")]);
+        let q = rate(&fast).quota;
+        assert_eq!(
+            (q.period(), q.interval(), q.burst()),
+            (NANOS_PER_SEC, 1, 4_000_000_000)
+        );
+        let (slow, _, _) = one(&[("slow", "abc")]);
+        assert_eq!(per(&slow), (1, Unit::Year, 100, 1));
+        let century = 100 * 365 * 86_400 * NANOS_PER_SEC;
+        assert_eq!(
+            (rate(&slow).quota.period(), rate(&slow).quota.interval()),
+            (century, century)
+        );
+        // `share_threshold`: every value the wildcard matches shares one counter.
+        let key = |v: &str| {
+            let r = d.resolve([("slow", v)]).unwrap();
+            r.key(&r.rules[0])
+        };
+        assert_eq!(key("abc"), key("axyz"));
+        assert!(d.resolve([("slow", "bcd")]).is_none());
+
+        let (banned, _, _) = one(&[("banned", "x")]);
+        assert_eq!(per(&banned), (0, Unit::Day, 1, 0));
+        assert!(rate(&banned).quota.is_ban());
+        let (unlimited, _, _) = one(&[("unlimited", "x")]);
+        assert_eq!(unlimited.limit, Limit::Unlimited);
+        // A descriptor without a limit whitelists: no rule applies.
+        assert!(d.resolve([("whitelisted", "x")]).is_none());
+
+        assert_eq!(
+            s.summary().to_string(),
+            "1 files, 1 domains, 11 rules (9 limited, 1 bans, 1 unlimited), 1 cost node"
+        );
     }
 
     #[test]
