@@ -527,4 +527,43 @@ descriptors:
                 .is_none()
         );
     }
+
+    #[test]
+    fn nested_rules_and_the_depth_rule() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: nested
+    value: a
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: hour, requests_per_unit: 2}
+");
+        assert_eq!(rpu(&s, &[("nested", "a")]), Some(5));
+        assert_eq!(rpu(&s, &[("nested", "a"), ("sub", "x")]), Some(2));
+        assert_eq!(rpu(&s, &[("nested", "b")]), None);
+        // Deeper than the tree: no limit.
+        assert_eq!(
+            rpu(&s, &[("nested", "a"), ("sub", "x"), ("more", "y")]),
+            None
+        );
+        // No backtracking: a miss below an exact match does not fall back to a key-only sibling.
+        assert_eq!(rpu(&s, &[("nested", "a"), ("other", "x")]), None);
+    }
+
+    #[test]
+    fn wildcards_beat_key_only() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*/export
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 10}
+");
+        assert_eq!(rpu(&s, &[("path", "/api/v2/export")]), Some(1));
+        assert_eq!(rpu(&s, &[("path", "/api/v2/users")]), Some(10));
+    }
 }
