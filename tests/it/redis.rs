@@ -1,11 +1,7 @@
-//! The Redis backend against real `redis-server` processes started on free loopback ports in
-//! temporary directories: decisions identical to the in-memory store's (P17 of
-//! `docs/gcra-properties.md`), one budget shared by two servers, one round trip per request, and
-//! fast, configured answers while Redis is down.
-//!
-//! Needs `redis-server` and `redis-cli` on the PATH. Without them each test prints a notice and
-//! skips, except on CI (`CI` set), where they are required; `.ci/run` installs Debian's
-//! packages.
+//! The Redis backend against real `redis-server`s: decisions identical to the in-memory
+//! store's (P17 of `docs/gcra-properties.md`), one budget shared by two servers, one round trip
+//! per request, and fast, configured answers while Redis is down.
+//! Skips without `redis-server` unless `CI` is set (`helpers::redis_missing`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
