@@ -967,7 +967,7 @@ descriptors:
             "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: b, unit: day, requests_per_unit: 5}\n      - {name: a, unit: second, requests_per_unit: 2}\n",
         );
         assert_eq!((a[0], a[1]), (b[1], b[0]));
-        // `rate_limit` keeps the identity it always had, distinct from any entry's.
+        // A lone `rate_limit` has an identity distinct from any entry's, even one of its name.
         let single = id(
             "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1}\n",
         );

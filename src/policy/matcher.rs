@@ -412,7 +412,7 @@ descriptors:
         // Another user has counters of its own.
         let other = d.resolve([("user", "u2"), ("route", "search")]).unwrap();
         assert_ne!(other.key(&other.rules[0]), user.key(&user.rules[0]));
-        // A node with its own limit under the user is a rule as before, not a cost node.
+        // A node with its own limit under the user is a rule of its own, not a cost node.
         let own = d.resolve([("user", "u1"), ("route", "own")]).unwrap();
         assert_eq!((own.rules.len(), own.cost), (1, 1));
         // Deeper than the cost node, or a route with no node: not limited, as in the reference.
