@@ -3,10 +3,9 @@
 //! style (the model types them); anchors and aliases are resolved here. Swapping the YAML crate
 //! is a change to this file.
 //!
-//! Aliases are bounded, because each is a copy (nine anchors of nine aliases fit in a kilobyte
-//! and expand to 9⁹ nodes): every value knows its expanded size and height, so a file passing
-//! [`MAX_ALIAS_NODES`], [`MAX_ALIAS_BYTES`] or [`MAX_DEPTH`] is refused at the alias that crossed
-//! the line, before anything is copied.
+//! Aliases are bounded, because each is a copy (nine anchors of nine aliases fit in a kilobyte and
+//! expand to 9⁹ nodes): a file passing [`MAX_ALIAS_NODES`], [`MAX_ALIAS_BYTES`] or [`MAX_DEPTH`] is
+//! refused at the alias that crosses the line, before anything is copied.
 
 use std::collections::HashMap;
 use std::rc::Rc;
