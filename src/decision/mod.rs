@@ -345,6 +345,13 @@ impl Decider {
 
 #[cfg(test)]
 mod tests {
+    //! The decision rules on the in-memory backend at a hand-driven clock (a Redis never
+    //! connected for a failing backend), with no transport: global quota and shadow modes,
+    //! caps, `replaces`, several limits and cost nodes charged all or nothing, hits_addend,
+    //! dynamic metadata, headers, and the answer when the backend cannot decide. The wire form
+    //! of a decision is `tests/it/service.rs`'s, matching the policy tests', GCRA's arithmetic
+    //! `tests/it/gcra.rs`'s.
+
     use super::*;
     use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::limiter::{ManualClock, MemoryStore, RedisConfig, RedisStore, RedisTime};

@@ -1,16 +1,18 @@
 //! Validation and compilation: raw model → [`Domain`] with the lookup tables matching needs.
 //!
-//! Every semantic check of a policy file (README, "Policies") lives here and every problem is collected, so an
-//! operator fixes a file in one pass. The output is immutable; matching never parses, allocates
-//! or compiles anything.
+//! Every semantic check of a policy file (README, "Policies") lives here and every problem is
+//! collected, so an operator fixes a file in one pass. The output is immutable; matching never
+//! parses, allocates or compiles anything.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::Problem;
 use super::matcher::{Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
+use super::rule::{Cost, Limit, Metadata, Rate, Rule, Unit};
+use super::set::Domain;
 use super::yaml::{Node, Pos, Value};
-use super::{Cost, Domain, Limit, Metadata, Problem, Rate, Rule, Unit};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{KeyBuilder, Quota, QuotaError};
 
@@ -708,5 +710,353 @@ fn plain_number(text: &str) -> PlainNumber {
         Some(Some(n)) => PlainNumber::Number(n),
         Some(None) => PlainNumber::Infinite,
         None => PlainNumber::Not,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::{problems, set};
+    use crate::policy::{Limit, Unit};
+
+    #[test]
+    fn rule_identity_survives_a_reload_and_ignores_the_rate() {
+        let a = set(
+            "domain: test-domain\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]",
+        );
+        let b = set(
+            "domain: test-domain\ndescriptors:\n  - key: x\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 9, burst: 3}\n",
+        );
+        let ka = a
+            .domain("test-domain")
+            .unwrap()
+            .resolve([("k", "v")])
+            .unwrap();
+        let kb = b
+            .domain("test-domain")
+            .unwrap()
+            .resolve([("k", "v")])
+            .unwrap();
+        assert_eq!(ka.key(&ka.rules[0]), kb.key(&kb.rules[0]));
+        assert_ne!(ka.rules[0].limit, kb.rules[0].limit);
+    }
+
+    #[test]
+    fn extensions_and_units() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: MINUTE, requests_per_unit: 100, unit_multiplier: 5, burst: 10}
+  - key: b
+    rate_limit: {unit: Week, requests_per_unit: 7}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 0}
+");
+        let d = s.domain("test-domain").unwrap();
+        let Limit::Limited(a) = d.resolve([("a", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert_eq!((a.burst, a.unit_multiplier, a.unit), (10, 5, Unit::Minute));
+        assert!(a.burst_set);
+        assert_eq!(a.quota.interval(), 3 * NANOS_PER_SEC);
+        assert_eq!(a.quota.burst(), 10);
+        let Limit::Limited(b) = d.resolve([("b", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert_eq!((b.unit, b.burst), (Unit::Week, 7));
+        assert!(
+            !b.burst_set,
+            "no burst written: inherited from requests_per_unit"
+        );
+        let Limit::Limited(c) = d.resolve([("c", "x")]).unwrap().rules[0].limit else {
+            panic!("limited")
+        };
+        assert!(c.quota.is_ban());
+    }
+
+    /// The reference's schema with our additions (the fixture the fuzz targets decide against)
+    /// compiles to what each field means.
+    #[test]
+    fn accepts_the_whole_reference_schema() {
+        let s = set(include_str!("../../tests/fixtures/reference-schema.yaml"));
+        let d = s.domain("test-domain").unwrap();
+        let one = |entries: &[(&str, &str)]| {
+            let r = d
+                .resolve(entries.iter().copied())
+                .unwrap_or_else(|| panic!("{entries:?} matches no rule"));
+            assert_eq!(r.rules.len(), 1, "{entries:?}");
+            (Rule::clone(&r.rules[0]), r.cost, r.metadata.cloned())
+        };
+        let rate = |rule: &Rule| match rule.limit {
+            Limit::Limited(rate) => rate,
+            Limit::Unlimited => panic!("{} is unlimited", rule.stats_key),
+        };
+        let per = |rule: &Rule| {
+            let r = rate(rule);
+            (r.requests_per_unit, r.unit, r.unit_multiplier, r.burst)
+        };
+        // Every flag off unless written.
+        let flags = |rule: &Rule| {
+            (
+                rule.shadow_mode,
+                rule.quota_mode,
+                rule.detailed_metric,
+                rule.value_to_metric,
+            )
+        };
+
+        let (category, _, _) = one(&[("category", "account")]);
+        assert_eq!(per(&category), (4, Unit::Minute, 1, 4));
+        assert_eq!(category.replaces, ["bkthomps", "fake_name"]);
+        assert_eq!(category.name, None);
+        assert_eq!(category.stats_key, "test-domain.category_account");
+        assert_eq!(category.path, "descriptors[0]");
+        assert!(d.resolve([("category", "other")]).is_none());
+        assert_eq!(flags(&category), (false, false, false, false));
+
+        // A nested descriptor: its own limit and name, its parent's limit one level up.
+        let (foo, _, _) = one(&[("foo", "x")]);
+        assert_eq!(per(&foo), (2, Unit::Minute, 1, 2));
+        let (bar, _, _) = one(&[("foo", "x"), ("bar", "bkthomps")]);
+        assert_eq!(per(&bar), (1, Unit::Minute, 1, 1));
+        assert_eq!(bar.name.as_deref(), Some("bkthomps"));
+        assert_eq!(bar.stats_key, "test-domain.foo.bar_bkthomps");
+        assert_eq!(bar.levels, ["foo", "bar_bkthomps"]);
+        assert_eq!(bar.path, "descriptors[1].descriptors[0]");
+        assert!(d.resolve([("foo", "x"), ("bar", "other")]).is_none());
+        let (baz, _, _) = one(&[("foo", "x"), ("baz", "shady")]);
+        assert_eq!(per(&baz), (3, Unit::Minute, 1, 3));
+        assert_eq!(flags(&baz), (true, false, false, true));
+
+        let (unspec, _, _) = one(&[("unspec", "x")]);
+        assert_eq!(per(&unspec), (2, Unit::Minute, 1, 2));
+        assert_eq!(flags(&unspec), (false, false, true, false));
+
+        let (service, _, metadata) = one(&[("service", "service_1")]);
+        assert_eq!(per(&service), (1, Unit::Minute, 1, 1));
+        assert_eq!(flags(&service), (false, true, false, false));
+        assert_eq!(
+            metadata.map(serde_json::Value::Object),
+            Some(serde_json::json!({
+                "service_with_quota": {"name": "service_1"},
+                "n": 3,
+                "flags": [true, null, "7"],
+            }))
+        );
+
+        // `burst` below the rate; a cost node under a key-only node draws from it.
+        let (acct, cost, metadata) = one(&[("acct", "a")]);
+        let acct_rate = rate(&acct);
+        assert_eq!(per(&acct), (10, Unit::Minute, 1, 4));
+        assert!(acct_rate.burst_set);
+        assert_eq!(
+            (acct_rate.quota.interval(), acct_rate.quota.burst()),
+            (6 * NANOS_PER_SEC, 4)
+        );
+        assert_eq!(cost, 1);
+        assert_eq!(metadata.unwrap()["level"], "acct");
+        let (route, cost, metadata) = one(&[("acct", "a"), ("route", "r")]);
+        assert_eq!((route.id, cost), (acct.id, 2));
+        assert_eq!(metadata.unwrap()["level"], "route");
+        let costs: Vec<_> = d
+            .costs()
+            .map(|c| (c.stats_key.as_str(), c.cost, c.of.as_str()))
+            .collect();
+        assert_eq!(costs, [("test-domain.acct.route", 2, "test-domain.acct")]);
+
+        // The extremes of a rate: 4e9 a second is one every nanosecond (rounded up); one per
+        // 100 years is a period past a double's exact integers.
+        let (fast, _, _) = one(&[("fast", "x")]);
+        let q = rate(&fast).quota;
+        assert_eq!(
+            (q.period(), q.interval(), q.burst()),
+            (NANOS_PER_SEC, 1, 4_000_000_000)
+        );
+        let (slow, _, _) = one(&[("slow", "abc")]);
+        assert_eq!(per(&slow), (1, Unit::Year, 100, 1));
+        let century = 100 * 365 * 86_400 * NANOS_PER_SEC;
+        assert_eq!(
+            (rate(&slow).quota.period(), rate(&slow).quota.interval()),
+            (century, century)
+        );
+        // `share_threshold`: every value the wildcard matches shares one counter.
+        let key = |v: &str| {
+            let r = d.resolve([("slow", v)]).unwrap();
+            r.key(&r.rules[0])
+        };
+        assert_eq!(key("abc"), key("axyz"));
+        assert!(d.resolve([("slow", "bcd")]).is_none());
+
+        let (banned, _, _) = one(&[("banned", "x")]);
+        assert_eq!(per(&banned), (0, Unit::Day, 1, 0));
+        assert!(rate(&banned).quota.is_ban());
+        let (unlimited, _, _) = one(&[("unlimited", "x")]);
+        assert_eq!(unlimited.limit, Limit::Unlimited);
+        // A descriptor without a limit whitelists: no rule applies.
+        assert!(d.resolve([("whitelisted", "x")]).is_none());
+
+        assert_eq!(
+            s.summary().to_string(),
+            "1 files, 1 domains, 11 rules (9 limited, 1 bans, 1 unlimited), 1 cost node"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_position_and_path() {
+        let p = problems(
+            r#"domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: minutes, requests_per_unit: 5}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - value: v
+  - key: b
+    ratelimit: {}
+  - key: c
+    rate_limit: {unlimited: true, unit: second}
+  - key: d
+    rate_limit: {name: me, unit: second, requests_per_unit: 1, replaces: [{name: me}, {name: ""}]}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: -1, burst: 0}
+  - key: f
+    value: plain
+    share_threshold: true
+  - key: g
+    rate_limit: {name: "a\"b", unit: second, requests_per_unit: 1}
+"#,
+        );
+        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let expect = [
+            r#"bad.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit "minutes""#,
+            "bad.yaml:5:5: descriptors[1]: duplicate descriptor `a` (already at descriptors[0])",
+            "bad.yaml:7:5: descriptors[2]: descriptor has empty key",
+            "bad.yaml:9:5: descriptors[3].ratelimit: unknown field `ratelimit`",
+            "bad.yaml:11:41: descriptors[4].rate_limit.unit: should not specify rate limit unit when unlimited",
+            "descriptors[5].rate_limit.replaces[0].name: replaces should not contain name of same descriptor",
+            "descriptors[5].rate_limit.replaces[1].name: should not have an empty replaces entry",
+            "descriptors[6].rate_limit.requests_per_unit: expected a whole number",
+            "descriptors[6].rate_limit.burst: must be between 1 and",
+            "descriptors[7].share_threshold: share_threshold needs a value with a `*` wildcard",
+            "descriptors[8].rate_limit.name: name must not contain '\"'",
+        ];
+        for e in expect {
+            assert!(
+                shown.iter().any(|s| s.contains(e)),
+                "missing {e:?} in:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+    }
+
+    #[test]
+    fn rate_limits_ids_are_stable_and_tied_to_the_entry_name() {
+        let id = |text: &str| {
+            let s = set(text);
+            let d = s.domain("test-domain").unwrap();
+            let r = d.resolve([("k", "v")]).unwrap();
+            r.rules.iter().map(|r| r.id).collect::<Vec<_>>()
+        };
+        let a = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: second, requests_per_unit: 1}\n      - {name: b, unit: day, requests_per_unit: 9}\n",
+        );
+        // Reordered and re-rated: each name keeps its identity (its counter survives a reload).
+        let b = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: b, unit: day, requests_per_unit: 5}\n      - {name: a, unit: second, requests_per_unit: 2}\n",
+        );
+        assert_eq!((a[0], a[1]), (b[1], b[0]));
+        // A lone `rate_limit` has an identity distinct from any entry's, even one of its name.
+        let single = id(
+            "domain: test-domain\ndescriptors:\n  - key: k\n    rate_limit: {name: a, unit: second, requests_per_unit: 1}\n",
+        );
+        assert!(!a.contains(&single[0]));
+    }
+
+    #[test]
+    fn rate_limits_and_cost_problems_are_positioned() {
+        let p = problems(
+            r"domain: test-domain
+descriptors:
+  - key: both
+    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limits: [{unit: second, requests_per_unit: 1}]
+  - key: empty
+    rate_limits: []
+  - key: unnamed
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {unit: day, requests_per_unit: 1}
+  - key: twice
+    rate_limits:
+      - {name: a, unit: second, requests_per_unit: 1}
+      - {name: a, unit: day, requests_per_unit: 1}
+  - key: user
+    rate_limits:
+      - {name: s, unit: second, requests_per_unit: 10, burst: 20}
+      - {name: d, unit: day, requests_per_unit: 100, burst: 15}
+    descriptors:
+      - key: zero
+        cost: 0
+      - key: big
+        cost: 16
+      - key: own
+        cost: 2
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: orphan
+    cost: 3
+  - key: bad
+    rate_limits: {unit: second}
+",
+        );
+        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let expect = [
+            "bad.yaml:5:18: descriptors[0].rate_limits: rate_limit and rate_limits cannot both be given",
+            "bad.yaml:7:18: descriptors[1].rate_limits: rate_limits must not be empty",
+            "bad.yaml:11:9: descriptors[2].rate_limits[1]: each of several rate_limits needs a name",
+            "bad.yaml:15:16: descriptors[3].rate_limits[1].name: duplicate rate_limits name \"a\" (already at descriptors[3].rate_limits[0])",
+            "bad.yaml:22:15: descriptors[4].descriptors[0].cost: must be between 1 and",
+            "bad.yaml:24:15: descriptors[4].descriptors[1].cost: cost 16 is above the burst 15 of test-domain.user, so such a request could never pass",
+            "bad.yaml:26:15: descriptors[4].descriptors[2].cost: cost is for a node without a limit of its own",
+            "bad.yaml:29:11: descriptors[5].cost: cost needs an ancestor descriptor with a rate_limit",
+            "bad.yaml:31:18: descriptors[6].rate_limits: expected a list, found a map",
+        ];
+        for e in expect {
+            assert!(
+                shown.iter().any(|s| s.contains(e)),
+                "missing {e:?} in:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+    }
+
+    #[test]
+    fn bad_metadata_is_a_positioned_problem() {
+        let p = problems(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n    metadata: {x: .inf, y: 1e999, z: {w: 1, w: 2}, [1]: v}\n",
+        );
+        let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter()
+                .any(|t| t
+                    .contains("descriptors[0].metadata.y: metadata number 1e999 is not finite")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("descriptors[0].metadata.z.w: metadata key `w` is given twice")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("metadata keys must be text, found a list")),
+            "{text:?}"
+        );
+        // `.inf` is not a decimal number: it stays text.
+        assert_eq!(p.len(), 3, "{text:?}");
+        let p = problems("domain: d\ndescriptors:\n  - key: a\n    metadata: [1]\n");
+        assert!(p[0].message.contains("expected a map"), "{p:?}");
     }
 }

@@ -1,19 +1,16 @@
 //! Matching a request descriptor's entries against a domain's compiled tree, as
-//! envoyproxy/ratelimit does: one tree level per entry; at each level an exact value beats a
-//! wildcard (the first in file order), which beats a key-only rule; no backtracking; a limit
-//! applies only when the node reached by the last entry has one, or is a cost node (ours), which
-//! draws from the limits of its nearest limited ancestor.
-//!
-//! Lookups borrow the request's strings: matching allocates nothing. The counter key is built in
-//! the same walk from the request's values (the pattern, for `share_threshold` levels, so every
-//! matching value shares one counter) and then each rule's identity. A cost node's counters are
-//! its ancestor's: their key holds only the values of the levels down to that ancestor, so this
-//! rarer case walks the levels a second time.
+//! envoyproxy/ratelimit does: one level per entry; an exact value beats a wildcard (the first in
+//! file order), which beats a key-only rule; no backtracking; a limit applies only when the node
+//! reached by the last entry has one, or is a cost node (ours), drawing from its nearest limited
+//! ancestor. Matching borrows the request's strings and allocates nothing; the counter key is
+//! built in the same walk (the pattern, not the value, at `share_threshold` levels). A cost
+//! node's key holds only the levels down to that ancestor, so that rarer case walks twice.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Cost, Domain, Metadata, Rule};
+use super::rule::{Cost, Metadata, Rule};
+use super::set::Domain;
 
 /// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
 /// domain and each entry's key and value here, and SipHash (std's default) cost more than the
@@ -136,8 +133,7 @@ impl<'p> Resolved<'p> {
     }
 
     /// The counter of `rule`, reusing the walk's key state instead of copying it: for the
-    /// last rule counted, so the common one-rule case costs what it did before nodes could
-    /// hold several.
+    /// last rule counted, so the common one-rule case copies nothing.
     #[must_use]
     pub fn into_key(self, rule: &Rule) -> Key {
         let mut key = self.values;
@@ -208,6 +204,8 @@ impl Domain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::testing::{rpu, set};
+    use crate::policy::{Metadata, PolicySet};
 
     #[test]
     fn wildcards_anywhere() {
@@ -223,5 +221,349 @@ mod tests {
         assert!(!Pattern::new("/api/*/action").matches("/api/v1/actions"));
         assert!(Pattern::new("a*a").matches("aa"));
         assert!(!Pattern::new("a*a").matches("a"));
+    }
+
+    /// envoyproxy/ratelimit's `test/config/basic_config.yaml`, re-typed.
+    const BASIC: &str = r"
+domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key2
+    value: value2
+    rate_limit: {unit: minute, requests_per_unit: 30}
+  - key: key2
+    value: value3
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: key4
+    rate_limit: {name: key4_rate_limit, unit: day, requests_per_unit: 1}
+  - key: key5
+    value: value5
+    rate_limit: {unit: day, requests_per_unit: 15}
+    descriptors:
+      - key: subkey5
+        value: subvalue5
+        rate_limit: {unit: day, requests_per_unit: 25}
+  - key: key6
+    rate_limit: {unlimited: true}
+  - key: key7
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 70}
+";
+
+    const SEVERAL: &str = r"
+domain: test-domain
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 10, burst: 20}
+      - {name: per_day, unit: day, requests_per_unit: 1000}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+      - key: route
+        value: item
+        cost: 1
+      - key: route
+        value: own
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: one
+    rate_limits:
+      - {unit: minute, requests_per_unit: 7}
+";
+
+    #[test]
+    fn matching_follows_the_reference() {
+        let s = set(BASIC);
+        // Exact beats key-only, at any depth.
+        assert_eq!(rpu(&s, &[("key1", "value1"), ("subkey1", "x")]), Some(5));
+        assert_eq!(
+            rpu(&s, &[("key1", "value1"), ("subkey1", "subvalue1")]),
+            Some(10)
+        );
+        assert_eq!(rpu(&s, &[("key2", "anything")]), Some(20));
+        assert_eq!(rpu(&s, &[("key2", "value2")]), Some(30));
+        // A node with no rate_limit whitelists.
+        assert_eq!(rpu(&s, &[("key2", "value3")]), None);
+        assert_eq!(rpu(&s, &[("key1", "value1")]), None);
+        // Fewer entries reach an intermediate node with its own limit.
+        assert_eq!(rpu(&s, &[("key5", "value5")]), Some(15));
+        assert_eq!(
+            rpu(&s, &[("key5", "value5"), ("subkey5", "subvalue5")]),
+            Some(25)
+        );
+        // Deeper than the tree, or no backtracking to a key-only sibling: no limit.
+        assert_eq!(rpu(&s, &[("key3", "x"), ("extra", "y")]), None);
+        assert_eq!(rpu(&s, &[("key1", "value1"), ("nope", "x")]), None);
+        assert_eq!(rpu(&s, &[("unknown", "x")]), None);
+        assert_eq!(rpu(&s, &[]), None);
+        assert_eq!(rpu(&s, &[("key6", "x")]), Some(u32::MAX));
+        assert_eq!(
+            s.summary().to_string(),
+            "1 files, 1 domains, 10 rules (9 limited, 0 bans, 1 unlimited)"
+        );
+    }
+
+    #[test]
+    fn wildcards_in_file_order_then_key_only() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*/admin
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/v1/admin
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: nested
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 5}
+");
+        assert_eq!(rpu(&s, &[("path", "/api/v1/admin")]), Some(3));
+        assert_eq!(rpu(&s, &[("path", "/api/v2/admin")]), Some(1));
+        assert_eq!(rpu(&s, &[("path", "/api/v2/users")]), Some(2));
+        assert_eq!(rpu(&s, &[("path", "/static")]), Some(4));
+        assert_eq!(rpu(&s, &[("nested", "val1"), ("wild", "goose")]), Some(5));
+        assert_eq!(rpu(&s, &[("nested", "val1"), ("wild", "duck")]), None);
+    }
+
+    #[test]
+    fn counters_are_per_value_unless_share_threshold() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: other
+    value: files/*
+    rate_limit: {unit: hour, requests_per_unit: 10}
+");
+        let d = s.domain("test-domain").unwrap();
+        let key = |k: &str, v: &str| d.resolve([(k, v)]).map(|r| r.key(&r.rules[0])).unwrap();
+        assert_ne!(key("ip", "1.1.1.1"), key("ip", "2.2.2.2"));
+        assert_eq!(key("files", "files/a"), key("files", "files/b"));
+        assert_ne!(key("other", "files/a"), key("other", "files/b"));
+        assert_ne!(key("files", "files/a"), key("other", "files/a"));
+    }
+
+    #[test]
+    fn rate_limits_are_rules_of_their_own() {
+        let s = set(SEVERAL);
+        let d = s.domain("test-domain").unwrap();
+        let r = d.resolve([("user", "u1")]).unwrap();
+        assert_eq!(r.cost, 1);
+        let names: Vec<_> = r.rules.iter().map(|r| r.name.as_deref().unwrap()).collect();
+        assert_eq!(names, ["per_second", "per_day"]);
+        // Distinct identities, counters and labels; one stats key, told apart by the name.
+        assert_ne!(r.rules[0].id, r.rules[1].id);
+        assert_ne!(r.key(&r.rules[0]), r.key(&r.rules[1]));
+        assert_eq!(r.rules[0].stats_key, "test-domain.user");
+        assert_eq!(r.rules[1].qualified_key(), "test-domain.user[per_day]");
+        assert_eq!(r.rules[0].path, "descriptors[0].rate_limits[0]");
+        // The key handed over last is the same as a copied one.
+        assert_eq!(r.key(&r.rules[1]), r.clone().into_key(&r.rules[1]));
+        // A single entry needs no name and its stats key stays plain.
+        let one = d.resolve([("one", "x")]).unwrap();
+        assert_eq!(one.rules.len(), 1);
+        assert_eq!(one.rules[0].qualified_key(), "test-domain.one");
+        // The summary counts each entry, and the cost nodes apart.
+        assert_eq!(
+            s.summary().to_string(),
+            "1 files, 1 domains, 4 rules (4 limited, 0 bans, 0 unlimited), 2 cost nodes"
+        );
+    }
+
+    #[test]
+    fn cost_nodes_draw_from_the_ancestors_counters() {
+        let s = set(SEVERAL);
+        let d = s.domain("test-domain").unwrap();
+        let user = d.resolve([("user", "u1")]).unwrap();
+        let search = d.resolve([("user", "u1"), ("route", "search")]).unwrap();
+        let item = d.resolve([("user", "u1"), ("route", "item")]).unwrap();
+        assert_eq!((search.cost, item.cost), (10, 1));
+        for r in [&search, &item] {
+            assert!(std::ptr::eq(r.rules, user.rules));
+            for rule in r.rules {
+                assert_eq!(r.key(rule), user.key(rule));
+            }
+        }
+        // Another user has counters of its own.
+        let other = d.resolve([("user", "u2"), ("route", "search")]).unwrap();
+        assert_ne!(other.key(&other.rules[0]), user.key(&user.rules[0]));
+        // A node with its own limit under the user is a rule of its own, not a cost node.
+        let own = d.resolve([("user", "u1"), ("route", "own")]).unwrap();
+        assert_eq!((own.rules.len(), own.cost), (1, 1));
+        // Deeper than the cost node, or a route with no node: not limited, as in the reference.
+        assert!(
+            d.resolve([("user", "u1"), ("route", "search"), ("x", "y")])
+                .is_none()
+        );
+        assert!(d.resolve([("user", "u1"), ("route", "other")]).is_none());
+        let costs: Vec<_> = d
+            .costs()
+            .map(|c| (c.stats_key.as_str(), c.cost, c.of.as_str()))
+            .collect();
+        assert_eq!(
+            costs,
+            [
+                ("test-domain.user.route_search", 10, "test-domain.user"),
+                ("test-domain.user.route_item", 1, "test-domain.user"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cost_node_under_a_key_only_node_with_share_threshold_above() {
+        // The ancestor's key is built from its levels only: the wildcard level above shares.
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 100}
+        descriptors:
+          - key: route
+            cost: 5
+");
+        let d = s.domain("test-domain").unwrap();
+        let a = d
+            .resolve([("path", "/api/a"), ("user", "u"), ("route", "r1")])
+            .unwrap();
+        let b = d.resolve([("path", "/api/b"), ("user", "u")]).unwrap();
+        assert_eq!(a.cost, 5);
+        assert_eq!(a.key(&a.rules[0]), b.key(&b.rules[0]));
+    }
+
+    fn metadata_of(set: &PolicySet, domain: &str, entries: &[(&str, &str)]) -> Option<Metadata> {
+        set.domain(domain)
+            .expect("domain")
+            .resolve(entries.iter().copied())
+            .and_then(|r| r.metadata.cloned())
+    }
+
+    #[test]
+    fn metadata_is_kept_typed_as_written_on_the_matched_node() {
+        let s = set(r#"
+domain: test-domain
+descriptors:
+  - key: service
+    value: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota: {name: "service_1"}
+      n: 3
+      big: 18446744073709551615
+      f: -2.5e1
+      flags: [true, False, null, ~, yes, "7"]
+      0.5: half
+  - key: acct
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    metadata: {level: acct}
+    descriptors:
+      - key: route
+        cost: 2
+        metadata: {level: route}
+      - key: plain
+        cost: 1
+  - key: empty
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {}
+  - key: whitelisted
+    metadata: {never: returned}
+"#);
+        let m = metadata_of(&s, "test-domain", &[("service", "one")]).unwrap();
+        assert_eq!(
+            serde_json::Value::Object(m),
+            serde_json::json!({
+                "service_with_quota": {"name": "service_1"},
+                "n": 3,
+                "big": 18_446_744_073_709_551_615_u64,
+                "f": -25.0,
+                "flags": [true, false, null, null, "yes", "7"],
+                "0.5": "half",
+            })
+        );
+        // A request that stops at the limited node gets its metadata; a cost node its own, or
+        // none (not its ancestor's).
+        let level =
+            |e: &[(&str, &str)]| metadata_of(&s, "test-domain", e).map(|m| m["level"].clone());
+        assert_eq!(level(&[("acct", "a")]), Some("acct".into()));
+        assert_eq!(
+            level(&[("acct", "a"), ("route", "r")]),
+            Some("route".into())
+        );
+        assert_eq!(level(&[("acct", "a"), ("plain", "p")]), None);
+        assert_eq!(metadata_of(&s, "test-domain", &[("empty", "x")]), None);
+        // No rule applies: no match, so nothing to return.
+        assert!(
+            s.domain("test-domain")
+                .unwrap()
+                .resolve([("whitelisted", "x")])
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn nested_rules_and_the_depth_rule() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: nested
+    value: a
+    rate_limit: {unit: hour, requests_per_unit: 5}
+    descriptors:
+      - key: sub
+        rate_limit: {unit: hour, requests_per_unit: 2}
+");
+        assert_eq!(rpu(&s, &[("nested", "a")]), Some(5));
+        assert_eq!(rpu(&s, &[("nested", "a"), ("sub", "x")]), Some(2));
+        assert_eq!(rpu(&s, &[("nested", "b")]), None);
+        // Deeper than the tree: no limit.
+        assert_eq!(
+            rpu(&s, &[("nested", "a"), ("sub", "x"), ("more", "y")]),
+            None
+        );
+        // No backtracking: a miss below an exact match does not fall back to a key-only sibling.
+        assert_eq!(rpu(&s, &[("nested", "a"), ("other", "x")]), None);
+    }
+
+    #[test]
+    fn wildcards_beat_key_only() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*/export
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 10}
+");
+        assert_eq!(rpu(&s, &[("path", "/api/v2/export")]), Some(1));
+        assert_eq!(rpu(&s, &[("path", "/api/v2/users")]), Some(10));
     }
 }

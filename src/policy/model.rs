@@ -405,3 +405,31 @@ fn join(parent: &str, field: &str) -> String {
         format!("{parent}.{field}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::testing::problems;
+
+    #[test]
+    fn file_level_problems() {
+        assert!(problems("")[0].message.contains("file is empty"));
+        assert!(
+            problems("descriptors: []")[0]
+                .message
+                .contains("missing domain")
+        );
+        assert!(problems("domain: ''")[0].message.contains("empty domain"));
+        assert!(problems("domain: [a]")[0].message.contains("expected text"));
+        assert!(problems("- a\n- b")[0].message.contains("expected a map"));
+        assert!(
+            problems("domain: a\n---\ndomain: b")[0]
+                .message
+                .contains("one YAML document")
+        );
+        let p = problems("domain: a\ndescriptors: [\n");
+        assert!(p[0].message.contains("invalid YAML"), "{p:?}");
+        assert!(p[0].pos.is_some());
+        let p = problems("domain: a\ndomain: b\n");
+        assert!(p[0].message.contains("given twice"), "{p:?}");
+    }
+}

@@ -1,23 +1,11 @@
 //! The one place that touches the YAML parser: text → a tree of [`Node`]s, each with the line and
-//! column it started at, so validation can point at every error, not only the first.
+//! column it started at, so validation can point at every error. Scalars stay text with their
+//! style (the model types them); anchors and aliases are resolved here. Swapping the YAML crate
+//! is a change to this file.
 //!
-//! Scalars are kept as text with their style; typing them (bool, integer, string) is the model's
-//! job. Anchors and aliases are resolved here. Swapping the YAML crate is a change to this file.
-//!
-//! Aliases are bounded, because each one is a copy: nine anchors of nine aliases each fit in a
-//! kilobyte and expand to 9⁹ nodes, and a million aliases of one 8 MB scalar fit in 16 MB. While
-//! building, an anchored value is shared, not copied, and every value knows its expanded node
-//! count, text bytes and height, so each alias is checked before anything is copied: a file
-//! whose aliases would add more than [`MAX_ALIAS_NODES`] nodes or [`MAX_ALIAS_BYTES`] bytes of
-//! text, or whose nesting (aliases included) passes [`MAX_DEPTH`] levels, is refused at the
-//! alias or collection that crossed the line. The check costs time and memory in proportion to
-//! the source; only a file within the bounds is expanded into its tree (moving each value used
-//! once, copying only what aliases share). A million copied nodes is far more than a real file
-//! needs (a reused `rate_limit` block is 5 to 9 nodes, so that is over 100,000 aliases) and a
-//! bounded cost (some 100 MB at worst); the 16 MB file-size cap bounds the nodes written out.
-//! The depth bound keeps the recursive readers of the tree (the model, `Drop`) far from the end
-//! of a thread's stack: real descriptor trees are a few levels deep, and each level is two
-//! collections.
+//! Aliases are bounded, because each is a copy (nine anchors of nine aliases fit in a kilobyte and
+//! expand to 9⁹ nodes): a file passing [`MAX_ALIAS_NODES`], [`MAX_ALIAS_BYTES`] or [`MAX_DEPTH`] is
+//! refused at the alias that crosses the line, before anything is copied.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -25,14 +13,18 @@ use std::rc::Rc;
 use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-/// The most nodes the aliases of one file may add to it, counting every node of every copy.
+/// The most nodes the aliases of one file may add to it, counting every node of every copy. Far
+/// more than a real file needs (a reused `rate_limit` block is 5 to 9 nodes, so this is over
+/// 100,000 aliases), and a bounded cost (some 100 MB at worst).
 pub const MAX_ALIAS_NODES: usize = 1_000_000;
 
 /// The most bytes of scalar text the aliases of one file may add to it (as much as a file
 /// may hold).
 pub const MAX_ALIAS_BYTES: usize = 16 << 20;
 
-/// The deepest nesting of lists and maps in a file, aliases expanded.
+/// The deepest nesting of lists and maps in a file, aliases expanded: keeps the recursive
+/// readers of the tree (the model, `Drop`) far from the end of a thread's stack, where real
+/// descriptor trees are a few levels deep and each level is two collections.
 pub const MAX_DEPTH: usize = 128;
 
 /// A position in the source, 1-based.
@@ -378,8 +370,9 @@ fn too_deep(pos: Pos) -> SyntaxError {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::policy::testing::{problems, rpu, set};
 
     #[test]
     fn positions_and_shapes() {
@@ -417,7 +410,7 @@ pub(crate) mod tests {
 
     /// `levels` anchors of `fan_out` items each, every level aliasing the one before, inside a
     /// policy's `metadata`: `fan_out^levels` nodes from a few hundred bytes.
-    pub(crate) fn alias_bomb(levels: usize, fan_out: usize) -> String {
+    fn alias_bomb(levels: usize, fan_out: usize) -> String {
         let mut text = String::from("domain: bomb\ndescriptors: []\nmetadata:\n");
         let names: Vec<char> = ('a'..='z').take(levels).collect();
         for (i, name) in names.iter().enumerate() {
@@ -531,5 +524,28 @@ pub(crate) mod tests {
         let err = parse("a: [1, 2\nb: 3\n").unwrap_err();
         assert!(err.pos.line >= 1, "{err:?}");
         assert!(!err.message.is_empty());
+    }
+
+    #[test]
+    fn aliases_reuse_rate_limit_blocks() {
+        let s = set(
+            "domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: &std {unit: minute, requests_per_unit: 7}\n  - key: key2\n    rate_limit: *std\n",
+        );
+        assert_eq!(rpu(&s, &[("key1", "v")]), Some(7));
+        assert_eq!(rpu(&s, &[("key2", "v")]), Some(7));
+    }
+
+    #[test]
+    fn an_alias_bomb_is_a_positioned_problem() {
+        let text = alias_bomb(9, 9);
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(
+            p[0].to_string(),
+            format!(
+                "bad.yaml:{}: YAML aliases expand to more than 1000000 nodes",
+                p[0].pos.unwrap()
+            )
+        );
     }
 }

@@ -1,9 +1,7 @@
-//! `compat: envoy-ratelimit`: the binary started with envoyproxy/ratelimit's variables and its
-//! runtime layout (files without a `.yaml` extension, a dot file, the root a symlink) decides
-//! exactly as one started with the equivalent sluice settings, and follows a symlink swap of the
-//! root. Here both count in memory (`SLUICE_BACKEND=memory`, which wins over the reference's
-//! default backend, Redis); `tests/interop/test_compat.py` runs the same with nothing but the
-//! reference's variables, in Redis, through Envoy's generated client.
+//! `compat: envoy-ratelimit`: the binary started with envoyproxy/ratelimit's variables and
+//! runtime layout (extensionless files, a dot file, the root a symlink, swapped) decides exactly
+//! as one started with the equivalent sluice settings, both counting in memory.
+//! `tests/interop/test_compat.py` runs the same in Redis through Envoy's generated client.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -24,10 +24,12 @@ descriptors:
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const SETTINGS: u8 = 0x4;
+const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const REFUSED_STREAM: u32 = 0x7;
@@ -51,9 +53,10 @@ async fn read_frame(r: &mut (impl AsyncRead + Unpin)) -> Option<(u8, u8, u32, Ve
     Some((head[3], head[4], stream, payload))
 }
 
-/// A request header block for `ShouldRateLimit`, from the static table and literals only, so
-/// the same bytes are valid on every stream (RFC 7541: no dynamic-table state).
-fn request_headers() -> Vec<u8> {
+/// A request header block for `ShouldRateLimit` with a `grpc-timeout` of `timeout`, from the
+/// static table and literals only, so the same bytes are valid on every stream (RFC 7541: no
+/// dynamic-table state).
+fn request_headers(timeout: &str) -> Vec<u8> {
     let mut b = vec![0x83, 0x86]; // :method POST, :scheme http
     let mut literal = |name_index: u8, value: &str| {
         b.push(name_index); // literal without indexing, indexed name (4-bit prefix)
@@ -67,6 +70,11 @@ fn request_headers() -> Vec<u8> {
     b.extend_from_slice(b"application/grpc");
     b.extend_from_slice(&[0x00, 2, b't', b'e', 8]);
     b.extend_from_slice(b"trailers");
+    // Literal without indexing, new name.
+    b.extend_from_slice(&[0x00, 12]);
+    b.extend_from_slice(b"grpc-timeout");
+    b.push(u8::try_from(timeout.len()).unwrap());
+    b.extend_from_slice(timeout.as_bytes());
     b
 }
 
@@ -193,22 +201,35 @@ async fn a_flood_of_header_only_streams_leaves_memory_bounded_and_others_served(
 
     let (s, _) = raw_h2(server.grpc).await.expect("handshake");
     let (mut r, mut w) = s.into_split();
-    // The reader counts refusals and stops at the PING's answer (every HEADERS before it has
-    // been processed) or when the server closes the connection.
+    // Each stream the server takes is answered DEADLINE_EXCEEDED by its call 200 ms after it
+    // was taken, so once every stream taken is answered every call has been made and run. The
+    // reader counts refusals and answers, and stops when the server closes the connection, or
+    // once the PING is answered (every HEADERS before it has been processed) and every stream
+    // taken is answered.
     let reader = tokio::spawn(async move {
-        let (mut refused, mut goaway) = (0u32, false);
-        while let Some((kind, flags, _, payload)) = read_frame(&mut r).await {
+        let (mut refused, mut goaway, mut pinged) = (0u32, false, false);
+        let mut answered = std::collections::HashSet::new();
+        while let Some((kind, flags, stream, payload)) = read_frame(&mut r).await {
             match kind {
                 RST_STREAM if payload[..] == REFUSED_STREAM.to_be_bytes() => refused += 1,
+                RST_STREAM => {
+                    answered.insert(stream);
+                }
+                HEADERS | DATA if flags & END_STREAM != 0 => {
+                    answered.insert(stream);
+                }
                 GOAWAY => goaway = true,
-                PING if flags & ACK != 0 => break,
+                PING if flags & ACK != 0 => pinged = true,
                 _ => {}
+            }
+            if pinged && answered.len() + refused as usize == STREAMS as usize {
+                break;
             }
         }
         (refused, goaway)
     });
     let writer = tokio::spawn(async move {
-        let block = request_headers();
+        let block = request_headers("200m");
         let mut batch = Vec::new();
         for i in 0..STREAMS {
             batch.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &block));
@@ -225,23 +246,24 @@ async fn a_flood_of_header_only_streams_leaves_memory_bounded_and_others_served(
         drop(w);
     });
 
-    // Meanwhile another client is served.
+    // Meanwhile another client is served, and the resident set is sampled until the flood is
+    // processed and its streams answered: its largest size is measured.
     let mut served = 0;
+    let mut largest = rss();
     let started = Instant::now();
     while !reader.is_finished() && started.elapsed() < Duration::from_secs(30) {
         server
             .ok(single("test", "free", &format!("other-{served}")))
             .await;
         served += 1;
+        largest = largest.max(rss());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (refused, goaway) = tokio::time::timeout(Duration::from_secs(30), reader)
         .await
         .expect("the flood is processed in time")
         .unwrap();
-    // Let the tasks of accepted streams start (and allocate) before measuring.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let grown = rss().saturating_sub(before);
+    let grown = largest.max(rss()).saturating_sub(before);
     server.ok(single("test", "free", "after")).await;
     writer.abort();
 
@@ -436,20 +458,29 @@ async fn a_connection_past_its_max_age_is_sent_goaway_and_its_call_in_flight_com
     })
     .await;
     let addr = server.grpc;
+    let opened = Instant::now();
     let (client, conn) = h2_client(addr).await;
     // A call in flight across the age: its headers now, its body after the GOAWAY.
     let (resp, body) = open_call(&client, addr, "application/grpc").await;
-    // Past the age and its jitter (at most 330 ms).
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    // A new call on the aged connection is not taken any more.
-    let refused = match client.clone().ready().await {
-        Err(_) => true,
-        Ok(mut c) => match c.send_request(grpc_request(addr, "application/grpc"), true) {
+    // New calls on the connection are taken until its age and jitter (at most 330 ms) pass;
+    // from the GOAWAY on, none is.
+    loop {
+        let refused = match client.clone().ready().await {
             Err(_) => true,
-            Ok((resp, _)) => resp.await.is_err(),
-        },
-    };
-    assert!(refused, "a new stream was accepted after the GOAWAY");
+            Ok(mut c) => match c.send_request(grpc_request(addr, "application/grpc"), true) {
+                Err(_) => true,
+                Ok((resp, _)) => resp.await.is_err(),
+            },
+        };
+        if refused {
+            break;
+        }
+        assert!(
+            opened.elapsed() < Duration::from_millis(700),
+            "new streams are still taken 700 ms after the connection opened, past its age"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(finish_call(resp, body).await, (200, "0".to_string()));
     // With nothing left in flight the connection closes, long before the grace ends.
     tokio::time::timeout(Duration::from_secs(3), conn)

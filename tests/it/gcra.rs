@@ -1,10 +1,10 @@
 //! The GCRA correctness properties of `docs/gcra-properties.md` that apply to one node
 //! (P1–P14, P16 and refunds), checked against the in-memory store with explicit integer-nanosecond
-//! time: every `now` is an argument (or a [`ManualClock`]), nothing sleeps.
+//! time: every `now` is an argument (or a [`ManualClock`]), nothing sleeps. Only the limiter:
+//! policies, the decider and the wire are `decision`'s unit tests' and `service.rs`'s.
 //!
 //! `T` is always `quota.interval()` and `B` is `quota.burst()`, the values the implementation
-//! actually uses. Case counts and schedule lengths are bounded so the file runs in seconds in a
-//! debug build.
+//! uses. Case counts and schedule lengths are bounded so the file runs in seconds in debug.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};

@@ -1,5 +1,8 @@
 //! Test support: a real server (`App`) on 127.0.0.1:0 with policies in a temporary directory, a
-//! hand-driven clock, and a gRPC client.
+//! hand-driven clock, and a gRPC client; raw HTTP/2 and HTTP/1 exchanges; the real binary in a
+//! process of its own; real `redis-server`s ([`redis`]).
+
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -229,6 +232,20 @@ where
             return false;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A small deterministic generator, so a failing schedule can be replayed.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next number below `n`.
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
     }
 }
 

@@ -1,11 +1,7 @@
-//! Leased counting against one real `redis-server` (started on a free loopback port, killed on
-//! drop), with several nodes in this process (one `LeasedStore` each) deciding at one
-//! hand-driven clock: the stated bound `B + floor((W + L) / T)` in every window of a randomized
-//! schedule, no starvation, and the edges (give-backs at expiry and at shutdown, a node that
-//! dies holding a lease, cold counters, and shadow, quota, check-only and refund ops answered
-//! from a lease).
-//!
-//! Skips with a notice without `redis-server` unless `CI` is set (see `redis_missing`).
+//! Leased counting: several `LeasedStore` nodes over one real `redis-server`, at one hand-driven
+//! clock: the bound `B + floor((W + L) / T)` in every window of a random schedule, no
+//! starvation, give-backs, a node dying with a lease, and every op kind answered from a lease.
+//! Skips without `redis-server` unless `CI` is set (`helpers::redis_missing`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +14,9 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::Lcg;
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request};
-use crate::redis::{Lcg, RedisProcess};
 
 const MS: u64 = 1_000_000;
 
@@ -30,7 +27,7 @@ fn config(url: &str) -> RedisConfig {
         connect_timeout: Duration::from_millis(500),
         breaker_failures: 0,
         breaker_cooldown: Duration::from_millis(100),
-        ..crate::redis::config(url)
+        ..crate::helpers::redis::config(url)
     }
 }
 

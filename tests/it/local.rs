@@ -11,8 +11,8 @@ use sluice::decision::OnBackendError;
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{TestServer, eventually, metric, redis_missing, single};
-use crate::redis::RedisProcess;
 
 /// `k`: 60 a minute (T = 1 s) with a burst of 10, for the measured span; `j`: 10 an hour, for
 /// the shared budget.

@@ -357,7 +357,9 @@ async fn a_change_no_watch_event_reports_is_found_by_the_rescan() {
 }
 
 /// SIGHUP reloads: sent to a real `sluice serve` process (so the signal reaches only it), with
-/// watching off so that nothing else could have reloaded.
+/// watching off so that nothing else could have reloaded. A server watching the same directory
+/// shows when a watcher would have reloaded; by then this one has not, and in the end it has
+/// reloaded once, for the signal.
 #[cfg(unix)]
 #[tokio::test]
 async fn sighup_reloads() {
@@ -402,11 +404,19 @@ async fn sighup_reloads() {
         "{}",
         rlconfig().await
     );
+    let watching = TestServer::start_with(&[], |s| s.policies.clone_from(&policies)).await;
+    assert_eq!(rpu(&watching, "reload-sighup", "a").await, Some(1));
     write(
         &policies.join("h.yaml"),
         &policy("reload-sighup", &[("a", 6)]),
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        eventually(RELOAD_WITHIN, || async {
+            rpu(&watching, "reload-sighup", "a").await == Some(6)
+        })
+        .await,
+        "the watching server reloads the change"
+    );
     assert!(
         rlconfig().await.contains("requests_per_unit=1 "),
         "not watching: no reload yet"
@@ -420,9 +430,11 @@ async fn sighup_reloads() {
         rlconfig().await.contains("requests_per_unit=6 ")
     })
     .await;
+    let reloads = metric(admin, "sluice_policy_reloads_total{result=\"success\"}").await;
     let _ = child.kill();
     let _ = child.wait();
     assert!(reloaded, "SIGHUP reloaded the policies");
+    assert_eq!(reloads, Some(1.0), "one reload, the signal's");
 }
 
 #[tokio::test]

@@ -1,19 +1,14 @@
-//! The Redis backend against real `redis-server` processes started on free loopback ports in
-//! temporary directories: decisions identical to the in-memory store's (P17 of
-//! `docs/gcra-properties.md`), one budget shared by two servers, one round trip per request, and
-//! fast, configured answers while Redis is down.
-//!
-//! Needs `redis-server` and `redis-cli` on the PATH. Without them each test prints a notice and
-//! skips, except on CI (`CI` set), where they are required; `.ci/run` installs Debian's
-//! packages.
+//! The Redis backend against real `redis-server`s: decisions identical to the in-memory
+//! store's (P17 of `docs/gcra-properties.md`), one budget shared by two servers, one round trip
+//! per request, and fast, configured answers while Redis is down.
+//! Skips without `redis-server` unless `CI` is set (`helpers::redis_missing`).
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::redis::{RedisAuth, RedisTls, fits_lean};
+use sluice::limiter::redis::fits_lean;
 use sluice::limiter::{
     Batch, Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock, Op,
     Quota, RedisConfig, RedisStore, RedisTime,
@@ -21,155 +16,12 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::{RedisCluster, RedisProcess, config};
 use crate::helpers::{
-    TestServer, descriptor, eventually, free_port, metric, redis_missing, request, single,
+    Lcg, TestServer, descriptor, eventually, metric, redis_missing, request, single,
 };
 
 const SEC: u64 = NANOS_PER_SEC;
-
-/// A `redis-server` on a free port, killed on drop.
-pub struct RedisProcess {
-    pub port: u16,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisProcess {
-    pub fn start() -> Self {
-        Self::start_on(free_port())
-    }
-
-    pub fn start_on(port: u16) -> Self {
-        Self::spawn(port, &[])
-    }
-
-    pub fn spawn(port: u16, extra: &[&str]) -> Self {
-        Self::listening(port, &["--port", &port.to_string()], extra)
-    }
-
-    /// A `redis-server` told how to listen by `listen` (e.g. `--port 0 --tls-port P`), with
-    /// `extra` arguments, once it accepts connections on `port`.
-    pub fn listening(port: u16, listen: &[&str], extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args(listen)
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(extra)
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (Debian package redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self {
-            port,
-            child,
-            _dir: dir,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// What `redis-cli` prints for `args` against this server.
-    pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RedisProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Three cluster-mode `redis-server`s joined by `redis-cli --cluster create`, no replicas.
-pub struct RedisCluster {
-    pub nodes: Vec<RedisProcess>,
-}
-
-impl RedisCluster {
-    pub fn start() -> Self {
-        let nodes: Vec<RedisProcess> = (0..3)
-            .map(|_| {
-                RedisProcess::spawn(
-                    free_port(),
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
-                )
-            })
-            .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli must be installed (Debian package redis-tools)");
-        assert!(
-            out.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for n in &nodes {
-            loop {
-                let info = Command::new("redis-cli")
-                    .args(["-p", &n.port.to_string(), "cluster", "info"])
-                    .output()
-                    .unwrap();
-                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster never became ok");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        Self { nodes }
-    }
-
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisProcess::url).collect()
-    }
-}
-
-/// A one-node config for `url` with this file's test timeouts; other tests override fields.
-pub fn config(url: &str) -> RedisConfig {
-    RedisConfig {
-        urls: vec![url.to_string()],
-        cluster: false,
-        key_prefix: "sluice-test:".into(),
-        timeout: Duration::from_millis(200),
-        connect_timeout: Duration::from_millis(200),
-        breaker_failures: 3,
-        breaker_cooldown: Duration::from_millis(200),
-        deny_cache_keys: 0,
-        sentinel: None,
-        tls: RedisTls::default(),
-        auth: RedisAuth::default(),
-    }
-}
 
 /// A store deciding at Redis `TIME`, connecting in the background.
 fn open(config: RedisConfig) -> Arc<RedisStore> {
@@ -214,20 +66,6 @@ async fn connected(store: &Arc<RedisStore>) {
         })
         .await
     );
-}
-
-/// A small deterministic generator, so a failing schedule can be replayed.
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// The next number below `n`.
-    pub fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// P17: the same (time, keys, costs, modes) schedule gives the same decisions, remaining counts

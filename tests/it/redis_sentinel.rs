@@ -1,12 +1,7 @@
-//! Redis Sentinel against real processes the tests start on free loopback ports in temporary
-//! directories: one master, one replica and three sentinels; the master killed under load,
-//! sluice answering with its backend-error policy meanwhile and following the promoted replica
-//! with no restart, with nothing charged twice; and the faults an operator meets first, every
-//! sentinel unreachable and a wrong master name, each a clear log line while decisions are
-//! answered by the policy.
-//!
-//! Needs `redis-server`, `redis-cli` and `redis-sentinel` on the PATH; without them each test
-//! prints a notice and skips, except on CI (`CI` set), where they are required.
+//! Redis Sentinel against real processes (a master, a replica, three sentinels): the master
+//! killed under load, answered by the backend-error policy meanwhile and followed to the promoted
+//! replica with nothing charged twice; unreachable sentinels and a wrong master name logged.
+//! Skips without `redis-sentinel` unless `CI` is set (`helpers::sentinel_missing`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -20,10 +15,10 @@ use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{
     TestServer, descriptor, eventually, free_port, metric, sentinel_missing, single,
 };
-use crate::redis::RedisProcess;
 
 const MASTER: &str = "mymaster";
 const POLICY: &str = "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: year, requests_per_unit: 1000000}\n";

@@ -1,11 +1,7 @@
-//! TLS and authentication to Redis, against real `redis-server` processes started on free
-//! loopback ports with certificates made by `openssl` in a temporary directory: decisions over
-//! TLS (single node and cluster), mutual TLS, an untrusted CA, a certificate for another name
-//! (refused, then accepted with `skip_hostname_verification`, the chain still checked), an ACL
-//! user with a password in a file or in the URL, and a wrong password that is never printed.
-//!
-//! Needs `redis-server`, `redis-cli` and `openssl`; without them each test prints a notice and
-//! skips, except on CI (`CI` set), where they are required.
+//! TLS and authentication to real `redis-server`s with certificates made by `openssl`: single
+//! node and cluster, mutual TLS, an untrusted CA, another name's certificate, ACL users with a
+//! password from a file or the URL, and a wrong password never printed.
+//! Skips without `redis-server` or `openssl` unless `CI` is set (`helpers::redis_missing`).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -19,10 +15,10 @@ use sluice::limiter::{ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, Red
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
+use crate::helpers::redis::RedisProcess;
 use crate::helpers::{
     TestServer, eventually, free_port, http_get, openssl_missing, redis_missing, single,
 };
-use crate::redis::RedisProcess;
 
 /// Whether the test must skip (a notice printed) for want of Redis or openssl.
 fn missing(test: &str) -> bool {
@@ -173,7 +169,7 @@ fn config(url: &str) -> RedisConfig {
         timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
         breaker_failures: 0,
-        ..crate::redis::config(url)
+        ..crate::helpers::redis::config(url)
     }
 }
 

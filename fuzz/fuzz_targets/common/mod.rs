@@ -25,54 +25,9 @@ pub const ORIGIN: u64 = 1_000_000 * 1_000_000_000;
 /// charge), after 1.5 s (partly refilled), and after 400 days (past every bucket but the longest).
 pub const TIMES: [u64; 4] = [0, 0, 1_500_000_000, 400 * 86_400 * 1_000_000_000];
 
-/// The reference's schema with our additions: `replaces`, `shadow_mode`, `value_to_metric`,
-/// `detailed_metric`, `quota_mode`, `metadata`, a cost under a key-only node, the extremes of a
-/// rate (4e9 a second; one per 100 years), a ban and a whitelist.
-const TEST_DOMAIN: &str = r#"
-domain: test-domain
-descriptors:
-  - key: category
-    value: account
-    rate_limit:
-      replaces: [{name: bkthomps}, {name: fake_name}]
-      unit: minute
-      requests_per_unit: 4
-  - key: foo
-    rate_limit: {unit: minute, requests_per_unit: 2}
-    descriptors:
-      - key: bar
-        value: bkthomps
-        rate_limit: {name: bkthomps, unit: minute, requests_per_unit: 1}
-      - key: baz
-        value: shady
-        shadow_mode: true
-        value_to_metric: true
-        rate_limit: {unit: minute, requests_per_unit: 3}
-  - key: unspec
-    detailed_metric: true
-    rate_limit: {unit: minute, requests_per_unit: 2}
-  - key: service
-    value: service_1
-    quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-    metadata: {service_with_quota: {name: "service_1"}, n: 3, flags: [true, null, "7"]}
-  - key: acct
-    rate_limit: {unit: minute, requests_per_unit: 10, burst: 4}
-    metadata: {level: acct}
-    descriptors:
-      - key: route
-        cost: 2
-        metadata: {level: route}
-  - key: fast
-    rate_limit: {unit: second, requests_per_unit: 4000000000, burst: 4000000000}
-  - key: slow
-    value: "a*"
-    share_threshold: true
-    rate_limit: {unit: year, unit_multiplier: 100, requests_per_unit: 1, burst: 1}
-  - key: banned
-    rate_limit: {unit: day, requests_per_unit: 0}
-  - key: whitelisted
-"#;
+/// The reference's schema with our additions, each of which the policy tests check the
+/// meaning of.
+const TEST_DOMAIN: &str = include_str!("../../../tests/fixtures/reference-schema.yaml");
 
 /// The example deployment's policy (domain `edge`) and [`TEST_DOMAIN`].
 pub fn policies() -> PolicyHandle {
