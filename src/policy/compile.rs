@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::Problem;
+use super::matcher::Domain;
 use super::matcher::{Level, Pattern, TreeNode};
 use super::model::{RawDescriptor, RawPolicy, RawRateLimit, Spanned};
 use super::rule::{Cost, Limit, Metadata, Rate, Rule, Unit};
-use super::set::Domain;
 use super::yaml::{Node, Pos, Value};
 use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::limiter::{KeyBuilder, Quota, QuotaError};

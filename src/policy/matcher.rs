@@ -1,4 +1,4 @@
-//! Matching a request descriptor's entries against a domain's compiled tree, as
+//! A domain's compiled tree, and matching a request descriptor's entries against it as
 //! envoyproxy/ratelimit does: one level per entry; an exact value beats a wildcard (the first in
 //! file order), which beats a key-only rule; no backtracking; a limit applies only when the node
 //! reached by the last entry has one, or is a cost node (ours), drawing from its nearest limited
@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::rule::{Cost, Metadata, Rule};
-use super::set::Domain;
 
 /// The hash map of the policy tables: foldhash, seeded per map. Every request looks up its
 /// domain and each entry's key and value here, and SipHash (std's default) cost more than the
@@ -139,6 +138,48 @@ impl<'p> Resolved<'p> {
         let mut key = self.values;
         key.part(&rule.id.to_le_bytes());
         key.finish()
+    }
+}
+
+/// One domain's compiled descriptor tree.
+#[derive(Clone, Debug)]
+pub struct Domain {
+    pub(super) name: String,
+    /// The files it was loaded from: one, or several with merged domains, in load order.
+    pub(super) files: Vec<String>,
+    pub(super) root: Level,
+    pub(super) nodes: Vec<TreeNode>,
+}
+
+impl Domain {
+    /// The domain name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The (first) file it was loaded from.
+    #[must_use]
+    pub fn file(&self) -> &str {
+        self.files.first().map_or("", String::as_str)
+    }
+
+    /// Every file it was loaded from, in load order: one, unless domains are merged.
+    #[must_use]
+    pub fn files(&self) -> &[String] {
+        &self.files
+    }
+
+    /// Every rule of the domain, in file order; each entry of a `rate_limits` is one.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.rules.iter().map(Arc::as_ref))
+    }
+
+    /// Every cost node of the domain, in file order.
+    pub fn costs(&self) -> impl Iterator<Item = &Cost> {
+        self.nodes.iter().filter_map(|n| n.cost.as_ref())
     }
 }
 

@@ -21,9 +21,10 @@ pub use load::{
     Files, LoadOptions, MAX_FILE_BYTES, load_dir, load_dir_with, load_str, load_str_with,
     policy_files,
 };
+pub use matcher::Domain;
 pub use matcher::Resolved;
 pub use rule::{Cost, Limit, Metadata, Rate, Rule, Unit};
-pub use set::{Domain, PolicyHandle, PolicySet, Summary};
+pub use set::{PolicyHandle, PolicySet, Summary};
 pub use yaml::Pos;
 
 /// One problem found while loading policies.

@@ -1,56 +1,14 @@
 //! The compiled policies: a [`Domain`] per name, all of them in an immutable [`PolicySet`], and
 //! the [`PolicyHandle`] that swaps a new set in on reload while readers keep the one they hold.
-//! Matching a request against a domain lives in `matcher`.
+//! A domain's tree, and matching a request against it, live in `matcher`.
 
 use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::matcher;
-use super::rule::{Cost, Limit, Rule};
-
-/// One domain's compiled descriptor tree.
-#[derive(Clone, Debug)]
-pub struct Domain {
-    pub(super) name: String,
-    /// The files it was loaded from: one, or several with merged domains, in load order.
-    pub(super) files: Vec<String>,
-    pub(super) root: matcher::Level,
-    pub(super) nodes: Vec<matcher::TreeNode>,
-}
-
-impl Domain {
-    /// The domain name.
-    #[must_use]
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The (first) file it was loaded from.
-    #[must_use]
-    pub fn file(&self) -> &str {
-        self.files.first().map_or("", String::as_str)
-    }
-
-    /// Every file it was loaded from, in load order: one, unless domains are merged.
-    #[must_use]
-    pub fn files(&self) -> &[String] {
-        &self.files
-    }
-
-    /// Every rule of the domain, in file order; each entry of a `rate_limits` is one.
-    pub fn rules(&self) -> impl Iterator<Item = &Rule> {
-        self.nodes
-            .iter()
-            .flat_map(|n| n.rules.iter().map(Arc::as_ref))
-    }
-
-    /// Every cost node of the domain, in file order.
-    pub fn costs(&self) -> impl Iterator<Item = &Cost> {
-        self.nodes.iter().filter_map(|n| n.cost.as_ref())
-    }
-}
+use super::matcher::{self, Domain};
+use super::rule::Limit;
 
 /// All loaded domains. Immutable; reloading builds a new one and swaps it in.
 #[derive(Clone, Debug, Default)]
