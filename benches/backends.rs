@@ -129,7 +129,7 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         connecting.abort();
-        let redis = store.backend();
+        let redis = Backend::Redis(Arc::clone(&store));
         let (rate, latency) = drive(move |i| {
             let redis = redis.clone();
             async move { redis.check(&[op(i)]).await.is_ok() }

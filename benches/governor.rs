@@ -20,7 +20,7 @@ use governor::clock::{DefaultClock, FakeRelativeClock};
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota as GovQuota, RateLimiter};
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::store::KeyHasher;
+use sluice::limiter::key::KeyHasher;
 use sluice::limiter::{Clock, KeyBuilder, ManualClock, MemoryStore, MonotonicClock, Quota};
 
 type Hasher = BuildHasherDefault<KeyHasher>;

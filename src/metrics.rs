@@ -19,9 +19,9 @@ use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
-use crate::limiter::redis::{BreakerState, LeaseFigures, RedisFigures};
-use crate::limiter::store::KeyHash;
-use crate::limiter::{BackendMode, LocalFigures, Stats, StoreStats};
+use crate::limiter::fallback::{BackendMode, LocalFigures};
+use crate::limiter::figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
+use crate::limiter::key::KeyHash;
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).

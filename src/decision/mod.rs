@@ -392,9 +392,9 @@ descriptors:
             tls: crate::limiter::redis::RedisTls::default(),
             auth: crate::limiter::redis::RedisAuth::default(),
         };
-        RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server)
-            .unwrap()
-            .backend()
+        Backend::Redis(
+            RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server).unwrap(),
+        )
     }
 
     fn req(descs: &[&[(&str, &str)]]) -> Request {

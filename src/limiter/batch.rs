@@ -3,9 +3,8 @@
 //! ([`Mode`], [`Batch::blocked_by`]), and the answer when no backend could decide
 //! ([`Batch::fallback`]).
 
-use super::gcra::Outcome;
-use super::gcra::Quota;
-use super::key::Key;
+use crate::limiter::gcra::{Outcome, Quota};
+use crate::limiter::key::Key;
 
 /// How a denial of one op weighs on its request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

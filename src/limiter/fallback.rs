@@ -17,8 +17,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::gcra::Quota;
-use super::{Batch, Clock, MemoryStore, Op};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::clock::Clock;
+use crate::limiter::gcra::Quota;
+use crate::limiter::store::MemoryStore;
 
 /// Which counter answers this node's decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -184,8 +186,9 @@ impl LocalFallback {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::batch::Mode;
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
-    use crate::limiter::{ManualClock, Mode};
 
     fn op(key: u128, quota: Quota) -> Op {
         Op {

@@ -7,19 +7,23 @@
 //! decide, [`LocalFallback`] can count in this node's memory at its share of each rate
 //! (`on_backend_error: local`).
 
-mod backend;
-mod batch;
+pub mod backend;
+pub mod batch;
 pub mod clock;
+pub mod error;
 pub mod fallback;
+pub mod figures;
 pub mod gcra;
 pub mod key;
 pub mod redis;
 pub mod store;
 
-pub use backend::{Backend, BackendError, ErrorKind, Stats, StoreStats};
+pub use backend::Backend;
 pub use batch::{Batch, Mode, Op};
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use error::{BackendError, ErrorKind};
 pub use fallback::{BackendMode, LocalFallback, LocalFigures};
+pub use figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
 pub use gcra::{Outcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
 pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};

@@ -19,12 +19,13 @@
 //! the hot path does not notice whose allocator it is.
 
 use std::alloc::System;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::gcra::{self, Outcome, Quota};
-use super::{Batch, Key, Op};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::gcra::{self, Outcome, Quota};
+use crate::limiter::key::{Key, KeyHash};
 
 /// How often a batch is re-planned when concurrent requests keep changing its keys between the
 /// plan and the commit. Past this the request is answered as over the limit, which can only
@@ -54,9 +55,6 @@ impl std::hash::Hash for Slot {
         state.write_u128(u128::from(self.0[0]) | (u128::from(self.0[1]) << 64));
     }
 }
-
-/// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
-pub type KeyHash = BuildHasherDefault<KeyHasher>;
 
 /// One shard, on its own cache lines so shards do not contend through false sharing.
 #[derive(Debug, Default)]
@@ -468,34 +466,10 @@ fn cas(
     }
 }
 
-/// Hashes a [`Key`], which is already a uniformly distributed 128-bit hash, by folding it to
-/// 64 bits instead of hashing it again.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
-        }
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        // Truncation intended: fold the two halves.
-        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Mode;
+    use crate::limiter::batch::Mode;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
 
     fn op(key: Key, quota: Quota, cost: u64) -> Op {

@@ -1268,10 +1268,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
     let figures = store.figures();
     assert_eq!(figures.counter_repairs, repairs);
     assert!(figures.errors.iter().all(|(_, n)| *n == 0), "{figures:?}");
-    assert_eq!(
-        figures.breaker,
-        sluice::limiter::redis::BreakerState::Closed
-    );
+    assert_eq!(figures.breaker, sluice::limiter::BreakerState::Closed);
 }
 
 /// The same through a whole server: with one counter corrupt, that counter and every other key

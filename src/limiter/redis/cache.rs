@@ -8,9 +8,9 @@
 
 use dashmap::DashMap;
 
-use super::super::gcra::Outcome;
-use super::super::store::KeyHash;
-use super::super::{Batch, Key, Mode, Op};
+use crate::limiter::batch::{Batch, Mode, Op};
+use crate::limiter::gcra::Outcome;
+use crate::limiter::key::{Key, KeyHash};
 
 #[derive(Debug)]
 pub(super) struct DenyCache {
@@ -112,7 +112,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Quota;
+    use crate::limiter::gcra::Quota;
 
     fn op(cost: u64, refund: bool) -> Op {
         Op {

@@ -17,8 +17,10 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{BackendError, Conn, Outcome, RedisStore, classify, lean_args, lean_len, parse_lean};
-use crate::limiter::Op;
+use crate::limiter::batch::Op;
+use crate::limiter::error::BackendError;
+use crate::limiter::gcra::Outcome;
+use crate::limiter::redis::{Conn, RedisStore, classify, lean_args, lean_len, parse_lean};
 
 /// Calls in flight at once on the connection; the next requests queue behind them. Four keep
 /// Redis busy while sluice reads one call's answers and gathers the next: with two, under load,
@@ -183,7 +185,7 @@ impl RedisStore {
     ) -> Result<Value, BackendError> {
         let timeout = self.config.timeout;
         let mut c = c.clone();
-        super::lease::script()
+        crate::limiter::redis::lease::script()
             .load_async(&mut c)
             .await
             .map_err(|e| classify(e, timeout))?;

@@ -25,8 +25,9 @@ use redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::sentinel::Sentinels;
-use super::{Conn, RedisConfig, redact};
+use crate::limiter::error::ConnectError;
+use crate::limiter::redis::sentinel::Sentinels;
+use crate::limiter::redis::{Conn, RedisConfig, redact};
 
 /// The most bytes read from a certificate, key or password file: a careless path (a device,
 /// a log) must not fill memory.
@@ -89,39 +90,6 @@ pub struct RedisAuth {
     /// A file holding the password (a mounted Kubernetes Secret), read when connecting; one
     /// trailing newline is dropped.
     pub password_file: Option<PathBuf>,
-}
-
-/// Why a connection cannot be set up or opened. No variant carries a secret.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// A certificate, key or password file that cannot be used.
-    #[error("redis.{setting} {}: {reason}", path.display())]
-    File {
-        /// The setting naming the file (`tls.ca_file`, `password_file`, ...).
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why it cannot be used (never its contents).
-        reason: String,
-    },
-    /// Settings that contradict each other or the URLs.
-    #[error("{0}")]
-    Invalid(String),
-    /// Redis refused the user name and password (redis-rs keeps the server's `WRONGPASS`
-    /// text to itself).
-    #[error(
-        "redis refused the login as user {user:?} ({source}): wrong password, or the user is \
-         unknown or disabled"
-    )]
-    Login {
-        /// The user logged in as (`default` when none was given).
-        user: String,
-        /// redis-rs's error.
-        source: redis::RedisError,
-    },
-    /// Redis (or the network, or the TLS handshake) refused the connection.
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
 }
 
 /// What is read from files at each attempt.

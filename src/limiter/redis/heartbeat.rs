@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::{Conn, RedisStore, classify};
-use crate::limiter::BackendError;
+use crate::limiter::error::BackendError;
+use crate::limiter::redis::{Conn, RedisStore, classify};
 
 /// `KEYS[1]` the set, `ARGV[1]` this node's id, `ARGV[2]` an entry's lifetime in ms. Returns the
 /// live nodes, this one included.

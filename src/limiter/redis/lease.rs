@@ -49,10 +49,14 @@ use dashmap::DashMap;
 use redis::{Script, Value};
 use smallvec::{SmallVec, smallvec};
 
-use super::super::gcra::{NANOS_PER_SEC, Outcome, Quota};
-use super::super::store::KeyHash;
-use super::super::{Backend, BackendError, Batch, Clock, Key, Op};
-use super::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::clock::Clock;
+use crate::limiter::error::{BackendError, ErrorKind};
+use crate::limiter::figures::LeaseFigures;
+use crate::limiter::gcra::{NANOS_PER_SEC, Outcome, Quota};
+use crate::limiter::key::{Key, KeyHash};
+use crate::limiter::redis::coalesce::{Job, LeaseCall};
+use crate::limiter::redis::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
@@ -116,23 +120,6 @@ impl LeaseConfig {
         let cap = ((quota.burst() as f64 * self.max_burst_share) as u64).max(1);
         u64::try_from(want).unwrap_or(u64::MAX).clamp(1, cap)
     }
-}
-
-/// Leasing's figures at one instant.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeaseFigures {
-    /// Slices taken (takes granted at least one token).
-    pub slices: u64,
-    /// Tokens those slices took from the shared buckets.
-    pub tokens_taken: u64,
-    /// Unused tokens given back to the shared buckets.
-    pub tokens_returned: u64,
-    /// Requests answered from leases, without Redis.
-    pub by_lease: u64,
-    /// Requests sent the exact path, to Redis.
-    pub by_redis: u64,
-    /// Counters with a lease now.
-    pub leases: usize,
 }
 
 /// Relaxed everywhere: independent statistics, read at scrape time.
@@ -410,12 +397,6 @@ impl LeasedStore {
             in_flight: AtomicUsize::new(0),
             stats: LeaseStats::default(),
         })
-    }
-
-    /// This store as the process's backend.
-    #[must_use]
-    pub fn backend(self: &Arc<Self>) -> Backend {
-        Backend::Leased(Arc::clone(self))
     }
 
     /// The Redis store underneath.
@@ -891,7 +872,7 @@ impl RedisStore {
         now: u64,
     ) -> Result<(u64, u64, u64), BackendError> {
         if !self.breaker.allow() {
-            self.stats.error(super::ErrorKind::BreakerOpen);
+            self.stats.error(ErrorKind::BreakerOpen);
             return Err(BackendError::BreakerOpen);
         }
         let Some(conn) = self.conn.load_full() else {
@@ -917,9 +898,9 @@ impl RedisStore {
                         .arg(self.key(key))
                         .arg(&args);
                     let (reply, answer) = tokio::sync::oneshot::channel();
-                    let call = super::coalesce::LeaseCall { cmd, reply };
+                    let call = LeaseCall { cmd, reply };
                     self.queue
-                        .send(super::coalesce::Job::Lease(call))
+                        .send(Job::Lease(call))
                         .map_err(|_| BackendError::NotConnected)?;
                     match answer.await.map_err(|_| BackendError::NotConnected)?? {
                         Value::Array(values) => Ok(values),

@@ -30,10 +30,10 @@
 mod breaker;
 mod cache;
 mod coalesce;
-mod connect;
-mod heartbeat;
-mod lease;
-mod sentinel;
+pub mod connect;
+pub mod heartbeat;
+pub mod lease;
+pub mod sentinel;
 mod stats;
 
 use std::sync::Arc;
@@ -44,19 +44,22 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 
-use super::gcra::Outcome;
-use super::{Backend, BackendError, Batch, Clock, ErrorKind, Key, Mode, Op};
 pub use crate::histogram::LatencySnapshot;
-use breaker::Breaker;
-pub use breaker::BreakerState;
-use cache::DenyCache;
-use connect::Connector;
-pub use connect::{ConnectError, Password, RedisAuth, RedisTls};
-pub use heartbeat::Heartbeat;
-pub use lease::{LeaseConfig, LeaseFigures, LeasedStore};
-pub use sentinel::{SentinelConfig, SentinelError};
-pub use stats::RedisFigures;
-use stats::RedisStats;
+use crate::limiter::batch::{Batch, Mode, Op};
+use crate::limiter::clock::Clock;
+pub use crate::limiter::error::ConnectError;
+use crate::limiter::error::{BackendError, ErrorKind};
+use crate::limiter::figures::RedisFigures;
+use crate::limiter::gcra::Outcome;
+use crate::limiter::key::Key;
+use crate::limiter::redis::breaker::Breaker;
+use crate::limiter::redis::cache::DenyCache;
+use crate::limiter::redis::connect::Connector;
+pub use crate::limiter::redis::connect::{Password, RedisAuth, RedisTls};
+pub use crate::limiter::redis::heartbeat::Heartbeat;
+pub use crate::limiter::redis::lease::{LeaseConfig, LeasedStore};
+pub use crate::limiter::redis::sentinel::{SentinelConfig, SentinelError};
+use crate::limiter::redis::stats::RedisStats;
 
 /// How to reach Redis and how hard to try. Its `Debug` hides credentials.
 #[derive(Clone, PartialEq, Eq)]
@@ -210,12 +213,6 @@ impl RedisStore {
             time,
             config,
         }))
-    }
-
-    /// This store as the process's backend.
-    #[must_use]
-    pub fn backend(self: &Arc<Self>) -> Backend {
-        Backend::Redis(Arc::clone(self))
     }
 
     /// Connects, retrying with back-off (100 ms doubling to 5 s) until it succeeds; the
@@ -739,7 +736,7 @@ fn hash_slot(key: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Quota;
+    use crate::limiter::gcra::Quota;
 
     const SEC: u64 = 1_000_000_000;
 

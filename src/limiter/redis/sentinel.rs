@@ -27,7 +27,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::sync::Notify;
 
-use super::{BackendError, Conn, Connector, RedisConfig, RedisStore, redact, redact_all};
+use crate::limiter::error::BackendError;
+use crate::limiter::redis::connect::Connector;
+use crate::limiter::redis::{Conn, RedisConfig, RedisStore, redact, redact_all};
 
 /// The shortest and longest wait between two checks of the sentinels after failures.
 const FOLLOW_MIN: Duration = Duration::from_millis(100);
