@@ -15,81 +15,41 @@
 //!   secret out of logs: a refused login is reported with the user name and the problem only.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::limiter::error::ConnectError;
+use crate::limiter::redis::config::{RedisAuth, RedisConfig, RedisTls};
+use crate::limiter::redis::redact::redact;
 use crate::limiter::redis::sentinel::Sentinels;
-use crate::limiter::redis::{Conn, RedisConfig, redact};
 
 /// The most bytes read from a certificate, key or password file: a careless path (a device,
 /// a log) must not fill memory.
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
-/// TLS to Redis, for `rediss://` URLs. Paths only: the files are read when connecting.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RedisTls {
-    /// PEM CA certificates that sign the server's certificate; the system's roots when unset.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (chain), for servers that require one (mTLS).
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept a server certificate whose names do not match the host (hosted Redis reached by
-    /// IP); its chain is still verified.
-    pub skip_hostname_verification: bool,
+/// A connection to Redis: one node (directly or through Sentinel), or a cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
-impl RedisTls {
-    /// Whether any TLS option is set (they need `rediss://` URLs).
-    #[must_use]
-    pub fn is_set(&self) -> bool {
-        self.ca_file.is_some()
-            || self.cert_file.is_some()
-            || self.key_file.is_some()
-            || self.skip_hostname_verification
-    }
-}
-
-/// A password. Its `Debug` prints `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Password(String);
-
-impl Password {
-    /// Wraps a password.
-    #[must_use]
-    pub fn new(password: impl Into<String>) -> Self {
-        Self(password.into())
-    }
-
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Password {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// Credentials kept out of the URL (an ACL user, a password or a file holding one).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RedisAuth {
-    /// ACL user; Redis's `default` user when unset.
-    pub username: Option<String>,
-    /// The password.
-    pub password: Option<Password>,
-    /// A file holding the password (a mounted Kubernetes Secret), read when connecting; one
-    /// trailing newline is dropped.
-    pub password_file: Option<PathBuf>,
+/// Checks that `config` can be used to connect: URLs, TLS options and credentials agree, and
+/// every certificate, key and password file can be read and used. Nothing is connected.
+///
+/// # Errors
+///
+/// [`ConnectError`] naming the setting (and the file) at fault.
+pub fn check(config: &RedisConfig) -> Result<(), ConnectError> {
+    Connector::new(config).map(drop)
 }
 
 /// What is read from files at each attempt.
@@ -458,6 +418,7 @@ fn read_password(path: &Path) -> Result<String, ConnectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::redis::config::Password;
 
     fn config(urls: &[&str]) -> RedisConfig {
         RedisConfig {

@@ -15,7 +15,9 @@ use std::time::Duration;
 use redis::Script;
 
 use crate::limiter::error::BackendError;
-use crate::limiter::redis::{Conn, RedisStore, classify};
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::call::classify;
+use crate::limiter::redis::connect::Conn;
 
 /// `KEYS[1]` the set, `ARGV[1]` this node's id, `ARGV[2]` an entry's lifetime in ms. Returns the
 /// live nodes, this one included.

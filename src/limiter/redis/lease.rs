@@ -55,16 +55,15 @@ use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::LeaseFigures;
 use crate::limiter::gcra::{NANOS_PER_SEC, Outcome, Quota};
 use crate::limiter::key::{Key, KeyHash};
-use crate::limiter::redis::coalesce::{Job, LeaseCall};
-use crate::limiter::redis::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::call::{
+    Call, LeaseAsk, LeaseCall, classify, evalsha, fits_lean, lease_args, parse_lease,
+};
+use crate::limiter::redis::config::RedisTime;
+use crate::limiter::redis::connect::Conn;
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
-
-/// `lease.lua`, for the coalescing loop to load when Redis lost it.
-pub(super) fn script() -> &'static Script {
-    &SCRIPT
-}
 
 /// Slots of the hotness table: a power of two, fixed, so tracking never grows with the keys.
 const HEAT_SLOTS: usize = 4_096;
@@ -709,7 +708,13 @@ impl LeasedStore {
     async fn take(&self, key: Key, quota: Quota, ask: u64, sent: u64) {
         let result = self
             .redis
-            .lease_call(key, &quota, Call::Take(self.config.horizon()), ask, sent)
+            .lease_call(
+                key,
+                &quota,
+                LeaseAsk::Take(self.config.horizon()),
+                ask,
+                sent,
+            )
             .await;
         let Some(lease) = self.leases.get(&key).map(|l| Arc::clone(&l)) else {
             // The lease was dropped meanwhile (never while a take is in flight); give back.
@@ -761,7 +766,11 @@ impl LeasedStore {
             return;
         }
         let now = self.clock.now();
-        match self.redis.lease_call(key, quota, Call::Give, n, now).await {
+        match self
+            .redis
+            .lease_call(key, quota, LeaseAsk::Give, n, now)
+            .await
+        {
             Ok(_) => {
                 self.stats.tokens_returned.fetch_add(n, Ordering::Relaxed);
             }
@@ -850,14 +859,6 @@ fn signed(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// What `lease.lua` is asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    /// Take, reserving at most this far (ns) past the tolerance.
-    Take(u64),
-    Give,
-}
-
 impl RedisStore {
     /// One `lease.lua` call on `key`: take up to `n` tokens (some of them reserved ahead, see
     /// `lease.lua`), or give `n` back. `now` is the decision time with [`RedisTime::Clock`].
@@ -867,7 +868,7 @@ impl RedisStore {
         &self,
         key: Key,
         quota: &Quota,
-        call: Call,
+        ask: LeaseAsk,
         n: u64,
         now: u64,
     ) -> Result<(u64, u64, u64), BackendError> {
@@ -879,28 +880,23 @@ impl RedisStore {
             return Err(BackendError::NotConnected);
         };
         let time = match self.time {
-            RedisTime::Server => String::new(),
-            RedisTime::Clock => now.to_string(),
+            RedisTime::Server => None,
+            RedisTime::Clock => Some(now),
         };
-        let (verb, horizon) = match call {
-            Call::Take(h) => ("take", h),
-            Call::Give => ("give", 0),
-        };
-        let args = (time, verb, quota.interval(), quota.tolerance(), n, horizon);
+        let args = lease_args(quota, ask, n, time);
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
                 Conn::Single(_) => {
                     // Beside the next coalesced call, in its round trip (`coalesce`).
-                    let mut cmd = redis::cmd("EVALSHA");
-                    cmd.arg(SCRIPT.get_hash())
-                        .arg(1)
-                        .arg(self.key(key))
-                        .arg(&args);
                     let (reply, answer) = tokio::sync::oneshot::channel();
-                    let call = LeaseCall { cmd, reply };
+                    let call = LeaseCall {
+                        cmd: evalsha(&SCRIPT, self.key(key), &args),
+                        script: &SCRIPT,
+                        reply,
+                    };
                     self.queue
-                        .send(Job::Lease(call))
+                        .send(Call::Lease(call))
                         .map_err(|_| BackendError::NotConnected)?;
                     match answer.await.map_err(|_| BackendError::NotConnected)?? {
                         Value::Array(values) => Ok(values),
@@ -923,28 +919,17 @@ impl RedisStore {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };
-        let parsed = reply.and_then(|r| {
-            // A fourth value: the counter held no TAT and was repaired.
-            let (values, repaired) = match r.as_slice() {
-                [g, d, w] => ([g, d, w], false),
-                [g, d, w, one] if int(one) == Some(1) => ([g, d, w], true),
-                _ => return Err(BackendError::Reply(format!("{r:?}"))),
-            };
-            match values.map(int) {
-                [Some(g), Some(d), Some(w)] => {
-                    self.stats.repaired(u64::from(repaired));
-                    Ok((g, d, w))
-                }
-                _ => Err(BackendError::Reply(format!("{r:?}"))),
+        match reply.and_then(|r| parse_lease(&r)) {
+            Ok(r) => {
+                self.stats.repaired(u64::from(r.repaired));
+                self.breaker.success();
+                Ok((r.granted, r.debt, r.wait))
             }
-        });
-        match &parsed {
-            Ok(_) => self.breaker.success(),
             Err(e) => {
-                self.failed(e, self.clock.now());
+                self.failed(&e, self.clock.now());
+                Err(e)
             }
         }
-        parsed
     }
 }
 

@@ -28,41 +28,14 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Redis
 use tokio::sync::Notify;
 
 use crate::limiter::error::BackendError;
-use crate::limiter::redis::connect::Connector;
-use crate::limiter::redis::{Conn, RedisConfig, RedisStore, redact, redact_all};
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::config::{RedisConfig, SentinelConfig};
+use crate::limiter::redis::connect::{Conn, Connector};
+use crate::limiter::redis::redact::redact;
 
 /// The shortest and longest wait between two checks of the sentinels after failures.
 const FOLLOW_MIN: Duration = Duration::from_millis(100);
 const FOLLOW_MAX: Duration = Duration::from_secs(1);
-
-/// Where the sentinels are and which master they watch. Its `Debug` hides credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SentinelConfig {
-    /// The master's name, as the sentinels know it (`sentinel monitor <name> ...`).
-    pub master_name: String,
-    /// `redis://host:port` URLs of the sentinels, asked in this order.
-    pub urls: Vec<String>,
-    /// The sentinels' password, for those whose URL carries none.
-    pub password: Option<String>,
-}
-
-impl SentinelConfig {
-    /// The sentinel URLs with any `user:password@` replaced by `***@`, comma-separated.
-    #[must_use]
-    pub fn redacted_urls(&self) -> String {
-        redact_all(self.urls.iter().map(String::as_str))
-    }
-}
-
-impl std::fmt::Debug for SentinelConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelConfig")
-            .field("master_name", &self.master_name)
-            .field("urls", &self.redacted_urls())
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
 
 /// Why no master could be found through the sentinels. No message carries a credential.
 #[derive(Debug, thiserror::Error)]
