@@ -26,14 +26,20 @@ use redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::limiter::error::BackendError;
 use crate::limiter::error::ConnectError;
+use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::config::{RedisAuth, RedisConfig, RedisTls};
 use crate::limiter::redis::redact::redact;
-use crate::limiter::redis::sentinel::Sentinels;
+use crate::limiter::redis::sentinel::{Found, Sentinels};
 
 /// The most bytes read from a certificate, key or password file: a careless path (a device,
 /// a log) must not fill memory.
 const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// The shortest and longest wait between two checks of the sentinels after failures.
+const FOLLOW_MIN: Duration = Duration::from_millis(100);
+const FOLLOW_MAX: Duration = Duration::from_secs(1);
 
 /// A connection to Redis: one node (directly or through Sentinel), or a cluster.
 #[derive(Clone)]
@@ -413,6 +419,65 @@ fn read_password(path: &Path) -> Result<String, ConnectError> {
         return Err(fail("is empty"));
     }
     Ok(password.to_string())
+}
+
+impl Connector {
+    /// Notes a failed call; with Sentinel, one a failover explains wakes the follower.
+    pub(super) fn failed(&self, e: &BackendError) {
+        if let Some(s) = &self.sentinel
+            && Sentinels::wakes(e)
+        {
+            s.wake.notify_one();
+        }
+    }
+}
+
+impl RedisStore {
+    /// With Sentinel, follows failovers for as long as it runs: woken by failed calls, asks the
+    /// sentinels and swaps the connection when they name a new master. Returns at once
+    /// otherwise.
+    pub(super) async fn follow_failovers(&self) {
+        let Some(sentinels) = &self.connector.sentinel else {
+            return;
+        };
+        let mut delay = FOLLOW_MIN;
+        let mut again = false;
+        loop {
+            if !again {
+                sentinels.wake.notified().await;
+            }
+            let current = sentinels.lock().clone();
+            match sentinels.find(current.as_ref()).await {
+                Ok(Found::Same) => {
+                    again = false;
+                    delay = FOLLOW_MIN;
+                }
+                Ok(Found::New(addr, conn)) => {
+                    self.conn.store(Some(Arc::new(Conn::Single(conn))));
+                    // The new master just answered: no cool-down to sit out.
+                    self.breaker.success();
+                    tracing::warn!(
+                        master = %addr,
+                        previous = %current.map(|a| a.to_string()).unwrap_or_default(),
+                        name = %sentinels.master_name,
+                        "redis sentinel: switched to a new master"
+                    );
+                    *sentinels.lock() = Some(addr);
+                    again = false;
+                    delay = FOLLOW_MIN;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_ms = delay.as_millis(), "redis sentinel: no usable master yet; asking again");
+                    again = true;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(FOLLOW_MAX);
+                    continue;
+                }
+            }
+            // At most one check per back-off step, however many calls fail meanwhile.
+            tokio::time::sleep(delay).await;
+        }
+    }
 }
 
 #[cfg(test)]

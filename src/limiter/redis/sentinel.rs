@@ -8,7 +8,7 @@
 //!   unchanged.
 //! - Following a failover: a call that fails for a reason a failover explains (connection
 //!   refused or reset, a timeout, the breaker open, `READONLY` from a demoted master) wakes
-//!   [`RedisStore::follow_failovers`], which asks the sentinels again and, when they name
+//!   `RedisStore::follow_failovers` (in `connect`), which asks the sentinels again and, when they name
 //!   another master that confirms its role, swaps the store's connection and closes the breaker.
 //!   Checks are spaced by a back-off (100 ms doubling to 1 s) and, after a failed one, repeated
 //!   on their own, so a dead master is left within about a second of the sentinels' promotion,
@@ -20,7 +20,7 @@
 //! Not done: subscribing to `+switch-master` (the first failed call triggers the same check),
 //! and replicas for reads (every decision writes).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -28,14 +28,8 @@ use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Redis
 use tokio::sync::Notify;
 
 use crate::limiter::error::BackendError;
-use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::config::{RedisConfig, SentinelConfig};
-use crate::limiter::redis::connect::{Conn, Connector};
 use crate::limiter::redis::redact::redact;
-
-/// The shortest and longest wait between two checks of the sentinels after failures.
-const FOLLOW_MIN: Duration = Duration::from_millis(100);
-const FOLLOW_MAX: Duration = Duration::from_secs(1);
 
 /// Why no master could be found through the sentinels. No message carries a credential.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +85,7 @@ impl std::fmt::Display for Addr {
 }
 
 /// What a check of the sentinels found.
-enum Found {
+pub(super) enum Found {
     /// The master in use is still the one they name.
     Same,
     /// Another master, connected and confirmed.
@@ -100,7 +94,7 @@ enum Found {
 
 /// The sentinels of one master, and the master in use.
 pub(super) struct Sentinels {
-    master_name: String,
+    pub(super) master_name: String,
     /// Each sentinel: its URL for messages (redacted) and a client for it.
     sentinels: Vec<(String, Client)>,
     /// The master's connection settings (credentials, database, TLS) from `redis.url`; its
@@ -112,7 +106,7 @@ pub(super) struct Sentinels {
     manager: ConnectionManagerConfig,
     current: Mutex<Option<Addr>>,
     /// Woken by a failed call: time to ask the sentinels again.
-    wake: Notify,
+    pub(super) wake: Notify,
 }
 
 impl Sentinels {
@@ -167,7 +161,7 @@ impl Sentinels {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Addr>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Option<Addr>> {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -175,7 +169,7 @@ impl Sentinels {
 
     /// Asks the sentinels in order; the first named address that confirms it is a master wins.
     /// `current` is the master in use: named again and still a master, it is kept.
-    async fn find(&self, current: Option<&Addr>) -> Result<Found, SentinelError> {
+    pub(super) async fn find(&self, current: Option<&Addr>) -> Result<Found, SentinelError> {
         let mut unanswered = Vec::new();
         let mut tried: Vec<(Addr, String)> = Vec::new();
         let mut answered = false;
@@ -302,7 +296,7 @@ impl Sentinels {
     }
 
     /// Whether a failed call calls for asking the sentinels again.
-    fn wakes(e: &BackendError) -> bool {
+    pub(super) fn wakes(e: &BackendError) -> bool {
         match e {
             BackendError::Timeout(_) | BackendError::Connection(_) | BackendError::BreakerOpen => {
                 true
@@ -311,65 +305,6 @@ impl Sentinels {
                 e.code() == Some("READONLY") || e.to_string().contains("READONLY")
             }
             BackendError::NotConnected | BackendError::Reply(_) | BackendError::Setup(_) => false,
-        }
-    }
-}
-
-impl Connector {
-    /// Notes a failed call; with Sentinel, one a failover explains wakes the follower.
-    pub(super) fn failed(&self, e: &BackendError) {
-        if let Some(s) = &self.sentinel
-            && Sentinels::wakes(e)
-        {
-            s.wake.notify_one();
-        }
-    }
-}
-
-impl RedisStore {
-    /// With Sentinel, follows failovers for as long as it runs: woken by failed calls, asks the
-    /// sentinels and swaps the connection when they name a new master. Returns at once
-    /// otherwise.
-    pub(super) async fn follow_failovers(&self) {
-        let Some(sentinels) = &self.connector.sentinel else {
-            return;
-        };
-        let mut delay = FOLLOW_MIN;
-        let mut again = false;
-        loop {
-            if !again {
-                sentinels.wake.notified().await;
-            }
-            let current = sentinels.lock().clone();
-            match sentinels.find(current.as_ref()).await {
-                Ok(Found::Same) => {
-                    again = false;
-                    delay = FOLLOW_MIN;
-                }
-                Ok(Found::New(addr, conn)) => {
-                    self.conn.store(Some(Arc::new(Conn::Single(conn))));
-                    // The new master just answered: no cool-down to sit out.
-                    self.breaker.success();
-                    tracing::warn!(
-                        master = %addr,
-                        previous = %current.map(|a| a.to_string()).unwrap_or_default(),
-                        name = %sentinels.master_name,
-                        "redis sentinel: switched to a new master"
-                    );
-                    *sentinels.lock() = Some(addr);
-                    again = false;
-                    delay = FOLLOW_MIN;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_ms = delay.as_millis(), "redis sentinel: no usable master yet; asking again");
-                    again = true;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(FOLLOW_MAX);
-                    continue;
-                }
-            }
-            // At most one check per back-off step, however many calls fail meanwhile.
-            tokio::time::sleep(delay).await;
         }
     }
 }
