@@ -99,7 +99,7 @@ fn side_by_side(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     per_decision(iters, threads, &|i| {
                         store
-                            .check(pick(&keys, hot, i), &q, clock.now(), 1)
+                            .count(pick(&keys, hot, i), &q, clock.now(), 1)
                             .admitted
                     })
                 });
@@ -125,7 +125,7 @@ fn side_by_side(c: &mut Criterion) {
                     per_decision(iters, threads, &|i| {
                         clock.advance(1);
                         store
-                            .check(pick(&keys, hot, i), &q, clock.now(), 1)
+                            .count(pick(&keys, hot, i), &q, clock.now(), 1)
                             .admitted
                     })
                 });

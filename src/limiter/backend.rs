@@ -48,21 +48,21 @@ impl Backend {
     ///
     /// [`BackendError`] when Redis cannot decide (memory always can); nothing is known to be
     /// charged then.
-    pub async fn check(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count(&self, ops: &[Op]) -> Result<Batch, BackendError> {
         if ops.is_empty() {
             return Ok(Batch::empty());
         }
         match self {
-            Self::Memory { store, clock } => Ok(store.check_batch_with(ops, &|| clock.now())),
+            Self::Memory { store, clock } => Ok(store.count_batch_with(ops, &|| clock.now())),
             // Boxed, so that the futures of every decision, memory ones included, are not
             // sized for a Redis round trip's state.
-            Self::Redis(redis) => Box::pin(redis.check_batch(ops)).await,
+            Self::Redis(redis) => Box::pin(redis.count_batch(ops)).await,
             // A lease answers in place; only a request sent to Redis pays for the box (a round
             // trip's state, moved to the heap on every call, was a leased node's largest cost
             // after the lease's own bookkeeping).
             Self::Leased(leased) => match leased.answer_from_leases(ops) {
                 Some(batch) => Ok(batch),
-                None => Box::pin(leased.check_in_redis(ops)).await,
+                None => Box::pin(leased.count_in_redis(ops)).await,
             },
         }
     }

@@ -139,7 +139,7 @@ impl LocalFallback {
 
     /// Decides a request's ops in the local store, all or nothing, each quota scaled to rate/N
     /// with burst ceil(B/N), and counts it as answered locally.
-    pub fn check(&self, ops: &[Op]) -> Batch {
+    pub fn count(&self, ops: &[Op]) -> Batch {
         self.by_local.fetch_add(1, Ordering::Relaxed);
         if ops.is_empty() {
             return Batch::empty();
@@ -152,7 +152,7 @@ impl LocalFallback {
                 ..*op
             })
             .collect();
-        self.store.check_batch_with(&scaled, &|| self.clock.now())
+        self.store.count_batch_with(&scaled, &|| self.clock.now())
     }
 
     /// Drops local counters whose bucket is full again; how many were dropped.
@@ -234,14 +234,14 @@ mod tests {
         let f = LocalFallback::new(MemoryStore::new(), clock.clone(), Some(2));
         let q = Quota::new(SEC, 10, 5).unwrap(); // 10/s, burst 5: here 5/s, burst 3
         assert_eq!(f.local_quota(&q), q.scaled(2));
-        let admitted = |n: usize| (0..n).filter(|_| !f.check(&[op(1, q)]).blocked).count();
+        let admitted = |n: usize| (0..n).filter(|_| !f.count(&[op(1, q)]).blocked).count();
         assert_eq!(admitted(10), 3, "ceil(5 / 2) at once");
         clock.advance(SEC / 5 - 1);
         assert_eq!(admitted(1), 0, "one more only after T·N = 200 ms");
         clock.advance(1);
         assert_eq!(admitted(5), 1);
         // All or nothing across a request's ops, as in the memory backend.
-        let both = f.check(&[op(2, q), op(1, q)]);
+        let both = f.count(&[op(2, q), op(1, q)]);
         assert!(both.blocked);
         assert_eq!(admitted(0), 0);
         let figures = f.figures();

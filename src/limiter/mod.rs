@@ -24,7 +24,7 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use error::{BackendError, ErrorKind};
 pub use fallback::{BackendMode, LocalFallback, LocalFigures};
 pub use figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
-pub use gcra::{Outcome, Quota, QuotaError};
+pub use gcra::{CounterOutcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
 pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};
 pub use store::MemoryStore;

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::limiter::batch::{Batch, Mode, Op};
 use crate::limiter::error::BackendError;
-use crate::limiter::gcra::{Outcome, Quota};
+use crate::limiter::gcra::{CounterOutcome, Quota};
 use crate::limiter::key::Key;
 
 /// A call waiting for the next round trip to a single node (the coalescer's queue).
@@ -299,11 +299,11 @@ pub(super) fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<(Vec<Batch>, u
         let blocked = next()? == 1;
         let mut outcomes = Vec::with_capacity(n);
         for _ in 0..n {
-            outcomes.push(Outcome {
+            outcomes.push(CounterOutcome {
                 admitted: next()? == 1,
                 remaining: next()?,
                 wait: next()?,
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             });
         }
         out.push(Batch { blocked, outcomes });
@@ -313,14 +313,14 @@ pub(super) fn parse_lean(reply: &[u8], sizes: &[usize]) -> Result<(Vec<Batch>, u
 }
 
 /// `n` outcomes from `admitted, remaining, wait` triples.
-fn outcomes(values: &[Value], n: usize) -> Option<Vec<Outcome>> {
+fn outcomes(values: &[Value], n: usize) -> Option<Vec<CounterOutcome>> {
     (0..n)
         .map(|k| {
-            Some(Outcome {
+            Some(CounterOutcome {
                 admitted: reply_u64(&values[3 * k])? == 1,
                 remaining: reply_u64(&values[3 * k + 1])?,
                 wait: reply_u64(&values[3 * k + 2])?,
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             })
         })
         .collect()
@@ -372,11 +372,11 @@ mod tests {
         let reply = doubles(&[1.0, 1.0, 4.0, 250.0, 0.0, 7.0, big, 0.0, 0.0, 3.0, 0.0]);
         let (got, repairs) = parse_lean(&reply, &[2, 1]).unwrap();
         assert_eq!(repairs, 0);
-        let outcome = |admitted, remaining, wait| Outcome {
+        let outcome = |admitted, remaining, wait| CounterOutcome {
             admitted,
             remaining,
             wait,
-            ..Outcome::NONE
+            ..CounterOutcome::NONE
         };
         assert_eq!(
             got,

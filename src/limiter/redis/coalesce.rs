@@ -23,7 +23,7 @@ use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::{
     Call, CountCall, LeaseCall, classify, lean_batch, no_script, parse_lean,
 };
-use crate::limiter::redis::connect::Conn;
+use crate::limiter::redis::connect::RedisConn;
 
 /// Calls in flight at once on the connection; the next requests queue behind them. Four keep
 /// Redis busy while sluice reads one call's answers and gathers the next: with two, under load,
@@ -206,8 +206,8 @@ impl RedisStore {
     fn single(&self) -> Result<ConnectionManager, BackendError> {
         match self.conn.load_full().as_deref() {
             None => Err(BackendError::NotConnected),
-            Some(Conn::Single(c)) => Ok(c.clone()),
-            Some(Conn::Cluster(_)) => Err(BackendError::Reply(
+            Some(RedisConn::Single(c)) => Ok(c.clone()),
+            Some(RedisConn::Cluster(_)) => Err(BackendError::Reply(
                 "coalescing runs on a single node only".into(),
             )),
         }

@@ -43,7 +43,7 @@ const FOLLOW_MAX: Duration = Duration::from_secs(1);
 
 /// A connection to Redis: one node (directly or through Sentinel), or a cluster.
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) enum RedisConn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -54,7 +54,7 @@ pub(super) enum Conn {
 /// # Errors
 ///
 /// [`ConnectError`] naming the setting (and the file) at fault.
-pub fn check(config: &RedisConfig) -> Result<(), ConnectError> {
+pub fn validate(config: &RedisConfig) -> Result<(), ConnectError> {
     Connector::new(config).map(drop)
 }
 
@@ -219,7 +219,7 @@ impl Connector {
     }
 
     /// Connects once (reading the files again) and checks the connection with a `PING`.
-    pub(super) async fn connect(&self) -> Result<Conn, ConnectError> {
+    pub(super) async fn connect(&self) -> Result<RedisConn, ConnectError> {
         self.open().await.map_err(|e| match e {
             ConnectError::Redis(source)
                 if source.kind() == redis::ErrorKind::AuthenticationFailed =>
@@ -239,9 +239,9 @@ impl Connector {
         })
     }
 
-    async fn open(&self) -> Result<Conn, ConnectError> {
+    async fn open(&self) -> Result<RedisConn, ConnectError> {
         if let Some(sentinels) = &self.sentinel {
-            return Ok(Conn::Single(sentinels.connect().await?));
+            return Ok(RedisConn::Single(sentinels.connect().await?));
         }
         let material = self.material()?;
         let password = material.password.as_deref();
@@ -260,7 +260,7 @@ impl Connector {
             }
             let mut conn = builder.build()?.get_async_connection().await?;
             ping(&mut conn).await?;
-            Ok(Conn::Cluster(conn))
+            Ok(RedisConn::Cluster(conn))
         } else {
             let info = self.node(&self.urls[0], password);
             let client = match material.certs {
@@ -282,7 +282,7 @@ impl Connector {
                 .set_max_delay(Duration::from_secs(1));
             let mut conn = ConnectionManager::new_with_config(client, cm).await?;
             ping(&mut conn).await?;
-            Ok(Conn::Single(conn))
+            Ok(RedisConn::Single(conn))
         }
     }
 }
@@ -453,7 +453,7 @@ impl RedisStore {
                     delay = FOLLOW_MIN;
                 }
                 Ok(Found::New(addr, conn)) => {
-                    self.conn.store(Some(Arc::new(Conn::Single(conn))));
+                    self.conn.store(Some(Arc::new(RedisConn::Single(conn))));
                     // The new master just answered: no cool-down to sit out.
                     self.breaker.success();
                     tracing::warn!(

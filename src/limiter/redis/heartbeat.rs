@@ -17,7 +17,7 @@ use redis::Script;
 use crate::limiter::error::BackendError;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::classify;
-use crate::limiter::redis::connect::Conn;
+use crate::limiter::redis::connect::RedisConn;
 
 /// `KEYS[1]` the set, `ARGV[1]` this node's id, `ARGV[2]` an entry's lifetime in ms. Returns the
 /// live nodes, this one included.
@@ -115,8 +115,8 @@ impl RedisStore {
         cmd.arg(key).arg(&hb.id);
         let call = async {
             match &*conn {
-                Conn::Single(c) => cmd.query_async::<u64>(&mut c.clone()).await,
-                Conn::Cluster(c) => cmd.query_async::<u64>(&mut c.clone()).await,
+                RedisConn::Single(c) => cmd.query_async::<u64>(&mut c.clone()).await,
+                RedisConn::Cluster(c) => cmd.query_async::<u64>(&mut c.clone()).await,
             }
         };
         match tokio::time::timeout(deadline, call).await {
@@ -136,8 +136,8 @@ impl RedisStore {
         let deadline = self.config.timeout.max(hb.interval);
         let run = async {
             match &*conn {
-                Conn::Single(c) => call.invoke_async::<u64>(&mut c.clone()).await,
-                Conn::Cluster(c) => call.invoke_async::<u64>(&mut c.clone()).await,
+                RedisConn::Single(c) => call.invoke_async::<u64>(&mut c.clone()).await,
+                RedisConn::Cluster(c) => call.invoke_async::<u64>(&mut c.clone()).await,
             }
         };
         match tokio::time::timeout(deadline, run).await {

@@ -25,7 +25,7 @@
 //!   requests and share their round trip (`super::coalesce`).
 //! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
 //!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
-//!   allocate nothing; they stay on the exact path (`RedisStore::check_batch`), which charges
+//!   allocate nothing; they stay on the exact path (`RedisStore::count_batch`), which charges
 //!   the shared TAT directly and stays correct beside leases.
 //! - A request is answered locally only when every op of it is on a live lease that can answer
 //!   it: charges that fit, check-only ops, refunds of tokens this lease handed out (they go back
@@ -53,14 +53,14 @@ use crate::limiter::batch::{Batch, Op};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::LeaseFigures;
-use crate::limiter::gcra::{NANOS_PER_SEC, Outcome, Quota};
+use crate::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, Quota};
 use crate::limiter::key::{Key, KeyHash};
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::{
     Call, LeaseAsk, LeaseCall, classify, evalsha, fits_lean, lease_args, parse_lease,
 };
 use crate::limiter::redis::config::RedisTime;
-use crate::limiter::redis::connect::Conn;
+use crate::limiter::redis::connect::RedisConn;
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
@@ -340,7 +340,7 @@ impl Lease {
 }
 
 /// One distinct counter of a request: its key, its rate on this node, its lease if any.
-type Counter = (Key, u64, Option<Arc<Mutex<Lease>>>);
+type RequestCounter = (Key, u64, Option<Arc<Mutex<Lease>>>);
 
 /// One slot of the hotness table.
 #[derive(Debug, Default)]
@@ -440,18 +440,18 @@ impl LeasedStore {
     /// # Errors
     ///
     /// [`BackendError`] when the request goes to Redis and Redis cannot decide.
-    pub async fn check_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
         match self.answer_from_leases(ops) {
             Some(batch) => Ok(batch),
-            None => self.check_in_redis(ops).await,
+            None => self.count_in_redis(ops).await,
         }
     }
 
     /// The answer from leases alone, when they can give all of it; `None` when the request
-    /// must go to Redis ([`LeasedStore::check_in_redis`]), after starting takes for its hot
-    /// counters that need one. [`LeasedStore::check_batch`] is the two in one.
+    /// must go to Redis ([`LeasedStore::count_in_redis`]), after starting takes for its hot
+    /// counters that need one. [`LeasedStore::count_batch`] is the two in one.
     pub fn answer_from_leases(self: &Arc<Self>, ops: &[Op]) -> Option<Batch> {
-        let batch = self.local(ops, self.clock.now())?;
+        let batch = self.decide_from_leases(ops, self.clock.now())?;
         self.stats.by_lease.fetch_add(1, Ordering::Relaxed);
         Some(batch)
     }
@@ -461,9 +461,9 @@ impl LeasedStore {
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot decide.
-    pub async fn check_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
         self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
-        self.redis.check_batch(ops).await
+        self.redis.count_batch(ops).await
     }
 
     /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain
@@ -504,13 +504,13 @@ impl LeasedStore {
 
     /// The answer from leases, or `None` when the request must go to Redis (then takes are
     /// started for the hot counters that need one).
-    fn local(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
+    fn decide_from_leases(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
         if ops.is_empty() || self.closed.load(Ordering::Relaxed) {
             return None;
         }
         let max_age = self.config.max_age_nanos();
         // The request's distinct counters: (key, rate, its lease).
-        let mut counters: SmallVec<[Counter; 4]> = SmallVec::with_capacity(ops.len());
+        let mut counters: SmallVec<[RequestCounter; 4]> = SmallVec::with_capacity(ops.len());
         let mut answerable = true;
         for op in ops {
             if !Self::leasable(op) {
@@ -545,7 +545,7 @@ impl LeasedStore {
         let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
         let mut refunded: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
         let mut charged: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
-        let mut outcomes = vec![Outcome::NONE; ops.len()];
+        let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
         let mut found: SmallVec<[u64; 4]> = smallvec![0; ops.len()];
         let mut fits = true;
         // Refunds first, as the stores apply them, whatever the outcome.
@@ -568,11 +568,11 @@ impl LeasedStore {
             }
             refunded[i] += op.cost;
             let remaining = (l.available(now) + refunded[i]).min(op.quota.burst());
-            *out = Outcome {
+            *out = CounterOutcome {
                 admitted: true,
                 remaining,
                 wait: wait(l, &op.quota, remaining, now),
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             };
         }
         if fits {
@@ -591,25 +591,25 @@ impl LeasedStore {
                 if op.cost <= avail {
                     charged[i] += op.cost;
                     let remaining = avail - op.cost;
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         admitted: true,
                         remaining,
                         wait: wait(l, &op.quota, remaining, now),
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else if let Some(at) =
                     l.due_at((charged[i] + op.cost).saturating_sub(refunded[i]), now)
                 {
                     // Reserved tokens not due yet: the shared bucket has none before them.
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         wait: at - now,
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else if avail == 0 && l.denied_until > now {
                     let extra = (op.cost - 1).saturating_mul(op.quota.interval());
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         wait: (l.denied_until - now).saturating_add(extra),
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else {
                     fits = false;
@@ -652,7 +652,7 @@ impl LeasedStore {
     }
 
     /// Starts a take for every hot counter of `ops` that has no lease, or one running low.
-    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[Counter], now: u64) {
+    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[RequestCounter], now: u64) {
         for (key, rate, lease) in counters {
             if *rate < self.config.min_rate {
                 continue;
@@ -887,7 +887,7 @@ impl RedisStore {
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
-                Conn::Single(_) => {
+                RedisConn::Single(_) => {
                     // Beside the next coalesced call, in its round trip (`coalesce`).
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let call = LeaseCall {
@@ -903,7 +903,7 @@ impl RedisStore {
                         other => Err(BackendError::Reply(format!("{other:?}"))),
                     }
                 }
-                Conn::Cluster(c) => {
+                RedisConn::Cluster(c) => {
                     self.stats.round_trip();
                     SCRIPT
                         .key(self.key(key))

@@ -53,7 +53,7 @@ use crate::limiter::clock::Clock;
 pub use crate::limiter::error::ConnectError;
 use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::RedisFigures;
-use crate::limiter::gcra::Outcome;
+use crate::limiter::gcra::CounterOutcome;
 use crate::limiter::key::Key;
 use crate::limiter::redis::breaker::Breaker;
 use crate::limiter::redis::cache::DenyCache;
@@ -62,8 +62,8 @@ use crate::limiter::redis::call::{Call, CountCall, classify, count_call, read_co
 pub use crate::limiter::redis::config::{
     Password, RedisAuth, RedisConfig, RedisTime, RedisTls, SentinelConfig,
 };
-pub use crate::limiter::redis::connect::check;
-use crate::limiter::redis::connect::{Conn, Connector};
+pub use crate::limiter::redis::connect::validate;
+use crate::limiter::redis::connect::{Connector, RedisConn};
 pub use crate::limiter::redis::heartbeat::Heartbeat;
 pub use crate::limiter::redis::lease::{LeaseConfig, LeasedStore};
 pub use crate::limiter::redis::redact::{redact, redact_all};
@@ -74,7 +74,7 @@ use crate::limiter::redis::stats::RedisStats;
 /// The Redis counter store.
 pub struct RedisStore {
     config: RedisConfig,
-    conn: ArcSwapOption<Conn>,
+    conn: ArcSwapOption<RedisConn>,
     connector: Connector,
     /// `gcra.lua`: exact over the whole range of times, in pairs of seconds and nanoseconds.
     script: Script,
@@ -150,7 +150,7 @@ impl RedisStore {
             match self.connector.connect().await {
                 Ok(conn) => {
                     tracing::info!(redis = %urls, "connected to redis");
-                    let single = matches!(conn, Conn::Single(_));
+                    let single = matches!(conn, RedisConn::Single(_));
                     self.conn.store(Some(Arc::new(conn)));
                     let queued = self
                         .queued
@@ -219,7 +219,7 @@ impl RedisStore {
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot decide; nothing is known to be charged then.
-    pub async fn check_batch(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_batch(&self, ops: &[Op]) -> Result<Batch, BackendError> {
         let local_now = self.clock.now();
         if let Some(batch) = self.cache.answer(ops, local_now) {
             self.stats.cache_hit();
@@ -289,7 +289,7 @@ impl RedisStore {
             return Err(BackendError::NotConnected);
         };
         match &*conn {
-            Conn::Single(_) if fits_lean(ops) => {
+            RedisConn::Single(_) if fits_lean(ops) => {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 let count = CountCall {
                     ops: ops.to_vec(),
@@ -302,11 +302,11 @@ impl RedisStore {
                 // A dropped answer: the sending loop stopped (shutdown).
                 answer.await.map_err(|_| BackendError::NotConnected)?
             }
-            Conn::Single(c) => {
+            RedisConn::Single(c) => {
                 let all: Vec<usize> = (0..ops.len()).collect();
                 self.invoke(&mut c.clone(), ops, &all, true, now).await
             }
-            Conn::Cluster(c) => self.run_cluster(c, ops, now).await,
+            RedisConn::Cluster(c) => self.run_cluster(c, ops, now).await,
         }
     }
 
@@ -344,7 +344,7 @@ impl RedisStore {
             async move { self.invoke(&mut c, ops, idx, whole, now).await }
         });
         let replies = futures_util::future::try_join_all(calls).await?;
-        let mut outcomes = vec![Outcome::NONE; ops.len()];
+        let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
         let mut group_blocked = Vec::with_capacity(groups.len());
         for ((_, idx), reply) in groups.iter().zip(replies) {
             group_blocked.push(reply.blocked);
