@@ -58,8 +58,7 @@ impl Backend {
             // sized for a Redis round trip's state.
             Self::Redis(redis) => Box::pin(redis.count_batch(ops)).await,
             // A lease answers in place; only a request sent to Redis pays for the box (a round
-            // trip's state, moved to the heap on every call, was a leased node's largest cost
-            // after the lease's own bookkeeping).
+            // trip's state, which would otherwise be moved to the heap on every call).
             Self::Leased(leased) => match leased.answer_from_leases(ops) {
                 Some(batch) => Ok(batch),
                 None => Box::pin(leased.count_in_redis(ops)).await,

@@ -1,18 +1,9 @@
-//! Degraded local mode (`on_backend_error: local`): while Redis cannot decide, this node counts
-//! in its own memory, each quota scaled to its share of the fleet ([`Quota::scaled`]: rate/N,
-//! burst ceil(B/N)), where N is the configured fleet size or else the live nodes last seen
-//! through Redis heartbeats, at least 1.
-//!
-//! This is the "local buckets at limit/N" way of sharing a budget, used only while the shared
-//! counter is out of reach: some waste (the fleet may admit up to N·ceil(B/N) ≥ B at the switch,
-//! and a wrong N scales the fleet's rate by N_actual/N) instead of admitting everyone or no one.
-//!
-//! [`LocalFallback`] also keeps the node's backend mode (shared or local) and counts who answered
-//! each decision, as plain atomics read at scrape time. It holds no policy and knows nothing of
-//! Redis, the runtime or metrics: the decision layer tells it when Redis failed or answered
-//! again, and the heartbeat tells it how many nodes are live. Entering local mode starts from the
-//! local store as it is: full buckets, except for counters it counted in an outage moments
-//! before (they keep that debt until swept).
+//! Degraded local mode (`on_backend_error: local`): while Redis cannot decide, this node counts in
+//! its own memory, each quota scaled to its share of the fleet ([`Quota::scaled`]: rate/N, burst
+//! ceil(B/N)), N being the configured fleet size or else the live nodes last seen through Redis
+//! heartbeats. [`LocalFallback`] also keeps the node's backend mode and counts who answered each
+//! decision. It holds no policy and knows nothing of Redis, the runtime or metrics: the decision
+//! layer tells it when Redis failed or answered again, the heartbeat how many nodes are live.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +55,12 @@ pub struct LocalFigures {
 }
 
 /// The local store, the fleet size, the current mode and the decision counts of one node.
+///
+/// This is the "local buckets at limit/N" way of sharing a budget, used only while the shared
+/// counter is out of reach: some waste (the fleet may admit up to N·ceil(B/N) ≥ B at the switch,
+/// and a wrong N scales the fleet's rate by N_actual/N) instead of admitting everyone or no one.
+/// Entering local mode starts from the local store as it is: full buckets, except for counters it
+/// counted in an outage moments before (they keep that debt until swept).
 #[derive(Debug)]
 pub struct LocalFallback {
     store: MemoryStore,

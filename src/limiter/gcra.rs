@@ -2,9 +2,9 @@
 //! decide one request against one theoretical arrival time (TAT).
 //!
 //! Everything is integer nanoseconds on a monotonic clock that the caller reads; nothing here
-//! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`CounterOutcome`]), never an
-//! error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are admitted
-//! in any span of `W` nanoseconds, whatever the schedule (`docs/gcra-properties.md`, P2).
+//! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`CounterOutcome`]), never
+//! an error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are
+//! admitted in any span of `W` nanoseconds, whatever the schedule (`docs/gcra-properties.md`, P2).
 
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;

@@ -1,11 +1,11 @@
 //! Counting: the GCRA math, the clock, counter keys, and the backends that hold TATs.
 //!
-//! The [`Backend`] is the one seam the decision layer counts through: it decides a whole [`Op`]
-//! batch (a request's counters) all or nothing, at the time its own clock gives, in this
-//! process's memory ([`MemoryStore`]) or in Redis shared by several nodes ([`RedisStore`]). It
-//! knows nothing of gRPC, YAML or policies; it is given keys, quotas and costs. While Redis cannot
-//! decide, [`LocalFallback`] can count in this node's memory at its share of each rate
-//! (`on_backend_error: local`).
+//! The [`Backend`] is the one seam the decision layer counts through: it decides a request's
+//! [`Op`]s all or nothing, at its own clock's time, in this process's memory ([`MemoryStore`]) or
+//! in Redis shared by several nodes ([`RedisStore`], [`LeasedStore`]); [`LocalFallback`] counts at
+//! this node's share of each rate while Redis cannot decide. Beneath them lie plain values (`gcra`,
+//! `clock`, `key`, `batch`, `error`, `figures`). It knows nothing of gRPC, YAML or policies; the
+//! re-exports below are for callers outside `limiter`, whose own files import from the definer.
 
 pub mod backend;
 pub mod batch;

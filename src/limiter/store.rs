@@ -1,22 +1,6 @@
 //! The in-memory store: counter key → TAT in a sharded map of atomics, bounded in size, and the
-//! batch check that decides all of a request's counters together, all or nothing.
-//!
-//! Each entry is one `AtomicU64` updated by compare-and-swap under its shard's *read* lock, so
-//! deciding never takes a write lock; a shard's write lock is taken only to insert a key seen for
-//! the first time, to evict, or to sweep, and no lock outlives one of these calls. The number of
-//! keys never exceeds `max_keys`: a new key first evicts, from a sample, the key closest to
-//! expiry (one whose bucket is already full when there is one, which loses nothing). The store
-//! knows nothing of policies, protobuf or async runtimes.
-//!
-//! Memory: an entry is a 16-byte key hash, held as two 8-byte halves so that it is not padded
-//! to a `u128`'s 16-byte alignment, and an 8-byte TAT: 24 bytes in a SwissTable (one control
-//! byte, load factor ≤ 7/8, capacity doubling), 29 to 57 bytes per key depending on where the
-//! table sits between two growths. The tables live on the system allocator, not the global one: a
-//! table that doubles frees the old one, and glibc's malloc returns a freed block of that size
-//! to the kernel at once (`munmap`), while mimalloc, the binaries' allocator (`crate::allocator`),
-//! keeps freed memory resident until a delayed purge, which at ten million keys cost 12 more
-//! bytes per key (BENCHMARKS.md, *Memory per key*). The tables allocate only when they grow, so
-//! the hot path does not notice whose allocator it is.
+//! batch count that decides all of a request's counters together, all or nothing. It knows nothing
+//! of policies, protobuf or async runtimes.
 
 use std::alloc::System;
 use std::hash::Hasher;
@@ -66,6 +50,19 @@ struct Shard {
 }
 
 /// The in-memory counter store.
+///
+/// Each entry is one `AtomicU64` updated by compare-and-swap under its shard's *read* lock, so
+/// deciding never takes a write lock; a shard's write lock is taken only to insert a key seen for
+/// the first time, to evict, or to sweep, and no lock outlives one of these calls. The number of
+/// keys never exceeds `max_keys`: a new key first evicts, from a sample, the key closest to expiry
+/// (one whose bucket is already full when there is one, which loses nothing).
+///
+/// An entry is a 16-byte key hash, held as two 8-byte halves so that it is not padded to a
+/// `u128`'s 16-byte alignment, and an 8-byte TAT. The tables live on the system allocator, not the
+/// global one: a table that doubles frees the old one, and glibc's malloc returns a freed block of
+/// that size to the kernel at once, while mimalloc, the binaries' allocator (`crate::allocator`),
+/// keeps freed memory resident until a delayed purge (BENCHMARKS.md, *Memory per key*). The tables
+/// allocate only when they grow, so the hot path does not notice whose allocator it is.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Shard]>,

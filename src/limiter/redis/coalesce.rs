@@ -1,15 +1,9 @@
-//! Coalescing: concurrent requests bound for one Redis node leave in one script call.
-//!
-//! Requests queue while calls are in flight and go together in the next one: at most
-//! [`IN_FLIGHT`] calls are out at once, each with every request that was waiting (up to
-//! [`MAX_REQUESTS`] requests or [`MAX_KEYS`] counters). Nothing waits on a timer: an idle
-//! connection sends a lone request at once, and under load a call carries many. `gcra_lean.lua`
-//! decides a call's requests one after the other, each all or nothing on its own, exactly as
-//! separate calls in that order would.
-//!
-//! Leased counting's `lease.lua` calls (takes and give-backs) queue here too and ride in the
-//! same round trip: the call's script and the lease calls go out as one pipeline, each command
-//! atomic on its own as when sent alone. Queued with no request, they still leave together.
+//! Coalescing: concurrent requests bound for one Redis node leave in one script call, the lease
+//! calls waiting beside them in the same pipeline. At most [`IN_FLIGHT`] calls are out at once,
+//! each with every call that was waiting (up to [`MAX_REQUESTS`] requests or [`MAX_KEYS`]
+//! counters); nothing waits on a timer. `gcra_lean.lua` decides a call's requests one after the
+//! other, each all or nothing on its own, exactly as separate calls in that order would; each
+//! lease call is atomic on its own as when sent alone. The calls themselves come from `call`.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -25,10 +19,9 @@ use crate::limiter::redis::call::{
 };
 use crate::limiter::redis::connect::RedisConn;
 
-/// Calls in flight at once on the connection; the next requests queue behind them. Four keep
-/// Redis busy while sluice reads one call's answers and gathers the next: with two, under load,
-/// Redis and sluice each sat idle about a fifth of the time, waiting on the other; eight made
-/// calls smaller, and each request dearer in Redis (BENCHMARKS.md).
+/// Calls in flight at once on the connection; the next requests queue behind them. Enough to
+/// keep Redis busy while sluice reads one call's answers and gathers the next, few enough that
+/// calls stay large (BENCHMARKS.md has the measurements behind the number).
 pub(super) const IN_FLIGHT: usize = 4;
 /// Most requests in one call.
 pub(super) const MAX_REQUESTS: usize = 128;

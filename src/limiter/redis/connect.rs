@@ -1,18 +1,7 @@
-//! Opening connections to Redis: the URLs, TLS files and credentials of a [`RedisConfig`]
-//! made into a redis-rs client, then one connection and a `PING`.
-//!
-//! - TLS is asked for by `rediss://` URLs. The CA file (else the system's roots), the client
-//!   certificate and key (mTLS) and the password file are read at every connection attempt, so
-//!   a file rotated while Redis was unreachable is used by the next attempt; [`Connector::new`]
-//!   reads them once too, so a missing or malformed file is a startup error naming the setting
-//!   and the path, never the contents. Once connected, redis-rs's reconnections reuse what was
-//!   read for that connection.
-//! - `skip_hostname_verification` ignores only a certificate's name mismatch: the chain is
-//!   still verified against the CA. A URL's `#insecure`, which turns verification off
-//!   altogether, is refused.
-//! - Credentials come from the URL (`redis://user:pass@host`) or from `username` with
-//!   `password` or `password_file`, never from both. [`Password`] and every error keep the
-//!   secret out of logs: a refused login is reported with the user name and the problem only.
+//! Opening connections to Redis: the URLs, TLS files and credentials of a [`RedisConfig`] made
+//! into a redis-rs client, then one connection and a `PING` (`Connector`); and, with Sentinel,
+//! following the master through a failover. Every file is read at each attempt, so a file rotated
+//! while Redis was unreachable is used by the next one; no error carries a secret.
 
 use std::io::Read;
 use std::path::Path;
@@ -65,6 +54,19 @@ struct Material {
 }
 
 /// Opens connections for a config.
+///
+/// - TLS is asked for by `rediss://` URLs. The CA file (else the system's roots), the client
+///   certificate and key (mTLS) and the password file are read at every connection attempt;
+///   [`Connector::new`] reads them once too, so a missing or malformed file is a startup error
+///   naming the setting and the path, never the contents. Once connected, redis-rs's
+///   reconnections reuse what was read for that connection.
+/// - `skip_hostname_verification` ignores only a certificate's name mismatch: the chain is still
+///   verified against the CA. A URL's `#insecure`, which turns verification off altogether, is
+///   refused.
+/// - Credentials come from the URL (`redis://user:pass@host`) or from `username` with `password`
+///   or `password_file`, never from both. [`Password`](crate::limiter::redis::config::Password)
+///   and every error keep the secret out of logs: a refused login is reported with the user name
+///   and the problem only.
 pub(super) struct Connector {
     urls: Vec<ConnectionInfo>,
     cluster: bool,
@@ -433,9 +435,15 @@ impl Connector {
 }
 
 impl RedisStore {
-    /// With Sentinel, follows failovers for as long as it runs: woken by failed calls, asks the
-    /// sentinels and swaps the connection when they name a new master. Returns at once
-    /// otherwise.
+    /// With Sentinel, follows failovers for as long as it runs; returns at once otherwise.
+    ///
+    /// A call that fails for a reason a failover explains (connection refused or reset, a
+    /// timeout, the breaker open, `READONLY` from a demoted master) wakes it; it asks the
+    /// sentinels again and, when they name another master that confirms its role, swaps the
+    /// store's connection and closes the breaker. Checks are spaced by a back-off (100 ms
+    /// doubling to 1 s) and, after a failed one, repeated on their own, so a dead master is
+    /// left soon after the sentinels' promotion, without a busy loop. Meanwhile calls fail fast
+    /// and decisions get `on_backend_error`.
     pub(super) async fn follow_failovers(&self) {
         let Some(sentinels) = &self.connector.sentinel else {
             return;

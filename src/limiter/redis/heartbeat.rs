@@ -1,12 +1,9 @@
-//! Heartbeats: each node records itself in one sorted set in Redis (`{prefix}nodes`, member
-//! the node's random id, score the Redis-time millisecond its entry expires), drops the expired
-//! entries and counts the rest, in one small script per beat. The count is the fleet size N that
-//! degraded local mode divides each budget by when Redis later becomes unreachable.
-//!
-//! An entry lives three intervals, so a node is counted until it has missed three beats; a node
-//! that stops cleanly removes itself at once. The score is an expiry instant, not a beat time, so
-//! nodes with different intervals can share the set. The set itself expires when no node beats.
-//! In Redis Cluster it is one key in one slot: a beat is one small call per node per interval.
+//! Heartbeats: each node records itself in one sorted set in Redis (`{prefix}nodes`, member its
+//! random id, score the Redis-time millisecond its entry expires), drops the expired entries and
+//! counts the rest, in one small script per beat: the fleet size N that degraded local mode divides
+//! each budget by. An entry lives three intervals, so a node is counted until it has missed three
+//! beats; one that stops cleanly removes itself at once. The score is an expiry instant, so nodes
+//! with different intervals can share the set; in Redis Cluster it is one key in one slot.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};

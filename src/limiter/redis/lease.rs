@@ -1,43 +1,9 @@
-//! Leased counting: a node takes a slice of a hot counter's tokens from the shared bucket in
-//! one script call (`lease.lua`) and answers that counter's requests from it locally, within a
-//! stated bound, instead of paying a Redis round trip per decision.
-//!
-//! - A take of `k` charges `k` tokens on the shared TAT at once, so the shared bucket never
-//!   promises more than it holds: the tokens the bucket holds now, and when it holds fewer,
-//!   tokens reserved ahead of its refill, up to H = L / 2 past its tolerance
-//!   ([`LeaseConfig::horizon`]; fewer than `k` when that is full). Each token is due at the
-//!   instant the exact path would have admitted it (at once for those the bucket held, then one
-//!   T apart), dated from the take's reply, and none is used before it is due. So when demand
-//!   is above the rate the refill is handed out a slice at a time instead of a round trip per
-//!   admission. A lease is a FIFO of slices; requests use the oldest due tokens first. A slice
-//!   lives at most `max_age` (L) from the instant its take was sent; then its unused tokens go
-//!   back to the shared bucket (`TAT' = max(TAT − n·T, now)`), and all of them go back at
-//!   shutdown. Every token admitted is used no earlier than its instant on the shared schedule
-//!   and less than L after it, so in any span W the fleet admits at most what that schedule
-//!   gives out in W + L: `B + floor((W + L) / T)` of a counter (exact: `B + floor(W / T)`).
-//! - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
-//!   this node's recent hits per second on the counter: never more than the node would use
-//!   within L, never a share of the burst that starves the other nodes. The next slice is taken
-//!   in the background when the lease falls below `low_water` of the last one, or below all of
-//!   it while the last take had to reserve (demand above the rate: one slice stays queued ahead,
-//!   so the lease does not run dry while a take waits for its reply on a busy node). One take
-//!   is in flight per counter. On a single node takes and give-backs queue with the coalesced
-//!   requests and share their round trip (`super::coalesce`).
-//! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
-//!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
-//!   allocate nothing; they stay on the exact path (`RedisStore::count_batch`), which charges
-//!   the shared TAT directly and stays correct beside leases.
-//! - A request is answered locally only when every op of it is on a live lease that can answer
-//!   it: charges that fit, check-only ops, refunds of tokens this lease handed out (they go back
-//!   to the lease). All or nothing across descriptors, with shadow and quota modes through
-//!   [`Batch::blocked_by`] as in the stores. A charge whose tokens the lease holds but are not
-//!   due yet is refused locally with the wait until they are (the shared bucket has none
-//!   before them). Anything else goes the exact path whole. An empty lease whose last take was
-//!   granted nothing refuses locally, with the wait Redis reported, until that instant (as the
-//!   over-limit cache does).
-//!
-//! Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
-//! bound of the fleet's.
+//! Leased counting: a node takes a slice of a hot counter's tokens from the shared bucket in one
+//! `lease.lua` call and answers that counter's requests from it locally, within a stated bound
+//! (see [`LeasedStore`]), instead of paying a Redis round trip per decision. Only counters hot on
+//! this node are leased; every other request takes the exact path, `RedisStore::count_batch`,
+//! which stays correct beside leases. The lease calls are assembled in `call` and, on a single
+//! node, ride in the coalesced round trips.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -149,8 +115,7 @@ struct Slice {
 
 impl Slice {
     /// How many of this slice's tokens are due at `now`, for an emission interval `t`.
-    /// In 64 bits: a 128-bit division here cost a leased decision more than the rest of the
-    /// lease's bookkeeping.
+    /// In 64 bits: every leased decision passes here, and a 128-bit division is dear.
     fn due_by(&self, now: u64, t: u64) -> u64 {
         let elapsed = now.saturating_sub(self.received);
         let ahead = if self.lead >= 0 {
@@ -163,7 +128,7 @@ impl Slice {
 
     /// Whether every token of the slice is used: it has none to hand out, whatever the time,
     /// until a refund gives some back. Over the rate a lease holds about one slice per take
-    /// of the last L (fifty and more), nearly all of them spent: the walks of a decision start
+    /// of the last L, nearly all of them spent: the walks of a decision start
     /// past the spent ones at the front ([`Lease::spent`]) and skip the others without a
     /// division.
     fn spent(&self) -> bool {
@@ -355,6 +320,35 @@ struct Heat {
 }
 
 /// The leased backend: a [`RedisStore`] and this node's leases of hot counters.
+///
+/// - A take of `k` charges `k` tokens on the shared TAT at once, so the shared bucket never
+///   promises more than it holds: the tokens the bucket holds now, and when it holds fewer,
+///   tokens reserved ahead of its refill, up to H = L / 2 past its tolerance
+///   ([`LeaseConfig::horizon`]; fewer than `k` when that is full). Each token is due at the
+///   instant the exact path would have admitted it (at once for those the bucket held, then one
+///   T apart), dated from the take's reply, and none is used before it is due. A lease is a FIFO
+///   of slices; requests use the oldest due tokens first. A slice lives at most `max_age` (L)
+///   from the instant its take was sent; then its unused tokens go back to the shared bucket
+///   (`TAT' = max(TAT − n·T, now)`), and all of them go back at shutdown. Every token admitted is
+///   used no earlier than its instant on the shared schedule and less than L after it, so in any
+///   span W the fleet admits at most `B + floor((W + L) / T)` of a counter (exact: `B + floor(W /
+///   T)`).
+/// - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
+///   this node's recent hits per second on the counter. The next slice is taken in the background
+///   when the lease falls below `low_water` of the last one, or below all of it while the last
+///   take had to reserve (demand above the rate: one slice stays queued ahead). One take is in
+///   flight per counter.
+/// - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked in
+///   a fixed table of slots, so cold keys cost a slot probe each and allocate nothing.
+/// - A request is answered locally only when every op of it is on a live lease that can answer
+///   it: charges that fit, check-only ops, refunds of tokens this lease handed out. All or nothing
+///   across descriptors, with shadow and quota modes through [`Batch::blocked_by`] as in the
+///   stores. A charge whose tokens the lease holds but are not due yet is refused locally with the
+///   wait until they are. Anything else goes the exact path whole. An empty lease whose last take
+///   was granted nothing refuses locally, with the wait Redis reported, until that instant.
+///
+/// Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
+/// bound of the fleet's.
 pub struct LeasedStore {
     redis: Arc<RedisStore>,
     config: LeaseConfig,

@@ -1,31 +1,10 @@
-//! The Redis backend: the same GCRA as the in-memory store, run inside Redis by one Lua script
-//! per request (`gcra.lua`), so several sluice nodes share one budget.
+//! The Redis backend: the same GCRA as the memory store, run inside Redis by Lua scripts, so
+//! several sluice nodes share one budget. [`RedisStore`] owns the connection, the deadline, the
+//! circuit breaker and the over-limit cache, and sends what `call` assembles; `coalesce` batches
+//! a single node's requests, `lease` answers hot counters locally, `connect` and `sentinel` open
+//! and follow connections, `config` holds the settings.
 //!
-//! - One round trip: all of a request's counters go in one `EVALSHA` (loaded once, reloaded on
-//!   `NOSCRIPT`), with Redis `TIME` as the single clock. Each key expires at its TAT (to the
-//!   millisecond), so Redis holds only live state. Concurrent requests share one multiplexed
-//!   connection (pipelined).
-//! - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
-//!   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), which is every
-//!   usual limit, and reads its arguments and writes its reply as binary doubles ([`fits_lean`],
-//!   `parse_lean`); a request with a longer tolerance goes to `gcra.lua`, exact over the whole
-//!   range in pairs of seconds and nanoseconds. Both store the same decimal TAT, so a fleet of
-//!   old and new nodes agrees.
-//! - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
-//!   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
-//!   (or every quota-mode op is over), the charges other groups made are refunded at once. A
-//!   concurrent request may see those charges for that instant (it can be refused, never
-//!   over-admitted).
-//! - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
-//!   answers at once for a cool-down, then lets one probe through. The connection manager
-//!   reconnects in the background.
-//! - Redis Sentinel (`sentinel.rs`): the master is the one the sentinels name, reached as a
-//!   single node, and followed through a failover with no restart.
-//! - A local cache of counters Redis reported out of tokens until an instant answers repeat
-//!   offenders without a round trip. It only ever refuses what Redis itself would refuse.
-//!
-//! Unlike the memory store this is async I/O by nature; it still knows nothing of policies,
-//! protobuf or the server.
+//! It is async I/O by nature, yet knows nothing of policies, protobuf or the server.
 
 mod breaker;
 mod cache;
@@ -72,6 +51,28 @@ use crate::limiter::redis::slot::group_by_slot;
 use crate::limiter::redis::stats::RedisStats;
 
 /// The Redis counter store.
+///
+/// - One round trip: all of a request's counters go in one `EVALSHA` (loaded once, reloaded on
+///   `NOSCRIPT`), with Redis `TIME` as the single clock. Each key expires at its TAT (to the
+///   millisecond), so Redis holds only live state. Concurrent requests share one multiplexed
+///   connection (pipelined).
+/// - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
+///   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), and reads its
+///   arguments and writes its reply as binary doubles ([`fits_lean`]); a request with a longer
+///   tolerance goes to `gcra.lua`, exact over the whole range in pairs of seconds and
+///   nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
+/// - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
+///   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
+///   (or every quota-mode op is over), the charges other groups made are refunded at once. A
+///   concurrent request may see those charges for that instant (it can be refused, never
+///   over-admitted).
+/// - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
+///   answers at once for a cool-down, then lets one probe through. The connection manager
+///   reconnects in the background.
+/// - Redis Sentinel: the master is the one the sentinels name, reached as a single node, and
+///   followed through a failover with no restart.
+/// - A local cache of counters Redis reported out of tokens until an instant answers repeat
+///   offenders without a round trip. It only ever refuses what Redis itself would refuse.
 pub struct RedisStore {
     config: RedisConfig,
     conn: ArcSwapOption<RedisConn>,

@@ -1,24 +1,10 @@
-//! Redis Sentinel: the master's address comes from the sentinels, and sluice follows a
-//! failover with no restart.
+//! Redis Sentinel: asking the sentinels which master they name and confirming it with `ROLE`
+//! (`Sentinels`); `connect` follows a failover with it, with no restart. A failed script call is
+//! never sent again (neither here nor by the connection manager), so a request is charged at most
+//! once; a failover can only lose charges the old master had not yet replicated.
 //!
-//! - Finding the master: the sentinels are asked in order, each with the connect timeout,
-//!   `SENTINEL get-master-addr-by-name`; the first address that answers `ROLE` as a master is
-//!   used (a sentinel's view can be stale, so its word alone is not enough). The connection to
-//!   it is a connection manager, as on a single node, so coalescing and the lean script work
-//!   unchanged.
-//! - Following a failover: a call that fails for a reason a failover explains (connection
-//!   refused or reset, a timeout, the breaker open, `READONLY` from a demoted master) wakes
-//!   `RedisStore::follow_failovers` (in `connect`), which asks the sentinels again and, when they name
-//!   another master that confirms its role, swaps the store's connection and closes the breaker.
-//!   Checks are spaced by a back-off (100 ms doubling to 1 s) and, after a failed one, repeated
-//!   on their own, so a dead master is left within about a second of the sentinels' promotion,
-//!   without a busy loop. Meanwhile calls fail fast and decisions get `on_backend_error`.
-//! - No retry: a failed script call is never sent again (neither here nor by the connection
-//!   manager), so a request is charged at most once; a failover can only lose charges the old
-//!   master had not yet replicated.
-//!
-//! Not done: subscribing to `+switch-master` (the first failed call triggers the same check),
-//! and replicas for reads (every decision writes).
+//! Not done: subscribing to `+switch-master` (the first failed call triggers the same check), and
+//! replicas for reads (every decision writes).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -93,6 +79,11 @@ pub(super) enum Found {
 }
 
 /// The sentinels of one master, and the master in use.
+///
+/// Finding the master: the sentinels are asked in order, each with the connect timeout,
+/// `SENTINEL get-master-addr-by-name`; the first address that answers `ROLE` as a master is used
+/// (a sentinel's view can be stale, so its word alone is not enough). The connection to it is a
+/// connection manager, as on a single node, so coalescing and the lean script work unchanged.
 pub(super) struct Sentinels {
     pub(super) master_name: String,
     /// Each sentinel: its URL for messages (redacted) and a client for it.
