@@ -87,7 +87,7 @@ fn main() {
         let memory = Backend::memory(MemoryStore::new(), Arc::new(MonotonicClock::new()));
         let (rate, latency) = drive(move |i| {
             let memory = memory.clone();
-            async move { memory.check(&[op(i)]).await.is_ok() }
+            async move { memory.count(&[op(i)]).await.is_ok() }
         })
         .await;
         println!("backends: memory: {rate:.0} decisions/s, mean latency {latency:?} with {TASKS} in flight");
@@ -129,10 +129,10 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         connecting.abort();
-        let redis = store.backend();
+        let redis = Backend::Redis(Arc::clone(&store));
         let (rate, latency) = drive(move |i| {
             let redis = redis.clone();
-            async move { redis.check(&[op(i)]).await.is_ok() }
+            async move { redis.count(&[op(i)]).await.is_ok() }
         })
         .await;
         println!(

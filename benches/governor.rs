@@ -20,7 +20,7 @@ use governor::clock::{DefaultClock, FakeRelativeClock};
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota as GovQuota, RateLimiter};
 use sluice::limiter::gcra::NANOS_PER_SEC;
-use sluice::limiter::store::KeyHasher;
+use sluice::limiter::key::KeyHasher;
 use sluice::limiter::{Clock, KeyBuilder, ManualClock, MemoryStore, MonotonicClock, Quota};
 
 type Hasher = BuildHasherDefault<KeyHasher>;
@@ -99,7 +99,7 @@ fn side_by_side(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     per_decision(iters, threads, &|i| {
                         store
-                            .check(pick(&keys, hot, i), &q, clock.now(), 1)
+                            .count(pick(&keys, hot, i), &q, clock.now(), 1)
                             .admitted
                     })
                 });
@@ -125,7 +125,7 @@ fn side_by_side(c: &mut Criterion) {
                     per_decision(iters, threads, &|i| {
                         clock.advance(1);
                         store
-                            .check(pick(&keys, hot, i), &q, clock.now(), 1)
+                            .count(pick(&keys, hot, i), &q, clock.now(), 1)
                             .admitted
                     })
                 });

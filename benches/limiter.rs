@@ -41,20 +41,20 @@ fn core(c: &mut Criterion) {
         let mut now = 1u64;
         b.iter(|| {
             now += 1;
-            black_box(store.check(black_box(key), &q, now, 1))
+            black_box(store.count(black_box(key), &q, now, 1))
         });
     });
     let slow = Quota::new(3_600 * NANOS_PER_SEC, 1, 1).unwrap();
     c.bench_function("store/check hot key (denied)", |b| {
-        store.check(7, &slow, 1, 1);
-        b.iter(|| black_box(store.check(black_box(7), &slow, 2, 1)));
+        store.count(7, &slow, 1, 1);
+        b.iter(|| black_box(store.count(black_box(7), &slow, 2, 1)));
     });
     c.bench_function("store/check_batch 1 op hot key (admitted)", |b| {
         let ops = [op(key, q)];
         let mut now = 1u64;
         b.iter(|| {
             now += 1;
-            black_box(store.check_batch(black_box(&ops), now))
+            black_box(store.count_batch(black_box(&ops), now))
         });
     });
 
@@ -63,7 +63,7 @@ fn core(c: &mut Criterion) {
         .map(|i| KeyBuilder::new(2).part(&i.to_le_bytes()).finish())
         .collect();
     for k in &keys {
-        many.check(*k, &q, 1, 1);
+        many.count(*k, &q, 1, 1);
     }
     c.bench_function("store/check 100k keys round robin", |b| {
         let mut i = 0usize;
@@ -71,7 +71,7 @@ fn core(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 7919) % keys.len();
             now += 1;
-            black_box(many.check(keys[i], &q, now, 1))
+            black_box(many.count(keys[i], &q, now, 1))
         });
     });
 
@@ -84,7 +84,7 @@ fn core(c: &mut Criterion) {
                     let store = &store;
                     s.spawn(move || {
                         for i in 0..iters {
-                            black_box(store.check(key, &q, 2 * i + t + 1, 1));
+                            black_box(store.count(key, &q, 2 * i + t + 1, 1));
                         }
                     });
                 }

@@ -31,7 +31,7 @@ fn main() {
     let step = (keys / 10).max(1);
     for i in 0..keys {
         let key = KeyBuilder::new(1).part(&i.to_le_bytes()).finish();
-        assert!(store.check(key, &quota, 1, 1).admitted);
+        assert!(store.count(key, &quota, 1, 1).admitted);
         if (i + 1) % step == 0 {
             eprintln!("memory: {} of {keys} keys", i + 1);
         }

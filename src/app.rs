@@ -167,8 +167,10 @@ impl App {
                 let redis =
                     RedisStore::new((**config).clone(), Arc::clone(&clock), RedisTime::Server)?;
                 match settings.lease {
-                    Some(lease) => LeasedStore::new(redis, lease, Arc::clone(&clock)).backend(),
-                    None => redis.backend(),
+                    Some(lease) => {
+                        Backend::Leased(LeasedStore::new(redis, lease, Arc::clone(&clock)))
+                    }
+                    None => Backend::Redis(redis),
                 }
             }
         };

@@ -1,14 +1,10 @@
 //! Metrics: every name and description, the process's Prometheus recorder, and the handles the
-//! request path increments.
-//!
-//! Names follow envoyproxy/ratelimit's Prometheus mapping where one exists (so existing
-//! dashboards work) and use the `sluice_` prefix otherwise. Label values come from configuration
-//! (domain, the first two levels of a rule's path). Request values appear only for rules with
-//! `detailed_metric` or `value_to_metric`, and then under a cap on series: past it they are
-//! counted under the value `_other`, so a client rotating values cannot grow memory.
-//!
-//! The recorder is global (one per process); [`Metrics::install`] is idempotent so tests can
-//! start many servers in one process.
+//! request path increments. It reads the backends' plain figures (`limiter::figures`), no backend.
+//! Names follow envoyproxy/ratelimit's Prometheus mapping where one exists (so dashboards work),
+//! else the `sluice_` prefix. Label values come from configuration; request values appear only for
+//! rules with `detailed_metric` or `value_to_metric`, under a cap on series past which they count
+//! as `_other`, so a client rotating values cannot grow memory. The recorder is global;
+//! [`Metrics::install`] is idempotent so tests can start many servers in one process.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,9 +15,9 @@ use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
-use crate::limiter::redis::{BreakerState, LeaseFigures, RedisFigures};
-use crate::limiter::store::KeyHash;
-use crate::limiter::{BackendMode, LocalFigures, Stats, StoreStats};
+use crate::limiter::fallback::{BackendMode, LocalFigures};
+use crate::limiter::figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
+use crate::limiter::key::KeyHash;
 use crate::policy::Rule;
 
 /// Hits on a limited rule (weighted by cost).

@@ -217,7 +217,7 @@ impl Decider {
             self.options.shadow_mode,
             self.options.quota_mode,
         );
-        let batch = match self.backend.check(&plan.ops).await {
+        let batch = match self.backend.count(&plan.ops).await {
             Ok(b) => {
                 // A request without ops never reached the backend: it says nothing of Redis.
                 if !plan.ops.is_empty() {
@@ -235,7 +235,7 @@ impl Decider {
                         if let Some(n) = local.enter() {
                             tracing::warn!(fleet_size = n, reason = %e.detail(), "redis cannot decide; counting locally at rate/N with burst ceil(B/N)");
                         }
-                        local.check(&plan.ops)
+                        local.count(&plan.ops)
                     }
                     (OnBackendError::Error | OnBackendError::Local, _) => return Err(e.into()),
                 }
@@ -399,9 +399,9 @@ descriptors:
             tls: crate::limiter::redis::RedisTls::default(),
             auth: crate::limiter::redis::RedisAuth::default(),
         };
-        RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server)
-            .unwrap()
-            .backend()
+        Backend::Redis(
+            RedisStore::new(config, Arc::new(ManualClock::new(0)), RedisTime::Server).unwrap(),
+        )
     }
 
     fn req(descs: &[&[(&str, &str)]]) -> Request {

@@ -3,9 +3,8 @@
 //! ([`Mode`], [`Batch::blocked_by`]), and the answer when no backend could decide
 //! ([`Batch::fallback`]).
 
-use super::gcra::Outcome;
-use super::gcra::Quota;
-use super::key::Key;
+use crate::limiter::gcra::{CounterOutcome, Quota};
+use crate::limiter::key::Key;
 
 /// How a denial of one op weighs on its request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +43,7 @@ pub struct Batch {
     pub blocked: bool,
     /// One outcome per op, in order. For a blocked request, an op that fit reports the state it
     /// found, uncharged.
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Vec<CounterOutcome>,
 }
 
 impl Batch {
@@ -60,7 +59,7 @@ impl Batch {
     /// Whether a request with these per-op outcomes is refused: an enforced op is denied, or
     /// every quota-mode op is.
     #[must_use]
-    pub fn blocked_by(ops: &[Op], outcomes: &[Outcome]) -> bool {
+    pub fn blocked_by(ops: &[Op], outcomes: &[CounterOutcome]) -> bool {
         let enforce_denied = ops
             .iter()
             .zip(outcomes)
@@ -70,7 +69,7 @@ impl Batch {
 
     /// Whether the request has quota-mode ops and every one of them is denied.
     #[must_use]
-    pub fn all_quota_denied(ops: &[Op], outcomes: &[Outcome]) -> bool {
+    pub fn all_quota_denied(ops: &[Op], outcomes: &[CounterOutcome]) -> bool {
         let mut quota = ops
             .iter()
             .zip(outcomes)
@@ -88,7 +87,7 @@ impl Batch {
             blocked: !allow,
             outcomes: ops
                 .iter()
-                .map(|op| Outcome {
+                .map(|op| CounterOutcome {
                     admitted: allow,
                     wait: if allow {
                         0
@@ -97,7 +96,7 @@ impl Batch {
                             .interval()
                             .max(op.quota.period() * u64::from(op.quota.is_ban()))
                     },
-                    ..Outcome::NONE
+                    ..CounterOutcome::NONE
                 })
                 .collect(),
         }

@@ -1,24 +1,17 @@
-//! Degraded local mode (`on_backend_error: local`): while Redis cannot decide, this node counts
-//! in its own memory, each quota scaled to its share of the fleet ([`Quota::scaled`]: rate/N,
-//! burst ceil(B/N)), where N is the configured fleet size or else the live nodes last seen
-//! through Redis heartbeats, at least 1.
-//!
-//! This is the "local buckets at limit/N" way of sharing a budget, used only while the shared
-//! counter is out of reach: some waste (the fleet may admit up to N·ceil(B/N) ≥ B at the switch,
-//! and a wrong N scales the fleet's rate by N_actual/N) instead of admitting everyone or no one.
-//!
-//! [`LocalFallback`] also keeps the node's backend mode (shared or local) and counts who answered
-//! each decision, as plain atomics read at scrape time. It holds no policy and knows nothing of
-//! Redis, the runtime or metrics: the decision layer tells it when Redis failed or answered
-//! again, and the heartbeat tells it how many nodes are live. Entering local mode starts from the
-//! local store as it is: full buckets, except for counters it counted in an outage moments
-//! before (they keep that debt until swept).
+//! Degraded local mode (`on_backend_error: local`): while Redis cannot decide, this node counts in
+//! its own memory, each quota scaled to its share of the fleet ([`Quota::scaled`]: rate/N, burst
+//! ceil(B/N)), N being the configured fleet size or else the live nodes last seen through Redis
+//! heartbeats. [`LocalFallback`] also keeps the node's backend mode and counts who answered each
+//! decision. It holds no policy and knows nothing of Redis, the runtime or metrics: the decision
+//! layer tells it when Redis failed or answered again, the heartbeat how many nodes are live.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::gcra::Quota;
-use super::{Batch, Clock, MemoryStore, Op};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::clock::Clock;
+use crate::limiter::gcra::Quota;
+use crate::limiter::store::MemoryStore;
 
 /// Which counter answers this node's decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +55,12 @@ pub struct LocalFigures {
 }
 
 /// The local store, the fleet size, the current mode and the decision counts of one node.
+///
+/// This is the "local buckets at limit/N" way of sharing a budget, used only while the shared
+/// counter is out of reach: some waste (the fleet may admit up to N·ceil(B/N) ≥ B at the switch,
+/// and a wrong N scales the fleet's rate by N_actual/N) instead of admitting everyone or no one.
+/// Entering local mode starts from the local store as it is: full buckets, except for counters it
+/// counted in an outage moments before (they keep that debt until swept).
 #[derive(Debug)]
 pub struct LocalFallback {
     store: MemoryStore,
@@ -137,7 +136,7 @@ impl LocalFallback {
 
     /// Decides a request's ops in the local store, all or nothing, each quota scaled to rate/N
     /// with burst ceil(B/N), and counts it as answered locally.
-    pub fn check(&self, ops: &[Op]) -> Batch {
+    pub fn count(&self, ops: &[Op]) -> Batch {
         self.by_local.fetch_add(1, Ordering::Relaxed);
         if ops.is_empty() {
             return Batch::empty();
@@ -150,7 +149,7 @@ impl LocalFallback {
                 ..*op
             })
             .collect();
-        self.store.check_batch_with(&scaled, &|| self.clock.now())
+        self.store.count_batch_with(&scaled, &|| self.clock.now())
     }
 
     /// Drops local counters whose bucket is full again; how many were dropped.
@@ -184,8 +183,9 @@ impl LocalFallback {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::batch::Mode;
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
-    use crate::limiter::{ManualClock, Mode};
 
     fn op(key: u128, quota: Quota) -> Op {
         Op {
@@ -231,14 +231,14 @@ mod tests {
         let f = LocalFallback::new(MemoryStore::new(), clock.clone(), Some(2));
         let q = Quota::new(SEC, 10, 5).unwrap(); // 10/s, burst 5: here 5/s, burst 3
         assert_eq!(f.local_quota(&q), q.scaled(2));
-        let admitted = |n: usize| (0..n).filter(|_| !f.check(&[op(1, q)]).blocked).count();
+        let admitted = |n: usize| (0..n).filter(|_| !f.count(&[op(1, q)]).blocked).count();
         assert_eq!(admitted(10), 3, "ceil(5 / 2) at once");
         clock.advance(SEC / 5 - 1);
         assert_eq!(admitted(1), 0, "one more only after T·N = 200 ms");
         clock.advance(1);
         assert_eq!(admitted(5), 1);
         // All or nothing across a request's ops, as in the memory backend.
-        let both = f.check(&[op(2, q), op(1, q)]);
+        let both = f.count(&[op(2, q), op(1, q)]);
         assert!(both.blocked);
         assert_eq!(admitted(0), 0);
         let figures = f.figures();

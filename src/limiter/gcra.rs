@@ -2,9 +2,9 @@
 //! decide one request against one theoretical arrival time (TAT).
 //!
 //! Everything is integer nanoseconds on a monotonic clock that the caller reads; nothing here
-//! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`Outcome`]), never an
-//! error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are admitted
-//! in any span of `W` nanoseconds, whatever the schedule (`docs/gcra-properties.md`, P2).
+//! reads a clock, allocates, locks or fails. "Rate limited" is a value ([`CounterOutcome`]), never
+//! an error. `T = ceil(P / R)` is rounded up so that at most `B + floor(W / T)` requests are
+//! admitted in any span of `W` nanoseconds, whatever the schedule (`docs/gcra-properties.md`, P2).
 
 /// Nanoseconds in one second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
@@ -152,7 +152,7 @@ impl Quota {
 
 /// The result of deciding one request against one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct CounterOutcome {
     /// Whether the request fits the bucket.
     pub admitted: bool,
     /// The key's TAT after the decision: the new one when admitted, the unchanged one otherwise.
@@ -165,7 +165,7 @@ pub struct Outcome {
     pub wait: u64,
 }
 
-impl Outcome {
+impl CounterOutcome {
     /// Not admitted, nothing known: the placeholder of an op not decided (yet).
     pub const NONE: Self = Self {
         admitted: false,
@@ -180,9 +180,9 @@ impl Outcome {
 /// Admitted iff `max(TAT, now) + cost·T − now ≤ B·T`; a denial changes nothing. A cost of 0 is a
 /// check that consumes nothing.
 #[must_use]
-pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
+pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
     if quota.is_ban() {
-        return Outcome {
+        return CounterOutcome {
             admitted: false,
             tat,
             remaining: 0,
@@ -191,7 +191,7 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
     }
     let base = quota.clamp(tat, now).max(now);
     if cost > quota.burst {
-        return Outcome {
+        return CounterOutcome {
             admitted: false,
             tat,
             remaining: quota.remaining(base, now),
@@ -202,14 +202,14 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
     let new = base + cost * quota.interval;
     let debt = new - now;
     if debt <= quota.tolerance {
-        Outcome {
+        CounterOutcome {
             admitted: true,
             tat: new,
             remaining: (quota.tolerance - debt) / quota.interval,
             wait: debt,
         }
     } else {
-        Outcome {
+        CounterOutcome {
             admitted: false,
             tat,
             remaining: quota.remaining(base, now),
@@ -220,7 +220,7 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
 
 /// Gives `cost` requests back to a key: `TAT = max(now, TAT − cost·T)`. Always admitted.
 #[must_use]
-pub fn refund(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
+pub fn refund(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
     if quota.is_ban() {
         return decide(quota, tat, now, cost);
     }
@@ -228,7 +228,7 @@ pub fn refund(quota: &Quota, tat: u64, now: u64, cost: u64) -> Outcome {
         .clamp(tat, now)
         .saturating_sub(cost.saturating_mul(quota.interval))
         .max(now);
-    Outcome {
+    CounterOutcome {
         admitted: true,
         tat,
         remaining: quota.remaining(tat, now),

@@ -2,6 +2,8 @@
 //! request values it depends on). Storing the hash instead of the strings bounds memory per key;
 //! at 128 bits a collision among billions of keys is negligible.
 
+use std::hash::{BuildHasherDefault, Hasher};
+
 use xxhash_rust::xxh3::xxh3_128;
 
 /// The identity of one counter.
@@ -72,6 +74,33 @@ impl KeyBuilder {
 impl std::fmt::Debug for KeyBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("KeyBuilder")
+    }
+}
+
+/// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
+pub type KeyHash = BuildHasherDefault<KeyHasher>;
+
+/// Hashes a [`Key`], which is already a uniformly distributed 128-bit hash, by folding it to
+/// 64 bits instead of hashing it again.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        // Truncation intended: fold the two halves.
+        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
     }
 }
 

@@ -1,26 +1,30 @@
 //! Counting: the GCRA math, the clock, counter keys, and the backends that hold TATs.
 //!
-//! The [`Backend`] is the one seam the decision layer counts through: it decides a whole [`Op`]
-//! batch (a request's counters) all or nothing, at the time its own clock gives, in this
-//! process's memory ([`MemoryStore`]) or in Redis shared by several nodes ([`RedisStore`]). It
-//! knows nothing of gRPC, YAML or policies; it is given keys, quotas and costs. While Redis cannot
-//! decide, [`LocalFallback`] can count in this node's memory at its share of each rate
-//! (`on_backend_error: local`).
+//! The [`Backend`] is the one seam the decision layer counts through: it decides a request's
+//! [`Op`]s all or nothing, at its own clock's time, in this process's memory ([`MemoryStore`]) or
+//! in Redis shared by several nodes ([`RedisStore`], [`LeasedStore`]); [`LocalFallback`] counts at
+//! this node's share of each rate while Redis cannot decide. Beneath them lie plain values (`gcra`,
+//! `clock`, `key`, `batch`, `error`, `figures`). It knows nothing of gRPC, YAML or policies; the
+//! re-exports below are for callers outside `limiter`, whose own files import from the definer.
 
-mod backend;
-mod batch;
+pub mod backend;
+pub mod batch;
 pub mod clock;
+pub mod error;
 pub mod fallback;
+pub mod figures;
 pub mod gcra;
 pub mod key;
 pub mod redis;
 pub mod store;
 
-pub use backend::{Backend, BackendError, ErrorKind, Stats, StoreStats};
+pub use backend::Backend;
 pub use batch::{Batch, Mode, Op};
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use error::{BackendError, ErrorKind};
 pub use fallback::{BackendMode, LocalFallback, LocalFigures};
-pub use gcra::{Outcome, Quota, QuotaError};
+pub use figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
+pub use gcra::{CounterOutcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
 pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};
 pub use store::MemoryStore;

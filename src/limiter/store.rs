@@ -1,30 +1,15 @@
 //! The in-memory store: counter key → TAT in a sharded map of atomics, bounded in size, and the
-//! batch check that decides all of a request's counters together, all or nothing.
-//!
-//! Each entry is one `AtomicU64` updated by compare-and-swap under its shard's *read* lock, so
-//! deciding never takes a write lock; a shard's write lock is taken only to insert a key seen for
-//! the first time, to evict, or to sweep, and no lock outlives one of these calls. The number of
-//! keys never exceeds `max_keys`: a new key first evicts, from a sample, the key closest to
-//! expiry (one whose bucket is already full when there is one, which loses nothing). The store
-//! knows nothing of policies, protobuf or async runtimes.
-//!
-//! Memory: an entry is a 16-byte key hash, held as two 8-byte halves so that it is not padded
-//! to a `u128`'s 16-byte alignment, and an 8-byte TAT: 24 bytes in a SwissTable (one control
-//! byte, load factor ≤ 7/8, capacity doubling), 29 to 57 bytes per key depending on where the
-//! table sits between two growths. The tables live on the system allocator, not the global one: a
-//! table that doubles frees the old one, and glibc's malloc returns a freed block of that size
-//! to the kernel at once (`munmap`), while mimalloc, the binaries' allocator (`crate::allocator`),
-//! keeps freed memory resident until a delayed purge, which at ten million keys cost 12 more
-//! bytes per key (BENCHMARKS.md, *Memory per key*). The tables allocate only when they grow, so
-//! the hot path does not notice whose allocator it is.
+//! batch count that decides all of a request's counters together, all or nothing. It knows nothing
+//! of policies, protobuf or async runtimes.
 
 use std::alloc::System;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::gcra::{self, Outcome, Quota};
-use super::{Batch, Key, Op};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::gcra::{self, CounterOutcome, Quota};
+use crate::limiter::key::{Key, KeyHash};
 
 /// How often a batch is re-planned when concurrent requests keep changing its keys between the
 /// plan and the commit. Past this the request is answered as over the limit, which can only
@@ -34,29 +19,26 @@ const MAX_ATTEMPTS: usize = 16;
 /// Entries examined to choose an eviction victim.
 const EVICTION_SAMPLE: usize = 16;
 
-type Map = hashbrown::HashMap<Slot, AtomicU64, KeyHash, System>;
+type Map = hashbrown::HashMap<PackedKey, AtomicU64, KeyHash, System>;
 
 /// A [`Key`] as the tables hold it: its two halves, 8-byte aligned, so that an entry with its TAT
 /// takes 24 bytes instead of the 32 a `u128` key pads it to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Slot([u64; 2]);
+struct PackedKey([u64; 2]);
 
-impl Slot {
+impl PackedKey {
     fn of(key: Key) -> Self {
         // Truncation intended: the low and the high half.
         Self([key as u64, (key >> 64) as u64])
     }
 }
 
-impl std::hash::Hash for Slot {
+impl std::hash::Hash for PackedKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // The key's own hash, as for a `u128` key: `KeyHasher` folds it.
         state.write_u128(u128::from(self.0[0]) | (u128::from(self.0[1]) << 64));
     }
 }
-
-/// The hasher of maps keyed by a [`Key`] (or another 128-bit hash): folds it, nothing more.
-pub type KeyHash = BuildHasherDefault<KeyHasher>;
 
 /// One shard, on its own cache lines so shards do not contend through false sharing.
 #[derive(Debug, Default)]
@@ -68,6 +50,19 @@ struct Shard {
 }
 
 /// The in-memory counter store.
+///
+/// Each entry is one `AtomicU64` updated by compare-and-swap under its shard's *read* lock, so
+/// deciding never takes a write lock; a shard's write lock is taken only to insert a key seen for
+/// the first time, to evict, or to sweep, and no lock outlives one of these calls. The number of
+/// keys never exceeds `max_keys`: a new key first evicts, from a sample, the key closest to expiry
+/// (one whose bucket is already full when there is one, which loses nothing).
+///
+/// An entry is a 16-byte key hash, held as two 8-byte halves so that it is not padded to a
+/// `u128`'s 16-byte alignment, and an 8-byte TAT. The tables live on the system allocator, not the
+/// global one: a table that doubles frees the old one, and glibc's malloc returns a freed block of
+/// that size to the kernel at once, while mimalloc, the binaries' allocator (`crate::allocator`),
+/// keeps freed memory resident until a delayed purge (BENCHMARKS.md, *Memory per key*). The tables
+/// allocate only when they grow, so the hot path does not notice whose allocator it is.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Shard]>,
@@ -146,7 +141,7 @@ impl MemoryStore {
     pub fn tat(&self, key: Key) -> u64 {
         let map = read(&self.shard(key).map);
         // Acquire: see `cas`; a clock read after this load is no older than the TAT's writer's.
-        map.get(&Slot::of(key))
+        map.get(&PackedKey::of(key))
             .map_or(0, |v| v.load(Ordering::Acquire))
     }
 
@@ -166,22 +161,22 @@ impl MemoryStore {
 
     /// Decides one request of `cost` on one key at `now`, charging it when admitted.
     #[inline]
-    pub fn check(&self, key: Key, quota: &Quota, now: u64, cost: u64) -> Outcome {
+    pub fn count(&self, key: Key, quota: &Quota, now: u64, cost: u64) -> CounterOutcome {
         self.update(key, &|| now, |tat, now| gcra::decide(quota, tat, now, cost))
             .0
     }
 
     /// Decides every op of a request together at `now` (see [`Batch`] for the rules), charging
     /// the admitted ops only when the request as a whole is admitted.
-    pub fn check_batch(&self, ops: &[Op], now: u64) -> Batch {
-        self.check_batch_with(ops, &|| now)
+    pub fn count_batch(&self, ops: &[Op], now: u64) -> Batch {
+        self.count_batch_with(ops, &|| now)
     }
 
-    /// As [`MemoryStore::check_batch`], reading the time from `clock` *after* loading each TAT
+    /// As [`MemoryStore::count_batch`], reading the time from `clock` *after* loading each TAT
     /// it decides on. A TAT written by a request that read the clock earlier is then never
     /// judged with an older time than its writer's, so concurrent requests cannot reach the
     /// store out of time order.
-    pub fn check_batch_with(&self, ops: &[Op], clock: &dyn Fn() -> u64) -> Batch {
+    pub fn count_batch_with(&self, ops: &[Op], clock: &dyn Fn() -> u64) -> Batch {
         if let [op] = ops
             && !op.refund
         {
@@ -196,7 +191,7 @@ impl MemoryStore {
             };
         }
         // Refunds first, exactly once, whatever the request's outcome.
-        let mut outcomes: Vec<Outcome> = ops
+        let mut outcomes: Vec<CounterOutcome> = ops
             .iter()
             .map(|op| {
                 if op.refund {
@@ -205,7 +200,7 @@ impl MemoryStore {
                     })
                     .0
                 } else {
-                    Outcome::NONE
+                    CounterOutcome::NONE
                 }
             })
             .collect();
@@ -238,7 +233,7 @@ impl MemoryStore {
     /// Evaluates the charges of a batch against the current state without writing, in order, as
     /// if each admitted charge had been applied (so two ops on one key both count). Returns
     /// whether the request is blocked.
-    fn plan(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
+    fn plan(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [CounterOutcome]) -> bool {
         let loaded: Vec<u64> = ops
             .iter()
             .zip(outcomes.iter())
@@ -285,7 +280,7 @@ impl MemoryStore {
     /// all their smaller keys, and the request holding the largest key in contention always
     /// completes. In request order, two requests naming two full keys in opposite orders could
     /// each take one key, fail on the other and undo, round after round, and admit nobody.
-    fn commit(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [Outcome]) -> bool {
+    fn commit(&self, ops: &[Op], clock: &dyn Fn() -> u64, outcomes: &mut [CounterOutcome]) -> bool {
         // A stable sort: two ops on one key keep their request order, which the plan followed.
         let mut order: Vec<usize> = (0..ops.len()).collect();
         order.sort_by_key(|&i| ops[i].key);
@@ -331,7 +326,7 @@ impl MemoryStore {
     ///   build on ours: leave it. That can only refuse a little more than necessary.
     fn undo(&self, key: Key, before: u64, ours: u64, charge: u64, clock: &dyn Fn() -> u64) {
         let map = read(&self.shard(key).map);
-        let Some(cell) = map.get(&Slot::of(key)) else {
+        let Some(cell) = map.get(&PackedKey::of(key)) else {
             return;
         };
         let mut current = cell.load(Ordering::Acquire);
@@ -359,10 +354,10 @@ impl MemoryStore {
         &self,
         key: Key,
         clock: &(impl Fn() -> u64 + ?Sized),
-        f: impl Fn(u64, u64) -> Outcome,
-    ) -> (Outcome, u64) {
+        f: impl Fn(u64, u64) -> CounterOutcome,
+    ) -> (CounterOutcome, u64) {
         let shard = self.shard(key);
-        if let Some(cell) = read(&shard.map).get(&Slot::of(key)) {
+        if let Some(cell) = read(&shard.map).get(&PackedKey::of(key)) {
             return cas(cell, clock, f);
         }
         let now = clock();
@@ -373,13 +368,13 @@ impl MemoryStore {
         }
         self.reserve(now);
         let mut map = write(&shard.map);
-        if let Some(cell) = map.get(&Slot::of(key)) {
+        if let Some(cell) = map.get(&PackedKey::of(key)) {
             // Inserted meanwhile by another request: give the reservation back.
             self.keys.fetch_sub(1, Ordering::Relaxed);
             return cas(cell, clock, f);
         }
         let cell = map
-            .entry(Slot::of(key))
+            .entry(PackedKey::of(key))
             .or_insert_with(|| AtomicU64::new(0));
         cas(cell, clock, f)
     }
@@ -450,8 +445,8 @@ fn write(lock: &RwLock<Map>) -> std::sync::RwLockWriteGuard<'_, Map> {
 fn cas(
     cell: &AtomicU64,
     clock: &(impl Fn() -> u64 + ?Sized),
-    f: impl Fn(u64, u64) -> Outcome,
-) -> (Outcome, u64) {
+    f: impl Fn(u64, u64) -> CounterOutcome,
+) -> (CounterOutcome, u64) {
     // Acquire on loads and Release on writes: a TAT's writer read its clock before writing, so
     // a reader that sees the TAT and then reads the clock gets a time no older than the
     // writer's. (Free on x86; the CAS alone would order the TAT values themselves.)
@@ -468,34 +463,10 @@ fn cas(
     }
 }
 
-/// Hashes a [`Key`], which is already a uniformly distributed 128-bit hash, by folding it to
-/// 64 bits instead of hashing it again.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
-        }
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        // Truncation intended: fold the two halves.
-        self.0 ^= (n as u64) ^ ((n >> 64) as u64);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Mode;
+    use crate::limiter::batch::Mode;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
 
     fn op(key: Key, quota: Quota, cost: u64) -> Op {
@@ -512,9 +483,9 @@ mod tests {
     fn denials_do_not_insert_keys() {
         let store = MemoryStore::new();
         let q = Quota::new(SEC, 2, 2).unwrap();
-        assert!(!store.check(1, &q, 0, 3).admitted);
+        assert!(!store.count(1, &q, 0, 3).admitted);
         assert!(store.is_empty());
-        assert!(store.check(1, &q, 0, 2).admitted);
+        assert!(store.count(1, &q, 0, 2).admitted);
         assert_eq!(store.len(), 1);
     }
 
@@ -523,8 +494,8 @@ mod tests {
         let store = MemoryStore::new();
         let wide = Quota::new(60 * SEC, 10, 10).unwrap();
         let narrow = Quota::new(60 * SEC, 1, 1).unwrap();
-        assert!(store.check(2, &narrow, 0, 1).admitted);
-        let b = store.check_batch(&[op(1, wide, 1), op(2, narrow, 1)], 0);
+        assert!(store.count(2, &narrow, 0, 1).admitted);
+        let b = store.count_batch(&[op(1, wide, 1), op(2, narrow, 1)], 0);
         assert!(b.blocked);
         assert!(b.outcomes[0].admitted);
         assert_eq!(b.outcomes[0].remaining, 10);
@@ -540,7 +511,7 @@ mod tests {
         let (now, i) = (5 * SEC, q.interval());
         for first_undoes_first in [false, true] {
             let store = MemoryStore::new();
-            assert!(store.check(1, &q, now, 1).admitted);
+            assert!(store.count(1, &q, now, 1).admitted);
             let base = store.tat(1);
             let (a, a_before) = store.update(1, &|| now, |t, n| gcra::decide(&q, t, n, 2));
             let (b, b_before) = store.update(1, &|| now, |t, n| gcra::decide(&q, t, n, 3));
@@ -568,10 +539,10 @@ mod tests {
         let i = q.interval();
         // Both keys exist, so the commit reads the clock under read locks only, and the clock
         // below can look at the store.
-        assert!(store.check(4, &q, 0, 1).admitted && store.check(9, &q, 0, 1).admitted);
+        assert!(store.count(4, &q, 0, 1).admitted && store.count(9, &q, 0, 1).admitted);
         let seen = std::cell::RefCell::new(Vec::new());
         let ops = [op(9, q, 1), op(4, q, 1)];
-        let mut outcomes = vec![Outcome::NONE; 2];
+        let mut outcomes = vec![CounterOutcome::NONE; 2];
         assert!(!store.plan(&ops, &|| 0, &mut outcomes));
         let clock = || {
             seen.borrow_mut().push((store.tat(4), store.tat(9)));
@@ -589,10 +560,10 @@ mod tests {
     fn two_ops_on_one_key_both_count() {
         let store = MemoryStore::new();
         let q = Quota::new(60 * SEC, 3, 3).unwrap();
-        let b = store.check_batch(&[op(7, q, 2), op(7, q, 1)], 0);
+        let b = store.count_batch(&[op(7, q, 2), op(7, q, 1)], 0);
         assert!(!b.blocked);
         assert_eq!(b.outcomes[1].remaining, 0);
-        let b = store.check_batch(&[op(7, q, 1)], 0);
+        let b = store.count_batch(&[op(7, q, 1)], 0);
         assert!(b.blocked);
     }
 
@@ -604,7 +575,7 @@ mod tests {
             mode: Mode::Shadow,
             ..op(1, q, 2)
         };
-        let b = store.check_batch(&[shadow, op(2, q, 1)], 0);
+        let b = store.count_batch(&[shadow, op(2, q, 1)], 0);
         assert!(!b.blocked);
         assert!(!b.outcomes[0].admitted);
         assert_eq!(store.tat(1), 0);
@@ -619,21 +590,21 @@ mod tests {
             mode: Mode::Quota,
             ..op(key, q, 1)
         };
-        assert!(store.check(1, &q, 0, 1).admitted);
-        assert!(!store.check_batch(&[quota(1), quota(2)], 0).blocked);
-        assert!(store.check_batch(&[quota(1), quota(2)], 0).blocked);
+        assert!(store.count(1, &q, 0, 1).admitted);
+        assert!(!store.count_batch(&[quota(1), quota(2)], 0).blocked);
+        assert!(store.count_batch(&[quota(1), quota(2)], 0).blocked);
     }
 
     #[test]
     fn refunds_apply_even_when_the_request_is_refused() {
         let store = MemoryStore::new();
         let q = Quota::new(60 * SEC, 2, 2).unwrap();
-        assert!(store.check(1, &q, 0, 2).admitted);
+        assert!(store.count(1, &q, 0, 2).admitted);
         let refund = Op {
             refund: true,
             ..op(1, q, 1)
         };
-        let b = store.check_batch(&[refund, op(2, Quota::ban(SEC), 1)], 0);
+        let b = store.count_batch(&[refund, op(2, Quota::ban(SEC), 1)], 0);
         assert!(b.blocked);
         assert_eq!(b.outcomes[0].remaining, 1);
         assert_eq!(store.tat(1), 30 * SEC);
@@ -644,30 +615,30 @@ mod tests {
         let store = MemoryStore::with_max_keys(4);
         let q = Quota::new(SEC, 1, 1).unwrap();
         for key in 0..4u128 {
-            assert!(store.check(key << 100, &q, 1, 1).admitted);
+            assert!(store.count(key << 100, &q, 1, 1).admitted);
         }
         assert_eq!(store.len(), 4);
         // Full of live keys: the next key evicts one, counted.
-        assert!(store.check(9 << 100, &q, 10, 1).admitted);
+        assert!(store.count(9 << 100, &q, 10, 1).admitted);
         assert_eq!(store.len(), 4);
         assert_eq!(store.evictions(), 1);
         // Once buckets are full again, evicting them is free and uncounted.
-        assert!(store.check(10 << 100, &q, 10 * SEC, 1).admitted);
+        assert!(store.count(10 << 100, &q, 10 * SEC, 1).admitted);
         assert_eq!((store.len(), store.evictions()), (4, 1));
     }
 
     #[test]
     fn an_entry_takes_24_bytes() {
         // A `u128` key would pad the entry to 32 (its 16-byte alignment on x86-64 and AArch64).
-        assert_eq!(std::mem::size_of::<(Slot, AtomicU64)>(), 24);
+        assert_eq!(std::mem::size_of::<(PackedKey, AtomicU64)>(), 24);
     }
 
     #[test]
     fn sweep_removes_only_full_buckets() {
         let store = MemoryStore::new();
         let q = Quota::new(SEC, 1, 1).unwrap();
-        assert!(store.check(1, &q, 0, 1).admitted);
-        assert!(store.check(2, &q, SEC / 2, 1).admitted);
+        assert!(store.count(1, &q, 0, 1).admitted);
+        assert!(store.count(2, &q, SEC / 2, 1).admitted);
         assert_eq!(store.sweep(SEC), 1);
         assert_eq!(store.len(), 1);
         assert_eq!(store.tat(2), SEC + SEC / 2);

@@ -565,7 +565,7 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
         sentinel,
     };
     // The files are read here too, so `sluice check` reports one that cannot be used.
-    crate::limiter::redis::check(&config)?;
+    crate::limiter::redis::validate(&config)?;
     Ok(config)
 }
 

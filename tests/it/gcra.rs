@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 
 use futures_util::FutureExt;
 use proptest::prelude::*;
-use sluice::limiter::gcra::{NANOS_PER_SEC, Outcome, decide, refund};
+use sluice::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, decide, refund};
 use sluice::limiter::{Backend, Batch, Clock, ManualClock, MemoryStore, Mode, Op, Quota};
 
 const SEC: u64 = NANOS_PER_SEC;
@@ -87,9 +87,14 @@ fn schedule(q: &Quota, t0: u64, raw: &[RawStep]) -> Vec<(u64, u64)> {
 }
 
 /// Runs requests on one key of `store`, returning each with its outcome.
-fn run(store: &MemoryStore, key: u128, q: &Quota, reqs: &[(u64, u64)]) -> Vec<(u64, u64, Outcome)> {
+fn run(
+    store: &MemoryStore,
+    key: u128,
+    q: &Quota,
+    reqs: &[(u64, u64)],
+) -> Vec<(u64, u64, CounterOutcome)> {
     reqs.iter()
-        .map(|&(t, c)| (t, c, store.check(key, q, t, c)))
+        .map(|&(t, c)| (t, c, store.count(key, q, t, c)))
         .collect()
 }
 
@@ -126,7 +131,7 @@ fn assert_window_bound(q: &Quota, adm: &[(u64, u64)]) -> Result<(), TestCaseErro
 /// Unit requests admitted at `t` until the first denial (which is not charged).
 fn drain(store: &MemoryStore, key: u128, q: &Quota, t: u64) -> u64 {
     let mut n = 0;
-    while store.check(key, q, t, 1).admitted {
+    while store.count(key, q, t, 1).admitted {
         n += 1;
         assert!(
             n <= q.burst(),
@@ -173,11 +178,11 @@ proptest! {
 
         // Fresh key.
         for i in 0..b {
-            prop_assert!(store.check(1, &q, t0, 1).admitted, "unit {} of B = {} denied", i + 1, b);
+            prop_assert!(store.count(1, &q, t0, 1).admitted, "unit {} of B = {} denied", i + 1, b);
         }
-        prop_assert!(!store.check(1, &q, t0, 1).admitted, "unit B + 1 admitted");
-        prop_assert!(!store.check(2, &q, t0, b + 1).admitted, "cost B + 1 admitted");
-        prop_assert!(store.check(2, &q, t0, b).admitted, "cost B denied on a fresh key");
+        prop_assert!(!store.count(1, &q, t0, 1).admitted, "unit B + 1 admitted");
+        prop_assert!(!store.count(2, &q, t0, b + 1).admitted, "cost B + 1 admitted");
+        prop_assert!(store.count(2, &q, t0, b).admitted, "cost B denied on a fresh key");
 
         // A key with history, idle for at least B·T after its last admission.
         let out = run(&store, 3, &q, &schedule(&q, t0, &raw));
@@ -185,8 +190,8 @@ proptest! {
         let last_request = out.last().map_or(t0, |(t, _, _)| *t);
         let t = (last_admitted + bt + extra).max(last_request);
         prop_assert_eq!(drain(&store, 3, &q, t), b);
-        prop_assert!(!store.check(4, &q, t, b + 1).admitted);
-        prop_assert!(store.check(4, &q, t, b).admitted);
+        prop_assert!(!store.count(4, &q, t, b + 1).admitted);
+        prop_assert!(store.count(4, &q, t, b).admitted);
     }
 
     /// P2, the guarantee: whatever the schedule and costs (including costs above B), the admitted
@@ -208,11 +213,11 @@ proptest! {
         let t = q.interval();
         prop_assert_eq!(drain(&store, KEY, &q, t0), q.burst());
         for i in 1..=k {
-            prop_assert!(store.check(KEY, &q, t0 + i * t, 1).admitted, "paced request {} denied", i);
-            prop_assert!(!store.check(KEY, &q, t0 + i * t, 1).admitted);
+            prop_assert!(store.count(KEY, &q, t0 + i * t, 1).admitted, "paced request {} denied", i);
+            prop_assert!(!store.count(KEY, &q, t0 + i * t, 1).admitted);
         }
         // Nothing more fits before the next emission instant.
-        prop_assert!(!store.check(KEY, &q, t0 + (k + 1) * t - 1, 1).admitted);
+        prop_assert!(!store.count(KEY, &q, t0 + (k + 1) * t - 1, 1).admitted);
     }
 
     /// P3: the fixed-window boundary attack. B requests at k·P − 1 ns and B more at k·P admit at
@@ -238,7 +243,7 @@ proptest! {
         let mut admitted = 0;
         for t in [edge - 1, edge] {
             for _ in 0..b {
-                admitted += u64::from(store.check(KEY, &q, t, 1).admitted);
+                admitted += u64::from(store.count(KEY, &q, t, 1).admitted);
             }
         }
         prop_assert!(admitted <= b, "{} of 2B admitted across the boundary {} (B = {})", admitted, edge, b);
@@ -283,13 +288,13 @@ proptest! {
         let d = d_raw % (3 * bt + 1);
 
         let exhausted = MemoryStore::new();
-        prop_assert!(exhausted.check(KEY, &q, s, b).admitted);
+        prop_assert!(exhausted.count(KEY, &q, s, b).admitted);
         prop_assert_eq!(drain(&exhausted, KEY, &q, s + d), b.min(d / t));
 
         let c = c_raw % (b + 1);
         let partial = MemoryStore::new();
         if c > 0 {
-            prop_assert!(partial.check(KEY, &q, s, c).admitted);
+            prop_assert!(partial.count(KEY, &q, s, c).admitted);
         }
         prop_assert_eq!(drain(&partial, KEY, &q, s + d), b - (c * t).saturating_sub(d).div_ceil(t));
     }
@@ -311,14 +316,14 @@ proptest! {
         let store = MemoryStore::new();
         let mut log: Vec<(u64, bool)> = Vec::new();
         for _ in 0..b {
-            prop_assert!(store.check(KEY, &q, t0, 1).admitted);
+            prop_assert!(store.count(KEY, &q, t0, 1).admitted);
             log.push((t0, true));
         }
         let mut now = t0;
         let mut remaining = 0;
         for g in gaps {
             now += if remaining == 0 { g % ((b - 1) * t + 1) } else { g % (t + 1) };
-            let o = store.check(KEY, &q, now, 1);
+            let o = store.count(KEY, &q, now, 1);
             remaining = o.remaining;
             log.push((now, o.admitted));
         }
@@ -362,8 +367,8 @@ proptest! {
         let t = hist.last().map_or(t0, |(t, _)| *t) + dt % (2 * q.tolerance() + 1);
         let n = 1 + n_raw % (q.burst() + 2);
 
-        let o = weighted.check(KEY, &q, t, n);
-        let all = (0..n).all(|_| units.check(KEY, &q, t, 1).admitted);
+        let o = weighted.count(KEY, &q, t, n);
+        let all = (0..n).all(|_| units.count(KEY, &q, t, 1).admitted);
         prop_assert_eq!(o.admitted, all, "cost {} vs {} units", n, n);
         if o.admitted {
             prop_assert_eq!(o.tat, before.max(t) + n * q.interval());
@@ -393,12 +398,12 @@ proptest! {
             }
             .max(q.burst() + 1);
             let tat = store.tat(KEY);
-            let o = store.check(KEY, &q, t, n);
+            let o = store.count(KEY, &q, t, n);
             prop_assert!(!o.admitted, "impossible cost {} admitted (B = {})", n, q.burst());
             prop_assert_eq!(store.tat(KEY), tat);
             prop_assert_eq!(o.wait, tat.saturating_sub(t));
             prop_assert_eq!(o.remaining, q.remaining(tat, t));
-            prop_assert_eq!(store.check(KEY, &q, t, c), twin.check(KEY, &q, t, c));
+            prop_assert_eq!(store.count(KEY, &q, t, c), twin.count(KEY, &q, t, c));
         }
     }
 
@@ -418,11 +423,11 @@ proptest! {
             flood.iter().map(|&(a, c)| (s + a % t, 1 + c % (q.burst() + 3))).collect();
         times.sort_unstable();
         for (at, c) in times {
-            prop_assert!(!store.check(KEY, &q, at, c).admitted, "cost {} admitted at s + {}", c, at - s);
+            prop_assert!(!store.count(KEY, &q, at, c).admitted, "cost {} admitted at s + {}", c, at - s);
         }
         prop_assert_eq!(store.tat(KEY), tat);
-        prop_assert!(!store.check(KEY, &q, s + t - 1, 1).admitted);
-        prop_assert!(store.check(KEY, &q, s + t, 1).admitted);
+        prop_assert!(!store.count(KEY, &q, s + t - 1, 1).admitted);
+        prop_assert!(store.count(KEY, &q, s + t, 1).admitted);
     }
 
     /// P10: a denied request's wait is exact — denied at t + wait − 1, admitted at t + wait. An
@@ -441,7 +446,7 @@ proptest! {
         let _ = run(&store, KEY, &q, &hist);
         let t = hist.last().map_or(t0, |(t, _)| *t) + dt % (q.tolerance() + 1);
         let n = 1 + n_raw % q.burst();
-        let o = store.check(KEY, &q, t, n);
+        let o = store.count(KEY, &q, t, n);
         if o.admitted {
             prop_assert_eq!(o.wait, o.tat - t);
             let at = t + o.wait;
@@ -453,8 +458,8 @@ proptest! {
             }
         } else {
             prop_assert!(o.wait >= 1);
-            prop_assert!(!store.check(KEY, &q, t + o.wait - 1, n).admitted, "admitted before the wait");
-            prop_assert!(store.check(KEY, &q, t + o.wait, n).admitted, "denied after the wait");
+            prop_assert!(!store.count(KEY, &q, t + o.wait - 1, n).admitted, "admitted before the wait");
+            prop_assert!(store.count(KEY, &q, t + o.wait, n).admitted, "denied after the wait");
         }
     }
 
@@ -473,7 +478,7 @@ proptest! {
             now += gap(q, kind, g);
             let cost = if c % 7 == 0 { 0 } else { cost(q, c) };
             let _ = swept.sweep(now);
-            let (a, b) = (kept.check(k as u128, q, now, cost), swept.check(k as u128, q, now, cost));
+            let (a, b) = (kept.count(k as u128, q, now, cost), swept.count(k as u128, q, now, cost));
             prop_assert_eq!(a.admitted, b.admitted, "decision differs at {} on key {}", now, k);
             prop_assert_eq!(a.remaining, b.remaining);
             prop_assert_eq!(a.wait, b.wait);
@@ -498,7 +503,7 @@ proptest! {
         for (i, (now, c)) in schedule(&q, t0, &raw).into_iter().enumerate() {
             let c = if i % 5 == 4 { 0 } else { c };
             let before = store.tat(KEY);
-            let o = store.check(KEY, &q, now, c);
+            let o = store.count(KEY, &q, now, c);
             prop_assert!(o.remaining <= b, "remaining {} above B = {}", o.remaining, b);
             if o.admitted {
                 prop_assert_eq!(store.tat(KEY).max(now), o.tat);
@@ -542,7 +547,7 @@ proptest! {
         let backend = Backend::Memory { store: store.clone(), clock: clock.clone() };
         for (k, kind, g, c) in prefix {
             clock.advance(gap(&qs[k], kind, g));
-            let _ = store.check(k as u128, &qs[k], clock.now(), c);
+            let _ = store.count(k as u128, &qs[k], clock.now(), c);
         }
         clock.advance(dt % (qs[0].tolerance() + 1));
         let now = clock.now();
@@ -556,7 +561,7 @@ proptest! {
 
         // The model: refunds first, in order; then each charge against the TATs left by the
         // refunds and the earlier charges of the same request.
-        let none = Outcome { admitted: false, tat: 0, remaining: 0, wait: 0 };
+        let none = CounterOutcome { admitted: false, tat: 0, remaining: 0, wait: 0 };
         let mut expected = vec![none; ops.len()];
         let mut tats: Vec<u64> = (0..3u128).map(|k| store.tat(k)).collect();
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.refund) {
@@ -587,7 +592,7 @@ proptest! {
         }
 
         let Batch { blocked: got_blocked, outcomes } = backend
-            .check(&ops)
+            .count(&ops)
             .now_or_never()
             .expect("the memory backend never waits")
             .expect("the memory backend always decides");
@@ -628,11 +633,11 @@ proptest! {
         let q = Quota::new(DAY, 1, b).expect("B·T within 2^62");
         prop_assert_eq!(q.interval(), DAY);
         let store = MemoryStore::new();
-        let charged = store.check(KEY, &q, now, prior.min(b)).admitted;
+        let charged = store.count(KEY, &q, now, prior.min(b)).admitted;
         prop_assert!(charged);
         let tat = store.tat(KEY);
         for cost in [u64::MAX, u64::MAX - 1, u64::from(u32::MAX), u64::MAX / DAY + 1, b + 1] {
-            let o = store.check(KEY, &q, now, cost);
+            let o = store.count(KEY, &q, now, cost);
             prop_assert!(!o.admitted, "cost {} admitted", cost);
             prop_assert_eq!(store.tat(KEY), tat);
             let later = decide(&q, tat, now + DAY, cost);
@@ -668,9 +673,9 @@ proptest! {
 
         // Charge n then refund n at the same instant: the remaining is back where it was.
         let prior = decide(&q, store.tat(KEY), now, 0).remaining;
-        let charge = store.check(KEY, &q, now, n);
+        let charge = store.count(KEY, &q, now, n);
         if charge.admitted {
-            let back = store.check_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
+            let back = store.count_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
             prop_assert!(!back.blocked);
             prop_assert_eq!(back.outcomes[0].remaining, prior);
             prop_assert_eq!(decide(&q, store.tat(KEY), now, 0).remaining, prior);
@@ -678,7 +683,7 @@ proptest! {
 
         // Any refund: never below now, exactly TAT − n·T otherwise.
         let tat = store.tat(KEY);
-        let r = store.check_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
+        let r = store.count_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
         let got = r.outcomes[0];
         prop_assert!(got.admitted && !r.blocked);
         prop_assert!(got.tat >= now);
@@ -694,7 +699,7 @@ fn greedy(store: &MemoryStore, q: &Quota, t0: u64, end: u64) -> Vec<u64> {
     let mut times = Vec::new();
     let mut now = t0;
     while now < end {
-        let o = store.check(KEY, q, now, 1);
+        let o = store.count(KEY, q, now, 1);
         if o.admitted {
             times.push(now);
             assert!(times.len() as u64 <= 3 * q.burst() + 3 * (end - t0) / q.interval() + 3);
@@ -718,7 +723,7 @@ fn p4_three_per_second() {
         let times = greedy(&store, &q, 0, SEC);
         assert_eq!(times.len() as u64, 3 + b - 1, "B = {b}: {times:?}");
         // At the truncated third emission instant, 999 999 999 ns, nothing more fits.
-        assert!(!store.check(KEY, &q, 3 * 333_333_333, 1).admitted);
+        assert!(!store.count(KEY, &q, 3 * 333_333_333, 1).admitted);
     }
 }
 
@@ -730,7 +735,7 @@ fn p6_burst_one_caveat() {
     let store = MemoryStore::new();
     let gap = 7 * q.interval() / 10;
     let admitted: Vec<bool> = (0..100)
-        .map(|i| store.check(KEY, &q, i * gap, 1).admitted)
+        .map(|i| store.count(KEY, &q, i * gap, 1).admitted)
         .collect();
     let n = admitted.iter().filter(|a| **a).count() as u64;
     assert_eq!(n, 50);
@@ -749,15 +754,15 @@ fn p9_ten_thousand_denials() {
     let q = Quota::new(60 * SEC, 10, 4).expect("valid"); // T = 6 s
     let s = 42 * SEC;
     let store = MemoryStore::new();
-    assert!(store.check(KEY, &q, s, 4).admitted);
+    assert!(store.count(KEY, &q, s, 4).admitted);
     let tat = store.tat(KEY);
     for i in 0..10_000u64 {
         let t = s + i * (q.interval() / 10_000);
-        assert!(!store.check(KEY, &q, t, 1 + i % 5).admitted);
+        assert!(!store.count(KEY, &q, t, 1 + i % 5).admitted);
     }
     assert_eq!(store.tat(KEY), tat);
-    assert!(!store.check(KEY, &q, s + q.interval() - 1, 1).admitted);
-    assert!(store.check(KEY, &q, s + q.interval(), 1).admitted);
+    assert!(!store.count(KEY, &q, s + q.interval() - 1, 1).admitted);
+    assert!(store.count(KEY, &q, s + q.interval(), 1).admitted);
 }
 
 const THREADS: u64 = 4;
@@ -782,7 +787,7 @@ fn p13_threads_on_one_key() {
             for _ in 0..THREADS {
                 s.spawn(|| {
                     for _ in 0..ATTEMPTS {
-                        if store.check(KEY, &q, now, 1).admitted {
+                        if store.count(KEY, &q, now, 1).admitted {
                             // Relaxed: a counter read after the scope joins the threads.
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
@@ -800,7 +805,7 @@ fn p13_threads_on_one_key() {
                 let (store, cost, q) = (&store, &cost, &q);
                 s.spawn(move || {
                     for _ in 0..ATTEMPTS {
-                        if store.check(KEY, q, now, k).admitted {
+                        if store.count(KEY, q, now, k).admitted {
                             cost.fetch_add(k, Ordering::Relaxed);
                         }
                     }
@@ -849,7 +854,7 @@ fn p13_threads_on_a_batch() {
                         }
                         start.wait();
                         for _ in 0..attempts {
-                            let batch = store.check_batch(&ops, now);
+                            let batch = store.count_batch(&ops, now);
                             assert_eq!(batch.blocked, !batch.outcomes.iter().all(|o| o.admitted));
                             if !batch.blocked {
                                 admitted.fetch_add(1, Ordering::Relaxed);
@@ -886,14 +891,14 @@ fn p16_zero_requests_is_a_ban() {
         let store = MemoryStore::new();
         for now in [0, 1, SEC, 1 << 62] {
             for cost in [0, 1, 2, u64::from(u32::MAX), u64::MAX] {
-                let o = store.check(KEY, &q, now, cost);
+                let o = store.count(KEY, &q, now, cost);
                 assert!(!o.admitted, "ban admitted cost {cost} at {now}");
                 assert_eq!((o.remaining, o.wait), (0, p));
             }
         }
         assert!(store.is_empty());
         let ok = Quota::new(SEC, 10, 10).expect("valid");
-        let enforce = store.check_batch(
+        let enforce = store.count_batch(
             &[
                 op(1, ok, 1, Mode::Enforce, false),
                 op(2, q, 0, Mode::Enforce, false),
@@ -902,7 +907,7 @@ fn p16_zero_requests_is_a_ban() {
         );
         assert!(enforce.blocked);
         assert_eq!(store.tat(1), 0);
-        let shadow = store.check_batch(
+        let shadow = store.count_batch(
             &[
                 op(1, ok, 1, Mode::Enforce, false),
                 op(2, q, 1, Mode::Shadow, false),
@@ -940,18 +945,18 @@ fn p13_undo_never_cancels_a_concurrent_charge() {
         if n == 4 {
             assert!(
                 !store
-                    .check_batch(&[op(k2, q, 1, Mode::Enforce, false)], 0)
+                    .count_batch(&[op(k2, q, 1, Mode::Enforce, false)], 0)
                     .blocked
             );
             assert!(
                 !store
-                    .check_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+                    .count_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
                     .blocked
             );
         }
         if n <= 5 { 0 } else { t }
     };
-    let batch = store.check_batch_with(
+    let batch = store.count_batch_with(
         &[
             op(k1, q, 1, Mode::Enforce, false),
             op(k2, q, 1, Mode::Enforce, false),
@@ -966,7 +971,7 @@ fn p13_undo_never_cancels_a_concurrent_charge() {
     // Still refused at T: the third request's charge was not taken back.
     assert!(
         store
-            .check_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+            .count_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
             .blocked
     );
     assert!(store.tat(k1) >= 2 * t);

@@ -523,15 +523,15 @@ proptest::proptest! {
         // First denial: B at once (one by one while that is cheap), then nothing more.
         if b <= 64 {
             for i in 0..b {
-                proptest::prop_assert!(store.check(1, &q, t0, 1).admitted, "request {} of {b}", i + 1);
+                proptest::prop_assert!(store.count(1, &q, t0, 1).admitted, "request {} of {b}", i + 1);
             }
         } else {
-            proptest::prop_assert!(store.check(1, &q, t0, b).admitted);
+            proptest::prop_assert!(store.count(1, &q, t0, b).admitted);
         }
-        proptest::prop_assert!(!store.check(1, &q, t0, 1).admitted, "request {} passed", b + 1);
+        proptest::prop_assert!(!store.count(1, &q, t0, 1).admitted, "request {} passed", b + 1);
         // Refill: the next one T later, and not a nanosecond before.
-        proptest::prop_assert!(!store.check(1, &q, t0 + t - 1, 1).admitted);
-        proptest::prop_assert!(store.check(1, &q, t0 + t, 1).admitted);
+        proptest::prop_assert!(!store.count(1, &q, t0 + t - 1, 1).admitted);
+        proptest::prop_assert!(store.count(1, &q, t0 + t, 1).admitted);
         // Worst window: `worst_period` is B + floor(P / T), exactly; across a span W the
         // greedy schedule (B at its start, then each token as it refills, taken in draws of at
         // most B) gets B + floor(W / T) through, and no further one at its end. W is the
@@ -546,14 +546,14 @@ proptest::proptest! {
             .min(4_096u64.saturating_mul(q.tolerance()))
             .min((1 << 62) - t0);
         let fresh = MemoryStore::new();
-        proptest::prop_assert!(fresh.check(2, &q, t0, b).admitted);
+        proptest::prop_assert!(fresh.count(2, &q, t0, b).admitted);
         let (mut more, mut at) = (span / t, t0);
         while more > 0 {
             let draw = more.min(b);
             at += draw * t;
-            proptest::prop_assert!(fresh.check(2, &q, at, draw).admitted, "{draw} at {at}");
+            proptest::prop_assert!(fresh.count(2, &q, at, draw).admitted, "{draw} at {at}");
             more -= draw;
         }
-        proptest::prop_assert!(!fresh.check(2, &q, t0 + span, 1).admitted);
+        proptest::prop_assert!(!fresh.count(2, &q, t0 + span, 1).admitted);
     }
 }

@@ -61,7 +61,7 @@ fn op(key: u128, quota: Quota, cost: u64) -> Op {
 
 /// One decision, then every take it started is waited for (so a schedule replays exactly).
 async fn decide(node: &Arc<LeasedStore>, ops: &[Op]) -> sluice::limiter::Batch {
-    let batch = node.check_batch(ops).await.expect("redis decides");
+    let batch = node.count_batch(ops).await.expect("redis decides");
     node.settle(Duration::from_secs(2)).await;
     batch
 }
@@ -71,7 +71,7 @@ async fn decide(node: &Arc<LeasedStore>, ops: &[Op]) -> sluice::limiter::Batch {
 async fn shared_remaining(probe: &Arc<LeasedStore>, key: u128, quota: Quota) -> u64 {
     let b = probe
         .redis()
-        .check_batch(&[op(key, quota, 0)])
+        .count_batch(&[op(key, quota, 0)])
         .await
         .unwrap();
     b.outcomes[0].remaining
@@ -329,7 +329,7 @@ async fn reserved_tokens_are_admitted_when_the_exact_path_would_admit_them() {
     for _ in 0..20 {
         let b = probe
             .redis()
-            .check_batch(&[op(key, quota, 1)])
+            .count_batch(&[op(key, quota, 1)])
             .await
             .unwrap();
         assert!(!b.blocked);
@@ -360,7 +360,7 @@ async fn reserved_tokens_are_admitted_when_the_exact_path_would_admit_them() {
             // The reservations stand past the bucket: the exact path finds nothing.
             let b = probe
                 .redis()
-                .check_batch(&[op(key, quota, 1)])
+                .count_batch(&[op(key, quota, 1)])
                 .await
                 .unwrap();
             assert!(b.blocked, "the exact path admitted beside reservations");

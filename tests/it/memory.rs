@@ -33,7 +33,7 @@ fn a_million_keys_through_a_store_of_ten_thousand() {
                 s.spawn(move || {
                     for i in (t..KEYS).step_by(2) {
                         assert!(
-                            store.check(key(i), &quota, now, 1).admitted,
+                            store.count(key(i), &quota, now, 1).admitted,
                             "fresh key {i} denied"
                         );
                     }
@@ -57,7 +57,7 @@ fn a_million_keys_through_a_store_of_ten_thousand() {
     let survivors: Vec<u64> = (0..KEYS).filter(|i| store.tat(key(*i)) > 0).collect();
     assert_eq!(survivors.len(), CAP);
     for i in survivors.iter().take(1_000) {
-        let o = store.check(key(*i), &quota, now, 1);
+        let o = store.count(key(*i), &quota, now, 1);
         assert!(
             !o.admitted && o.remaining == 0,
             "survivor {i} forgot its debt"

@@ -163,8 +163,8 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
         assert!(fits_lean(&ops));
         now += SEC / 2;
         clock.set(now);
-        let expected = memory.check_batch(&ops, now);
-        let got = store.check_batch(&ops).await.unwrap();
+        let expected = memory.count_batch(&ops, now);
+        let got = store.count_batch(&ops).await.unwrap();
         assert_eq!(got.blocked, expected.blocked, "round {round}");
         let triples = |b: &sluice::limiter::Batch| -> Vec<(bool, u64, u64)> {
             b.outcomes
@@ -240,7 +240,7 @@ async fn coalesced_requests_on_one_counter_admit_exactly_the_burst() {
         refund: false,
         mode: Mode::Enforce,
     }];
-    let answers = futures_util::future::join_all((0..64).map(|_| store.check_batch(&op))).await;
+    let answers = futures_util::future::join_all((0..64).map(|_| store.count_batch(&op))).await;
     let mut remaining: Vec<u64> = answers
         .iter()
         .map(|a| a.as_ref().unwrap())
@@ -416,9 +416,9 @@ async fn run_schedule(
         };
         let ops = random_ops(&mut rng, &quotas, 0);
         lean += usize::from(fits_lean(&ops));
-        let expected = memory.check_batch(&ops, now);
+        let expected = memory.count_batch(&ops, now);
         clock.set(now);
-        let got = store.check_batch(&ops).await.unwrap();
+        let got = store.count_batch(&ops).await.unwrap();
         assert_same(&got, &expected, &ops, &format!("step {step}"));
     }
     lean
@@ -436,17 +436,17 @@ async fn clients_as_in_memory(
     at: &str,
 ) -> Vec<Batch> {
     let answers = if at_once {
-        futures_util::future::join_all(requests.iter().map(|ops| store.check_batch(ops))).await
+        futures_util::future::join_all(requests.iter().map(|ops| store.count_batch(ops))).await
     } else {
         let mut answers = Vec::new();
         for ops in requests {
-            answers.push(store.check_batch(ops).await);
+            answers.push(store.count_batch(ops).await);
         }
         answers
     };
     let mut expected = Vec::with_capacity(requests.len());
     for (c, (ops, got)) in requests.iter().zip(answers).enumerate() {
-        let e = memories[c].check_batch(ops, now);
+        let e = memories[c].count_batch(ops, now);
         assert_same(&got.unwrap(), &e, ops, &format!("client {c}, {at}"));
         expected.push(e);
     }
@@ -544,7 +544,7 @@ async fn one_round_trip_per_request() {
         })
         .collect();
     for i in 1..=5 {
-        let b = store.check_batch(&ops).await.unwrap();
+        let b = store.count_batch(&ops).await.unwrap();
         assert!(!b.blocked);
         assert_eq!(
             store.figures().round_trips,
@@ -602,21 +602,21 @@ async fn stored_counters_expire_at_their_tat() {
     // Every debt is a minute or more, so no key expires while the test reads them.
     let sixty = Quota::new(3_600 * SEC, 60, 60).unwrap(); // T = 60 s
     let seven = Quota::new(3_600 * SEC, 7, 7).unwrap(); // T = 514 s
-    store.check_batch(&[op(1, sixty, 1)]).await.unwrap();
+    store.count_batch(&[op(1, sixty, 1)]).await.unwrap();
     store
-        .check_batch(&[op(2, sixty, 3), op(3, seven, 2)])
+        .count_batch(&[op(2, sixty, 3), op(3, seven, 2)])
         .await
         .unwrap();
     let batch: Vec<Vec<Op>> = (4..20u128)
         .map(|k| vec![op(k, sixty, 1 + (k % 5) as u64), op(100 + k, seven, 1)])
         .collect();
-    for b in futures_util::future::join_all(batch.iter().map(|ops| store.check_batch(ops))).await {
+    for b in futures_util::future::join_all(batch.iter().map(|ops| store.count_batch(ops))).await {
         assert!(!b.unwrap().blocked);
     }
     // A bucket beyond 2^52 ns goes to the exact script.
     let year = Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(); // T = 52 days
     assert!(!fits_lean(&[op(200, year, 1)]));
-    store.check_batch(&[op(200, year, 1)]).await.unwrap();
+    store.count_batch(&[op(200, year, 1)]).await.unwrap();
     // A node that leases a counter from its first hit: its take, then the give-back at close,
     // are the last writes of counters 300 to 307 (eight, as a TTL counted from the script's
     // start lands on the TAT's millisecond about half the time).
@@ -630,7 +630,7 @@ async fn stored_counters_expire_at_their_tat() {
     };
     let node = LeasedStore::new(shared, leasing, clock);
     for key in 300..308 {
-        node.check_batch(&[op(key, sixty, 1)]).await.unwrap();
+        node.count_batch(&[op(key, sixty, 1)]).await.unwrap();
     }
     node.settle(Duration::from_secs(2)).await;
     assert!(node.figures().slices > 0, "{:?}", node.figures());
@@ -796,20 +796,20 @@ async fn local_cache_answers_repeat_offenders_exactly() {
     }];
     let t0 = 1_800_000_000 * SEC;
     clock.set(t0);
-    assert!(!store.check_batch(&ops).await.unwrap().blocked);
-    assert!(store.check_batch(&ops).await.unwrap().blocked);
+    assert!(!store.count_batch(&ops).await.unwrap().blocked);
+    assert!(store.count_batch(&ops).await.unwrap().blocked);
     assert_eq!(store.figures().round_trips, 2);
     for later in [SEC, 1_800 * SEC, 3_600 * SEC - 1] {
         clock.set(t0 + later);
-        let from_cache = store.check_batch(&ops).await.unwrap();
-        let from_redis = plain.check_batch(&ops).await.unwrap();
+        let from_cache = store.count_batch(&ops).await.unwrap();
+        let from_redis = plain.count_batch(&ops).await.unwrap();
         assert_eq!(from_cache, from_redis, "at t0 + {later} ns");
     }
     assert_eq!(store.figures().round_trips, 2, "answered locally");
     assert_eq!(store.figures().cache_hits, 3);
     // Once a token is back, the request goes to Redis and is admitted.
     clock.set(t0 + 3_600 * SEC);
-    assert!(!store.check_batch(&ops).await.unwrap().blocked);
+    assert!(!store.count_batch(&ops).await.unwrap().blocked);
     assert_eq!(store.figures().round_trips, 3);
 }
 
@@ -839,7 +839,7 @@ async fn a_refund_is_not_hidden_by_the_local_cache() {
             for _ in 0..10 {
                 assert!(
                     !store
-                        .check_batch(&[charge(false, 1)])
+                        .count_batch(&[charge(false, 1)])
                         .await
                         .unwrap()
                         .blocked
@@ -847,16 +847,16 @@ async fn a_refund_is_not_hidden_by_the_local_cache() {
             }
             assert!(
                 store
-                    .check_batch(&[charge(false, 1)])
+                    .count_batch(&[charge(false, 1)])
                     .await
                     .unwrap()
                     .blocked
             );
-            store.check_batch(&[charge(true, 10)]).await.unwrap();
+            store.count_batch(&[charge(true, 10)]).await.unwrap();
             let mut admitted = 0;
             for _ in 0..12 {
                 if !store
-                    .check_batch(&[charge(false, 1)])
+                    .count_batch(&[charge(false, 1)])
                     .await
                     .unwrap()
                     .blocked
@@ -1050,7 +1050,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
         for (what, ops, remaining) in paths {
             corrupt(ops[0].key, how);
             let batch = store
-                .check_batch(&ops)
+                .count_batch(&ops)
                 .await
                 .unwrap_or_else(|e| panic!("{how:?}, {what}: {}", e.detail()));
             assert!(!batch.blocked, "{how:?}, {what}");
@@ -1075,7 +1075,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
     // A denied or refunding request repairs too (it reads as absent and deletes the value).
     corrupt(key, &["SET", "garbage"]);
     let refund = [op(key, ten, 1, Mode::Enforce, true)];
-    assert!(store.check_batch(&refund).await.unwrap().outcomes[0].admitted);
+    assert!(store.count_batch(&refund).await.unwrap().outcomes[0].admitted);
     assert_eq!(cli(&["EXISTS", &name(key)]), "0");
     repairs += 1;
     // A lease's take reads the counter as absent too.
@@ -1092,7 +1092,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
     corrupt(leased, &["HSET", "f", "1"]);
     for _ in 0..3 {
         let batch = node
-            .check_batch(&[op(leased, ten, 1, Mode::Enforce, false)])
+            .count_batch(&[op(leased, ten, 1, Mode::Enforce, false)])
             .await
             .unwrap();
         assert!(batch.outcomes[0].admitted);
@@ -1106,10 +1106,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
     let figures = store.figures();
     assert_eq!(figures.counter_repairs, repairs);
     assert!(figures.errors.iter().all(|(_, n)| *n == 0), "{figures:?}");
-    assert_eq!(
-        figures.breaker,
-        sluice::limiter::redis::BreakerState::Closed
-    );
+    assert_eq!(figures.breaker, sluice::limiter::BreakerState::Closed);
 }
 
 /// The same through a whole server: with one counter corrupt, that counter and every other key

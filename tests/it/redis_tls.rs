@@ -218,7 +218,7 @@ async fn decides(config: RedisConfig) {
     }];
     let mut blocked = Vec::new();
     for _ in 0..3 {
-        blocked.push(store.check_batch(&op).await.expect("decided").blocked);
+        blocked.push(store.count_batch(&op).await.expect("decided").blocked);
     }
     assert_eq!(blocked, [false, false, true]);
     task.abort();

@@ -6,18 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::limiter::Clock;
-
-/// What the breaker currently does with calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Calls go through.
-    Closed,
-    /// Calls are refused until the cool-down ends.
-    Open,
-    /// One probe call is allowed through.
-    HalfOpen,
-}
+use crate::limiter::clock::Clock;
+use crate::limiter::figures::BreakerState;
 
 #[derive(Debug)]
 struct Inner {
@@ -118,7 +108,7 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::ManualClock;
+    use crate::limiter::clock::ManualClock;
 
     #[test]
     fn opens_after_consecutive_failures_then_probes() {

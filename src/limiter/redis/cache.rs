@@ -8,9 +8,9 @@
 
 use dashmap::DashMap;
 
-use super::super::gcra::Outcome;
-use super::super::store::KeyHash;
-use super::super::{Batch, Key, Mode, Op};
+use crate::limiter::batch::{Batch, Mode, Op};
+use crate::limiter::gcra::CounterOutcome;
+use crate::limiter::key::{Key, KeyHash};
 
 #[derive(Debug)]
 pub(super) struct DenyCache {
@@ -52,9 +52,9 @@ impl DenyCache {
                 .cost
                 .saturating_sub(1)
                 .saturating_mul(op.quota.interval());
-            outcomes.push(Outcome {
+            outcomes.push(CounterOutcome {
                 wait: (until - now).saturating_add(extra),
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             });
         }
         // Shadow-only requests are admitted: let Redis count them.
@@ -112,7 +112,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Quota;
+    use crate::limiter::gcra::Quota;
 
     fn op(cost: u64, refund: bool) -> Op {
         Op {
@@ -127,9 +127,9 @@ mod tests {
     fn denied(wait: u64) -> Batch {
         Batch {
             blocked: true,
-            outcomes: vec![Outcome {
+            outcomes: vec![CounterOutcome {
                 wait,
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             }],
         }
     }
@@ -144,10 +144,10 @@ mod tests {
         );
         let refunded = Batch {
             blocked: false,
-            outcomes: vec![Outcome {
+            outcomes: vec![CounterOutcome {
                 admitted: true,
                 remaining: 10,
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             }],
         };
         cache.learn(&[op(10, true)], &refunded, 20);

@@ -1,29 +1,27 @@
-//! Coalescing: concurrent requests bound for one Redis node leave in one script call.
-//!
-//! Requests queue while calls are in flight and go together in the next one: at most
-//! [`IN_FLIGHT`] calls are out at once, each with every request that was waiting (up to
-//! [`MAX_REQUESTS`] requests or [`MAX_KEYS`] counters). Nothing waits on a timer: an idle
-//! connection sends a lone request at once, and under load a call carries many. `gcra_lean.lua`
-//! decides a call's requests one after the other, each all or nothing on its own, exactly as
-//! separate calls in that order would.
-//!
-//! Leased counting's `lease.lua` calls (takes and give-backs) queue here too and ride in the
-//! same round trip: the call's script and the lease calls go out as one pipeline, each command
-//! atomic on its own as when sent alone. Queued with no request, they still leave together.
+//! Coalescing: concurrent requests bound for one Redis node leave in one script call, the lease
+//! calls waiting beside them in the same pipeline. At most [`IN_FLIGHT`] calls are out at once,
+//! each with every call that was waiting (up to [`MAX_REQUESTS`] requests or [`MAX_KEYS`]
+//! counters); nothing waits on a timer. `gcra_lean.lua` decides a call's requests one after the
+//! other, each all or nothing on its own, exactly as separate calls in that order would; each
+//! lease call is atomic on its own as when sent alone. The calls themselves come from `call`.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use redis::Value;
 use redis::aio::ConnectionManager;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::{BackendError, Conn, Outcome, RedisStore, classify, lean_args, lean_len, parse_lean};
-use crate::limiter::Op;
+use crate::limiter::batch::Batch;
+use crate::limiter::error::BackendError;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::call::{
+    Call, CountCall, LeaseCall, classify, lean_batch, no_script, parse_lean,
+};
+use crate::limiter::redis::connect::RedisConn;
 
-/// Calls in flight at once on the connection; the next requests queue behind them. Four keep
-/// Redis busy while sluice reads one call's answers and gathers the next: with two, under load,
-/// Redis and sluice each sat idle about a fifth of the time, waiting on the other; eight made
-/// calls smaller, and each request dearer in Redis (BENCHMARKS.md).
+/// Calls in flight at once on the connection; the next requests queue behind them. Enough to
+/// keep Redis busy while sluice reads one call's answers and gathers the next, few enough that
+/// calls stay large (BENCHMARKS.md has the measurements behind the number).
 pub(super) const IN_FLIGHT: usize = 4;
 /// Most requests in one call.
 pub(super) const MAX_REQUESTS: usize = 128;
@@ -32,38 +30,12 @@ pub(super) const MAX_KEYS: usize = 1_024;
 /// Most `lease.lua` calls in one round trip.
 pub(super) const MAX_LEASE_CALLS: usize = 64;
 
-/// One request's answer: blocked, and one outcome per op.
-pub(super) type Answer = Result<(bool, Vec<Outcome>), BackendError>;
-
-/// What waits for the next round trip.
-pub(super) enum Job {
-    /// A request for the lean script.
-    Check(Pending),
-    /// A `lease.lua` call, sent beside the next one.
-    Lease(LeaseCall),
-}
-
-/// A `lease.lua` call (`EVALSHA`, built whole) waiting for a round trip.
-pub(super) struct LeaseCall {
-    pub(super) cmd: redis::Cmd,
-    pub(super) reply: oneshot::Sender<Result<Value, BackendError>>,
-}
-
-/// A request waiting for a call.
-pub(super) struct Pending {
-    pub(super) ops: Vec<Op>,
-    /// The decision time, when the store decides at its own clock (tests); requests with
-    /// different times never share a call.
-    pub(super) now: Option<u64>,
-    pub(super) reply: oneshot::Sender<Answer>,
-}
-
 impl RedisStore {
     /// Sends the queued requests, [`IN_FLIGHT`] calls at most at a time, until the queue closes
     /// (the store is dropped) or this future is dropped.
-    pub(super) async fn coalesce(&self, mut queue: mpsc::UnboundedReceiver<Job>) {
+    pub(super) async fn coalesce(&self, mut queue: mpsc::UnboundedReceiver<Call>) {
         let mut in_flight = FuturesUnordered::new();
-        let mut carry: Option<Job> = None;
+        let mut carry: Option<Call> = None;
         loop {
             tokio::select! {
                 next = recv(&mut carry, &mut queue), if in_flight.len() < IN_FLIGHT => {
@@ -71,17 +43,17 @@ impl RedisStore {
                     let (mut batch, mut leases, mut keys) = (Vec::new(), Vec::new(), 0);
                     loop {
                         match job {
-                            Job::Check(p) => {
-                                if batch.first().is_some_and(|f: &Pending| {
+                            Call::Count(p) => {
+                                if batch.first().is_some_and(|f: &CountCall| {
                                     p.now != f.now || keys + p.ops.len() > MAX_KEYS
                                 }) {
-                                    carry = Some(Job::Check(p));
+                                    carry = Some(Call::Count(p));
                                     break;
                                 }
                                 keys += p.ops.len();
                                 batch.push(p);
                             }
-                            Job::Lease(l) => leases.push(l),
+                            Call::Lease(l) => leases.push(l),
                         }
                         if batch.len() >= MAX_REQUESTS
                             || keys >= MAX_KEYS
@@ -101,7 +73,7 @@ impl RedisStore {
 
     /// One round trip for `batch` and `leases`; every request and lease call gets its own
     /// answer, or the round trip's error.
-    async fn send(&self, batch: Vec<Pending>, leases: Vec<LeaseCall>) {
+    async fn send(&self, batch: Vec<CountCall>, leases: Vec<LeaseCall>) {
         let (answers, leased) = if leases.is_empty() {
             (self.call(&batch).await, Vec::new())
         } else {
@@ -132,7 +104,7 @@ impl RedisStore {
     /// its script loaded; nothing that ran is sent twice.
     async fn call_with_leases(
         &self,
-        batch: &[Pending],
+        batch: &[CountCall],
         leases: &[LeaseCall],
     ) -> Result<(Answers, LeaseAnswers), BackendError> {
         let mut c = self.single()?;
@@ -141,7 +113,7 @@ impl RedisStore {
         pipe.ignore_errors();
         let mut sizes = Vec::with_capacity(batch.len());
         if !batch.is_empty() {
-            let call = self.lean_call(batch, &mut sizes);
+            let call = lean_batch(&self.lean, &self.config.key_prefix, batch, &mut sizes);
             pipe.invoke_script(&call);
         }
         for l in leases {
@@ -167,7 +139,7 @@ impl RedisStore {
         for l in leases {
             leased.push(match replies.next() {
                 Some(Ok(v)) => Ok(v),
-                Some(Err(e)) if no_script(&e) => self.lease_alone(&c, &l.cmd).await,
+                Some(Err(e)) if no_script(&e) => self.lease_alone(&c, l).await,
                 Some(Err(e)) => Err(classify(e, timeout)),
                 None => Err(BackendError::Reply("a pipeline reply is missing".into())),
             });
@@ -175,31 +147,32 @@ impl RedisStore {
         Ok((answers, leased))
     }
 
-    /// A lease call sent alone after `NOSCRIPT`: the script loaded, then the call again.
+    /// A lease call sent alone after `NOSCRIPT`: its script loaded, then the call again.
     async fn lease_alone(
         &self,
         c: &ConnectionManager,
-        cmd: &redis::Cmd,
+        l: &LeaseCall,
     ) -> Result<Value, BackendError> {
         let timeout = self.config.timeout;
         let mut c = c.clone();
-        super::lease::script()
+        l.script
             .load_async(&mut c)
             .await
             .map_err(|e| classify(e, timeout))?;
         self.stats.round_trip();
-        cmd.query_async(&mut c)
+        l.cmd
+            .query_async(&mut c)
             .await
             .map_err(|e| classify(e, timeout))
     }
 
-    async fn call(&self, batch: &[Pending]) -> Answers {
+    async fn call(&self, batch: &[CountCall]) -> Answers {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         let mut c = self.single()?;
         let mut sizes = Vec::with_capacity(batch.len());
-        let call = self.lean_call(batch, &mut sizes);
+        let call = lean_batch(&self.lean, &self.config.key_prefix, batch, &mut sizes);
         self.stats.round_trip();
         let reply: Vec<u8> = call
             .invoke_async(&mut c)
@@ -217,7 +190,7 @@ impl RedisStore {
 }
 
 /// The lean script's answers to a batch, one per request.
-type Answers = Result<Vec<(bool, Vec<Outcome>)>, BackendError>;
+type Answers = Result<Vec<Batch>, BackendError>;
 /// The replies to the lease calls of a round trip, one per call.
 type LeaseAnswers = Vec<Result<Value, BackendError>>;
 
@@ -226,37 +199,16 @@ impl RedisStore {
     fn single(&self) -> Result<ConnectionManager, BackendError> {
         match self.conn.load_full().as_deref() {
             None => Err(BackendError::NotConnected),
-            Some(Conn::Single(c)) => Ok(c.clone()),
-            Some(Conn::Cluster(_)) => Err(BackendError::Reply(
+            Some(RedisConn::Single(c)) => Ok(c.clone()),
+            Some(RedisConn::Cluster(_)) => Err(BackendError::Reply(
                 "coalescing runs on a single node only".into(),
             )),
         }
     }
-
-    /// The lean script's invocation over `batch`, with each request's op count in `sizes`.
-    fn lean_call(&self, batch: &[Pending], sizes: &mut Vec<usize>) -> redis::ScriptInvocation<'_> {
-        let mut call = self.lean.prepare_invoke();
-        let mut args = Vec::with_capacity(batch.iter().map(|p| lean_len(p.ops.len())).sum());
-        for p in batch {
-            self.push_keys(&mut call, &p.ops);
-            lean_args(&mut args, p.ops.iter(), true);
-            sizes.push(p.ops.len());
-        }
-        call.arg(batch[0].now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(batch.len())
-            .arg(args);
-        call
-    }
-}
-
-/// Whether Redis refused a script call because it does not hold the script (after a restart or
-/// a `SCRIPT FLUSH`): the call did not run.
-fn no_script(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 /// The carried-over job if any, else the next one from the queue.
-async fn recv(carry: &mut Option<Job>, queue: &mut mpsc::UnboundedReceiver<Job>) -> Option<Job> {
+async fn recv(carry: &mut Option<Call>, queue: &mut mpsc::UnboundedReceiver<Call>) -> Option<Call> {
     match carry.take() {
         Some(p) => Some(p),
         None => queue.recv().await,

@@ -1,127 +1,50 @@
-//! Opening connections to Redis: the URLs, TLS files and credentials of a [`RedisConfig`]
-//! made into a redis-rs client, then one connection and a `PING`.
-//!
-//! - TLS is asked for by `rediss://` URLs. The CA file (else the system's roots), the client
-//!   certificate and key (mTLS) and the password file are read at every connection attempt, so
-//!   a file rotated while Redis was unreachable is used by the next attempt; [`Connector::new`]
-//!   reads them once too, so a missing or malformed file is a startup error naming the setting
-//!   and the path, never the contents. Once connected, redis-rs's reconnections reuse what was
-//!   read for that connection.
-//! - `skip_hostname_verification` ignores only a certificate's name mismatch: the chain is
-//!   still verified against the CA. A URL's `#insecure`, which turns verification off
-//!   altogether, is refused.
-//! - Credentials come from the URL (`redis://user:pass@host`) or from `username` with
-//!   `password` or `password_file`, never from both. [`Password`] and every error keep the
-//!   secret out of logs: a refused login is reported with the user name and the problem only.
+//! Opening connections to Redis: the URLs, TLS files and credentials of a [`RedisConfig`] made
+//! into a redis-rs client, then one connection and a `PING` (`Connector`); and, with Sentinel,
+//! following the master through a failover. Every file is read at each attempt, so a file rotated
+//! while Redis was unreachable is used by the next one; no error carries a secret.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::sentinel::Sentinels;
-use super::{Conn, RedisConfig, redact};
+use crate::limiter::error::BackendError;
+use crate::limiter::error::ConnectError;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::config::{RedisAuth, RedisConfig, RedisTls};
+use crate::limiter::redis::redact::redact;
+use crate::limiter::redis::sentinel::{Found, Sentinels};
 
 /// The most bytes read from a certificate, key or password file: a careless path (a device,
 /// a log) must not fill memory.
 const MAX_FILE_BYTES: u64 = 1 << 20;
 
-/// TLS to Redis, for `rediss://` URLs. Paths only: the files are read when connecting.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RedisTls {
-    /// PEM CA certificates that sign the server's certificate; the system's roots when unset.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (chain), for servers that require one (mTLS).
-    pub cert_file: Option<PathBuf>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<PathBuf>,
-    /// Accept a server certificate whose names do not match the host (hosted Redis reached by
-    /// IP); its chain is still verified.
-    pub skip_hostname_verification: bool,
+/// The shortest and longest wait between two checks of the sentinels after failures.
+const FOLLOW_MIN: Duration = Duration::from_millis(100);
+const FOLLOW_MAX: Duration = Duration::from_secs(1);
+
+/// A connection to Redis: one node (directly or through Sentinel), or a cluster.
+#[derive(Clone)]
+pub(super) enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
-impl RedisTls {
-    /// Whether any TLS option is set (they need `rediss://` URLs).
-    #[must_use]
-    pub fn is_set(&self) -> bool {
-        self.ca_file.is_some()
-            || self.cert_file.is_some()
-            || self.key_file.is_some()
-            || self.skip_hostname_verification
-    }
-}
-
-/// A password. Its `Debug` prints `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Password(String);
-
-impl Password {
-    /// Wraps a password.
-    #[must_use]
-    pub fn new(password: impl Into<String>) -> Self {
-        Self(password.into())
-    }
-
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Password {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// Credentials kept out of the URL (an ACL user, a password or a file holding one).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RedisAuth {
-    /// ACL user; Redis's `default` user when unset.
-    pub username: Option<String>,
-    /// The password.
-    pub password: Option<Password>,
-    /// A file holding the password (a mounted Kubernetes Secret), read when connecting; one
-    /// trailing newline is dropped.
-    pub password_file: Option<PathBuf>,
-}
-
-/// Why a connection cannot be set up or opened. No variant carries a secret.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// A certificate, key or password file that cannot be used.
-    #[error("redis.{setting} {}: {reason}", path.display())]
-    File {
-        /// The setting naming the file (`tls.ca_file`, `password_file`, ...).
-        setting: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why it cannot be used (never its contents).
-        reason: String,
-    },
-    /// Settings that contradict each other or the URLs.
-    #[error("{0}")]
-    Invalid(String),
-    /// Redis refused the user name and password (redis-rs keeps the server's `WRONGPASS`
-    /// text to itself).
-    #[error(
-        "redis refused the login as user {user:?} ({source}): wrong password, or the user is \
-         unknown or disabled"
-    )]
-    Login {
-        /// The user logged in as (`default` when none was given).
-        user: String,
-        /// redis-rs's error.
-        source: redis::RedisError,
-    },
-    /// Redis (or the network, or the TLS handshake) refused the connection.
-    #[error("{0}")]
-    Redis(#[from] redis::RedisError),
+/// Checks that `config` can be used to connect: URLs, TLS options and credentials agree, and
+/// every certificate, key and password file can be read and used. Nothing is connected.
+///
+/// # Errors
+///
+/// [`ConnectError`] naming the setting (and the file) at fault.
+pub fn validate(config: &RedisConfig) -> Result<(), ConnectError> {
+    Connector::new(config).map(drop)
 }
 
 /// What is read from files at each attempt.
@@ -131,6 +54,19 @@ struct Material {
 }
 
 /// Opens connections for a config.
+///
+/// - TLS is asked for by `rediss://` URLs. The CA file (else the system's roots), the client
+///   certificate and key (mTLS) and the password file are read at every connection attempt;
+///   [`Connector::new`] reads them once too, so a missing or malformed file is a startup error
+///   naming the setting and the path, never the contents. Once connected, redis-rs's
+///   reconnections reuse what was read for that connection.
+/// - `skip_hostname_verification` ignores only a certificate's name mismatch: the chain is still
+///   verified against the CA. A URL's `#insecure`, which turns verification off altogether, is
+///   refused.
+/// - Credentials come from the URL (`redis://user:pass@host`) or from `username` with `password`
+///   or `password_file`, never from both. [`Password`](crate::limiter::redis::config::Password)
+///   and every error keep the secret out of logs: a refused login is reported with the user name
+///   and the problem only.
 pub(super) struct Connector {
     urls: Vec<ConnectionInfo>,
     cluster: bool,
@@ -285,7 +221,7 @@ impl Connector {
     }
 
     /// Connects once (reading the files again) and checks the connection with a `PING`.
-    pub(super) async fn connect(&self) -> Result<Conn, ConnectError> {
+    pub(super) async fn connect(&self) -> Result<RedisConn, ConnectError> {
         self.open().await.map_err(|e| match e {
             ConnectError::Redis(source)
                 if source.kind() == redis::ErrorKind::AuthenticationFailed =>
@@ -305,9 +241,9 @@ impl Connector {
         })
     }
 
-    async fn open(&self) -> Result<Conn, ConnectError> {
+    async fn open(&self) -> Result<RedisConn, ConnectError> {
         if let Some(sentinels) = &self.sentinel {
-            return Ok(Conn::Single(sentinels.connect().await?));
+            return Ok(RedisConn::Single(sentinels.connect().await?));
         }
         let material = self.material()?;
         let password = material.password.as_deref();
@@ -326,7 +262,7 @@ impl Connector {
             }
             let mut conn = builder.build()?.get_async_connection().await?;
             ping(&mut conn).await?;
-            Ok(Conn::Cluster(conn))
+            Ok(RedisConn::Cluster(conn))
         } else {
             let info = self.node(&self.urls[0], password);
             let client = match material.certs {
@@ -348,7 +284,7 @@ impl Connector {
                 .set_max_delay(Duration::from_secs(1));
             let mut conn = ConnectionManager::new_with_config(client, cm).await?;
             ping(&mut conn).await?;
-            Ok(Conn::Single(conn))
+            Ok(RedisConn::Single(conn))
         }
     }
 }
@@ -487,9 +423,75 @@ fn read_password(path: &Path) -> Result<String, ConnectError> {
     Ok(password.to_string())
 }
 
+impl Connector {
+    /// Notes a failed call; with Sentinel, one a failover explains wakes the follower.
+    pub(super) fn failed(&self, e: &BackendError) {
+        if let Some(s) = &self.sentinel
+            && Sentinels::wakes(e)
+        {
+            s.wake.notify_one();
+        }
+    }
+}
+
+impl RedisStore {
+    /// With Sentinel, follows failovers for as long as it runs; returns at once otherwise.
+    ///
+    /// A call that fails for a reason a failover explains (connection refused or reset, a
+    /// timeout, the breaker open, `READONLY` from a demoted master) wakes it; it asks the
+    /// sentinels again and, when they name another master that confirms its role, swaps the
+    /// store's connection and closes the breaker. Checks are spaced by a back-off (100 ms
+    /// doubling to 1 s) and, after a failed one, repeated on their own, so a dead master is
+    /// left soon after the sentinels' promotion, without a busy loop. Meanwhile calls fail fast
+    /// and decisions get `on_backend_error`.
+    pub(super) async fn follow_failovers(&self) {
+        let Some(sentinels) = &self.connector.sentinel else {
+            return;
+        };
+        let mut delay = FOLLOW_MIN;
+        let mut again = false;
+        loop {
+            if !again {
+                sentinels.wake.notified().await;
+            }
+            let current = sentinels.lock().clone();
+            match sentinels.find(current.as_ref()).await {
+                Ok(Found::Same) => {
+                    again = false;
+                    delay = FOLLOW_MIN;
+                }
+                Ok(Found::New(addr, conn)) => {
+                    self.conn.store(Some(Arc::new(RedisConn::Single(conn))));
+                    // The new master just answered: no cool-down to sit out.
+                    self.breaker.success();
+                    tracing::warn!(
+                        master = %addr,
+                        previous = %current.map(|a| a.to_string()).unwrap_or_default(),
+                        name = %sentinels.master_name,
+                        "redis sentinel: switched to a new master"
+                    );
+                    *sentinels.lock() = Some(addr);
+                    again = false;
+                    delay = FOLLOW_MIN;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_ms = delay.as_millis(), "redis sentinel: no usable master yet; asking again");
+                    again = true;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(FOLLOW_MAX);
+                    continue;
+                }
+            }
+            // At most one check per back-off step, however many calls fail meanwhile.
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::redis::config::Password;
 
     fn config(urls: &[&str]) -> RedisConfig {
         RedisConfig {

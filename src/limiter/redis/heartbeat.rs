@@ -1,12 +1,9 @@
-//! Heartbeats: each node records itself in one sorted set in Redis (`{prefix}nodes`, member
-//! the node's random id, score the Redis-time millisecond its entry expires), drops the expired
-//! entries and counts the rest, in one small script per beat. The count is the fleet size N that
-//! degraded local mode divides each budget by when Redis later becomes unreachable.
-//!
-//! An entry lives three intervals, so a node is counted until it has missed three beats; a node
-//! that stops cleanly removes itself at once. The score is an expiry instant, not a beat time, so
-//! nodes with different intervals can share the set. The set itself expires when no node beats.
-//! In Redis Cluster it is one key in one slot: a beat is one small call per node per interval.
+//! Heartbeats: each node records itself in one sorted set in Redis (`{prefix}nodes`, member its
+//! random id, score the Redis-time millisecond its entry expires), drops the expired entries and
+//! counts the rest, in one small script per beat: the fleet size N that degraded local mode divides
+//! each budget by. An entry lives three intervals, so a node is counted until it has missed three
+//! beats; one that stops cleanly removes itself at once. The score is an expiry instant, so nodes
+//! with different intervals can share the set; in Redis Cluster it is one key in one slot.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -14,8 +11,10 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::{Conn, RedisStore, classify};
-use crate::limiter::BackendError;
+use crate::limiter::error::BackendError;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::call::classify;
+use crate::limiter::redis::connect::RedisConn;
 
 /// `KEYS[1]` the set, `ARGV[1]` this node's id, `ARGV[2]` an entry's lifetime in ms. Returns the
 /// live nodes, this one included.
@@ -113,8 +112,8 @@ impl RedisStore {
         cmd.arg(key).arg(&hb.id);
         let call = async {
             match &*conn {
-                Conn::Single(c) => cmd.query_async::<u64>(&mut c.clone()).await,
-                Conn::Cluster(c) => cmd.query_async::<u64>(&mut c.clone()).await,
+                RedisConn::Single(c) => cmd.query_async::<u64>(&mut c.clone()).await,
+                RedisConn::Cluster(c) => cmd.query_async::<u64>(&mut c.clone()).await,
             }
         };
         match tokio::time::timeout(deadline, call).await {
@@ -134,8 +133,8 @@ impl RedisStore {
         let deadline = self.config.timeout.max(hb.interval);
         let run = async {
             match &*conn {
-                Conn::Single(c) => call.invoke_async::<u64>(&mut c.clone()).await,
-                Conn::Cluster(c) => call.invoke_async::<u64>(&mut c.clone()).await,
+                RedisConn::Single(c) => call.invoke_async::<u64>(&mut c.clone()).await,
+                RedisConn::Cluster(c) => call.invoke_async::<u64>(&mut c.clone()).await,
             }
         };
         match tokio::time::timeout(deadline, run).await {

@@ -1,45 +1,12 @@
-//! Leased counting: a node takes a slice of a hot counter's tokens from the shared bucket in
-//! one script call (`lease.lua`) and answers that counter's requests from it locally, within a
-//! stated bound, instead of paying a Redis round trip per decision.
-//!
-//! - A take of `k` charges `k` tokens on the shared TAT at once, so the shared bucket never
-//!   promises more than it holds: the tokens the bucket holds now, and when it holds fewer,
-//!   tokens reserved ahead of its refill, up to H = L / 2 past its tolerance
-//!   ([`LeaseConfig::horizon`]; fewer than `k` when that is full). Each token is due at the
-//!   instant the exact path would have admitted it (at once for those the bucket held, then one
-//!   T apart), dated from the take's reply, and none is used before it is due. So when demand
-//!   is above the rate the refill is handed out a slice at a time instead of a round trip per
-//!   admission. A lease is a FIFO of slices; requests use the oldest due tokens first. A slice
-//!   lives at most `max_age` (L) from the instant its take was sent; then its unused tokens go
-//!   back to the shared bucket (`TAT' = max(TAT − n·T, now)`), and all of them go back at
-//!   shutdown. Every token admitted is used no earlier than its instant on the shared schedule
-//!   and less than L after it, so in any span W the fleet admits at most what that schedule
-//!   gives out in W + L: `B + floor((W + L) / T)` of a counter (exact: `B + floor(W / T)`).
-//! - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
-//!   this node's recent hits per second on the counter: never more than the node would use
-//!   within L, never a share of the burst that starves the other nodes. The next slice is taken
-//!   in the background when the lease falls below `low_water` of the last one, or below all of
-//!   it while the last take had to reserve (demand above the rate: one slice stays queued ahead,
-//!   so the lease does not run dry while a take waits for its reply on a busy node). One take
-//!   is in flight per counter. On a single node takes and give-backs queue with the coalesced
-//!   requests and share their round trip (`super::coalesce`).
-//! - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked
-//!   in a fixed table of slots, so a hundred thousand cold keys cost a slot probe each and
-//!   allocate nothing; they stay on the exact path (`RedisStore::check_batch`), which charges
-//!   the shared TAT directly and stays correct beside leases.
-//! - A request is answered locally only when every op of it is on a live lease that can answer
-//!   it: charges that fit, check-only ops, refunds of tokens this lease handed out (they go back
-//!   to the lease). All or nothing across descriptors, with shadow and quota modes through
-//!   [`Batch::blocked_by`] as in the stores. A charge whose tokens the lease holds but are not
-//!   due yet is refused locally with the wait until they are (the shared bucket has none
-//!   before them). Anything else goes the exact path whole. An empty lease whose last take was
-//!   granted nothing refuses locally, with the wait Redis reported, until that instant (as the
-//!   over-limit cache does).
-//!
-//! Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
-//! bound of the fleet's.
+//! Leased counting: a node takes a slice of a hot counter's tokens from the shared bucket in one
+//! `lease.lua` call and answers that counter's requests from it locally, within a stated bound
+//! (see [`LeasedStore`]), instead of paying a Redis round trip per decision. Only counters hot on
+//! this node are leased; every other request takes the exact path, `RedisStore::count_batch`,
+//! which stays correct beside leases. The lease calls are assembled in `call` and, on a single
+//! node, ride in the coalesced round trips.
 
-use std::collections::VecDeque;
+mod ledger;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
@@ -49,18 +16,22 @@ use dashmap::DashMap;
 use redis::{Script, Value};
 use smallvec::{SmallVec, smallvec};
 
-use super::super::gcra::{NANOS_PER_SEC, Outcome, Quota};
-use super::super::store::KeyHash;
-use super::super::{Backend, BackendError, Batch, Clock, Key, Op};
-use super::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
+use crate::limiter::batch::{Batch, Op};
+use crate::limiter::clock::Clock;
+use crate::limiter::error::{BackendError, ErrorKind};
+use crate::limiter::figures::LeaseFigures;
+use crate::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, Quota};
+use crate::limiter::key::{Key, KeyHash};
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::call::{
+    Call, LeaseAsk, LeaseCall, classify, evalsha, fits_lean, lease_args, parse_lease,
+};
+use crate::limiter::redis::config::RedisTime;
+use crate::limiter::redis::connect::RedisConn;
+use crate::limiter::redis::lease::ledger::{Lease, Slice, signed};
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
-
-/// `lease.lua`, for the coalescing loop to load when Redis lost it.
-pub(super) fn script() -> &'static Script {
-    &SCRIPT
-}
 
 /// Slots of the hotness table: a power of two, fixed, so tracking never grows with the keys.
 const HEAT_SLOTS: usize = 4_096;
@@ -118,23 +89,6 @@ impl LeaseConfig {
     }
 }
 
-/// Leasing's figures at one instant.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeaseFigures {
-    /// Slices taken (takes granted at least one token).
-    pub slices: u64,
-    /// Tokens those slices took from the shared buckets.
-    pub tokens_taken: u64,
-    /// Unused tokens given back to the shared buckets.
-    pub tokens_returned: u64,
-    /// Requests answered from leases, without Redis.
-    pub by_lease: u64,
-    /// Requests sent the exact path, to Redis.
-    pub by_redis: u64,
-    /// Counters with a lease now.
-    pub leases: usize,
-}
-
 /// Relaxed everywhere: independent statistics, read at scrape time.
 #[derive(Debug, Default)]
 struct LeaseStats {
@@ -145,216 +99,8 @@ struct LeaseStats {
     by_redis: AtomicU64,
 }
 
-/// Tokens taken in one call.
-#[derive(Debug)]
-struct Slice {
-    size: u64,
-    used: u64,
-    /// Local instant the take was sent (no later than Redis charged it).
-    taken_at: u64,
-    /// Local instant its reply came (no earlier than Redis charged it).
-    received: u64,
-    /// `B·T − d` for the debt d the shared bucket had before the take: the slice's i-th token
-    /// (from 1) is due at `received + i·T − lead`, when the exact path would have admitted it
-    /// (the tokens the bucket held are due at once; those reserved past it, one T apart).
-    /// Below 2^53 either way: a debt of a leased counter is, and so is B·T.
-    lead: i64,
-}
-
-impl Slice {
-    /// How many of this slice's tokens are due at `now`, for an emission interval `t`.
-    /// In 64 bits: a 128-bit division here cost a leased decision more than the rest of the
-    /// lease's bookkeeping.
-    fn due_by(&self, now: u64, t: u64) -> u64 {
-        let elapsed = now.saturating_sub(self.received);
-        let ahead = if self.lead >= 0 {
-            elapsed.saturating_add(self.lead.unsigned_abs())
-        } else {
-            elapsed.saturating_sub(self.lead.unsigned_abs())
-        };
-        (ahead / t.max(1)).min(self.size)
-    }
-
-    /// Whether every token of the slice is used: it has none to hand out, whatever the time,
-    /// until a refund gives some back. Over the rate a lease holds about one slice per take
-    /// of the last L (fifty and more), nearly all of them spent: the walks of a decision start
-    /// past the spent ones at the front ([`Lease::spent`]) and skip the others without a
-    /// division.
-    fn spent(&self) -> bool {
-        self.used >= self.size
-    }
-
-    /// The instant its `i`-th token (from 1) is due.
-    fn due_at(&self, i: u64, t: u64) -> u64 {
-        let at = i128::from(self.received) + i128::from(i) * i128::from(t) - i128::from(self.lead);
-        u64::try_from(at.max(0)).unwrap_or(u64::MAX)
-    }
-}
-
-/// One counter's lease on this node.
-#[derive(Debug)]
-struct Lease {
-    quota: Quota,
-    /// Oldest first.
-    slices: VecDeque<Slice>,
-    /// Every slice before this index is spent: `consume` moves it on, `unconsume` back to the
-    /// oldest slice a refund reached, `expire` with the front.
-    spent: usize,
-    /// Unused tokens of ended slices, not yet given back.
-    to_return: u64,
-    /// Until this local instant the shared bucket has no token (the last take got none).
-    denied_until: u64,
-    /// When the shared bucket is full again, as of this node's last call (a hint for waits).
-    full_at: u64,
-    /// A take is in flight.
-    taking: bool,
-    /// The size of the last slice asked for.
-    last_ask: u64,
-    /// The last take reserved tokens past the bucket: demand is above the rate, so one slice
-    /// is kept queued ahead (the next take starts once the lease holds no more than the last
-    /// ask), and the lease does not run dry while a take waits for its reply.
-    ahead: bool,
-    /// No take before this instant (after a failed one).
-    retry_at: u64,
-}
-
-impl Lease {
-    fn new(quota: Quota) -> Self {
-        Self {
-            quota,
-            slices: VecDeque::new(),
-            spent: 0,
-            to_return: 0,
-            denied_until: 0,
-            full_at: 0,
-            taking: false,
-            last_ask: 1,
-            ahead: false,
-            retry_at: 0,
-        }
-    }
-
-    /// Ends the slices taken `max_age` or more before `now` (all of them for 0).
-    fn expire(&mut self, now: u64, max_age: u64) {
-        while let Some(s) = self.slices.front() {
-            if s.taken_at.saturating_add(max_age) > now {
-                break;
-            }
-            self.to_return += s.size - s.used;
-            self.slices.pop_front();
-            self.spent = self.spent.saturating_sub(1);
-        }
-    }
-
-    /// Where the slices that may still have a token to hand out begin (oldest first).
-    fn first_live(&self) -> usize {
-        self.spent.min(self.slices.len())
-    }
-
-    /// The slices that may still have a token to hand out, oldest first.
-    fn live(&self) -> std::collections::vec_deque::Iter<'_, Slice> {
-        self.slices.range(self.first_live()..)
-    }
-
-    /// Tokens held unused, due or not.
-    fn unused(&self) -> u64 {
-        self.live().map(|s| s.size - s.used).sum()
-    }
-
-    /// Tokens held unused and due at `now`: what the lease can hand out now.
-    fn available(&self, now: u64) -> u64 {
-        let t = self.quota.interval();
-        self.live()
-            .filter(|s| !s.spent())
-            .map(|s| s.due_by(now, t).saturating_sub(s.used))
-            .sum()
-    }
-
-    /// The instant by which `n` unused tokens are due (oldest slices first), or `None` when
-    /// the lease holds fewer than `n`.
-    fn due_at(&self, n: u64, now: u64) -> Option<u64> {
-        let t = self.quota.interval();
-        let mut need = n;
-        if need == 0 {
-            // Ready at once, as the first slice would answer; `None` without a slice.
-            return (!self.slices.is_empty()).then_some(now);
-        }
-        for s in self.live() {
-            if s.spent() {
-                // Nothing ready, nothing to come: `need` passes it unchanged.
-                continue;
-            }
-            let due = s.due_by(now, t).max(s.used);
-            let ready = due - s.used;
-            if need <= ready {
-                return Some(now);
-            }
-            need -= ready;
-            if need <= s.size - due {
-                return Some(s.due_at(due + need, t).max(now));
-            }
-            need -= s.size - due;
-        }
-        None
-    }
-
-    fn used(&self) -> u64 {
-        self.slices.iter().map(|s| s.used).sum()
-    }
-
-    /// Uses `n` due tokens, oldest first; the caller checked they are there.
-    fn consume(&mut self, mut n: u64, now: u64) {
-        let t = self.quota.interval();
-        if n == 0 {
-            return;
-        }
-        let from = self.first_live();
-        for s in self.slices.range_mut(from..).filter(|s| !s.spent()) {
-            let k = n.min(s.due_by(now, t).saturating_sub(s.used));
-            s.used += k;
-            n -= k;
-            if n == 0 {
-                break;
-            }
-        }
-        while self.slices.get(self.spent).is_some_and(Slice::spent) {
-            self.spent += 1;
-        }
-    }
-
-    /// Gives `n` used tokens back to their slices, newest first; the caller checked they were
-    /// used.
-    fn unconsume(&mut self, mut n: u64) {
-        for (i, s) in self.slices.iter_mut().enumerate().rev() {
-            if n == 0 {
-                break;
-            }
-            let k = n.min(s.used);
-            if k > 0 {
-                s.used -= k;
-                n -= k;
-                self.spent = self.spent.min(i);
-            }
-        }
-    }
-
-    /// The tokens held at or below which the next slice is taken: `fraction` of the last ask,
-    /// or all of it while demand is above the rate.
-    fn low_water(&self, fraction: f64) -> u64 {
-        if self.ahead {
-            return self.last_ask;
-        }
-        // Truncation intended: the floor of that fraction of the last slice.
-        (self.last_ask as f64 * fraction) as u64
-    }
-
-    fn idle(&self, now: u64) -> bool {
-        self.slices.is_empty() && !self.taking && self.to_return == 0 && self.denied_until <= now
-    }
-}
-
 /// One distinct counter of a request: its key, its rate on this node, its lease if any.
-type Counter = (Key, u64, Option<Arc<Mutex<Lease>>>);
+type RequestCounter = (Key, u64, Option<Arc<Mutex<Lease>>>);
 
 /// One slot of the hotness table.
 #[derive(Debug, Default)]
@@ -369,6 +115,35 @@ struct Heat {
 }
 
 /// The leased backend: a [`RedisStore`] and this node's leases of hot counters.
+///
+/// - A take of `k` charges `k` tokens on the shared TAT at once, so the shared bucket never
+///   promises more than it holds: the tokens the bucket holds now, and when it holds fewer,
+///   tokens reserved ahead of its refill, up to H = L / 2 past its tolerance
+///   ([`LeaseConfig::horizon`]; fewer than `k` when that is full). Each token is due at the
+///   instant the exact path would have admitted it (at once for those the bucket held, then one
+///   T apart), dated from the take's reply, and none is used before it is due. A lease is a FIFO
+///   of slices; requests use the oldest due tokens first. A slice lives at most `max_age` (L)
+///   from the instant its take was sent; then its unused tokens go back to the shared bucket
+///   (`TAT' = max(TAT − n·T, now)`), and all of them go back at shutdown. Every token admitted is
+///   used no earlier than its instant on the shared schedule and less than L after it, so in any
+///   span W the fleet admits at most `B + floor((W + L) / T)` of a counter (exact: `B + floor(W /
+///   T)`).
+/// - Slice size: `k = clamp(ceil(rate × L), 1, max(1, floor(B × max_burst_share)))`, with `rate`
+///   this node's recent hits per second on the counter. The next slice is taken in the background
+///   when the lease falls below `low_water` of the last one, or below all of it while the last
+///   take had to reserve (demand above the rate: one slice stays queued ahead). One take is in
+///   flight per counter.
+/// - Only hot counters are leased (at least `min_rate` hits per second on this node), tracked in
+///   a fixed table of slots, so cold keys cost a slot probe each and allocate nothing.
+/// - A request is answered locally only when every op of it is on a live lease that can answer
+///   it: charges that fit, check-only ops, refunds of tokens this lease handed out. All or nothing
+///   across descriptors, with shadow and quota modes through [`Batch::blocked_by`] as in the
+///   stores. A charge whose tokens the lease holds but are not due yet is refused locally with the
+///   wait until they are. Anything else goes the exact path whole. An empty lease whose last take
+///   was granted nothing refuses locally, with the wait Redis reported, until that instant.
+///
+/// Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
+/// bound of the fleet's.
 pub struct LeasedStore {
     redis: Arc<RedisStore>,
     config: LeaseConfig,
@@ -410,12 +185,6 @@ impl LeasedStore {
             in_flight: AtomicUsize::new(0),
             stats: LeaseStats::default(),
         })
-    }
-
-    /// This store as the process's backend.
-    #[must_use]
-    pub fn backend(self: &Arc<Self>) -> Backend {
-        Backend::Leased(Arc::clone(self))
     }
 
     /// The Redis store underneath.
@@ -460,18 +229,18 @@ impl LeasedStore {
     /// # Errors
     ///
     /// [`BackendError`] when the request goes to Redis and Redis cannot decide.
-    pub async fn check_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
         match self.answer_from_leases(ops) {
             Some(batch) => Ok(batch),
-            None => self.check_in_redis(ops).await,
+            None => self.count_in_redis(ops).await,
         }
     }
 
     /// The answer from leases alone, when they can give all of it; `None` when the request
-    /// must go to Redis ([`LeasedStore::check_in_redis`]), after starting takes for its hot
-    /// counters that need one. [`LeasedStore::check_batch`] is the two in one.
+    /// must go to Redis ([`LeasedStore::count_in_redis`]), after starting takes for its hot
+    /// counters that need one. [`LeasedStore::count_batch`] is the two in one.
     pub fn answer_from_leases(self: &Arc<Self>, ops: &[Op]) -> Option<Batch> {
-        let batch = self.local(ops, self.clock.now())?;
+        let batch = self.decide_from_leases(ops, self.clock.now())?;
         self.stats.by_lease.fetch_add(1, Ordering::Relaxed);
         Some(batch)
     }
@@ -481,9 +250,9 @@ impl LeasedStore {
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot decide.
-    pub async fn check_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
         self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
-        self.redis.check_batch(ops).await
+        self.redis.count_batch(ops).await
     }
 
     /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain
@@ -524,13 +293,13 @@ impl LeasedStore {
 
     /// The answer from leases, or `None` when the request must go to Redis (then takes are
     /// started for the hot counters that need one).
-    fn local(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
+    fn decide_from_leases(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
         if ops.is_empty() || self.closed.load(Ordering::Relaxed) {
             return None;
         }
         let max_age = self.config.max_age_nanos();
         // The request's distinct counters: (key, rate, its lease).
-        let mut counters: SmallVec<[Counter; 4]> = SmallVec::with_capacity(ops.len());
+        let mut counters: SmallVec<[RequestCounter; 4]> = SmallVec::with_capacity(ops.len());
         let mut answerable = true;
         for op in ops {
             if !Self::leasable(op) {
@@ -565,7 +334,7 @@ impl LeasedStore {
         let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
         let mut refunded: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
         let mut charged: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
-        let mut outcomes = vec![Outcome::NONE; ops.len()];
+        let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
         let mut found: SmallVec<[u64; 4]> = smallvec![0; ops.len()];
         let mut fits = true;
         // Refunds first, as the stores apply them, whatever the outcome.
@@ -588,11 +357,11 @@ impl LeasedStore {
             }
             refunded[i] += op.cost;
             let remaining = (l.available(now) + refunded[i]).min(op.quota.burst());
-            *out = Outcome {
+            *out = CounterOutcome {
                 admitted: true,
                 remaining,
                 wait: wait(l, &op.quota, remaining, now),
-                ..Outcome::NONE
+                ..CounterOutcome::NONE
             };
         }
         if fits {
@@ -611,25 +380,25 @@ impl LeasedStore {
                 if op.cost <= avail {
                     charged[i] += op.cost;
                     let remaining = avail - op.cost;
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         admitted: true,
                         remaining,
                         wait: wait(l, &op.quota, remaining, now),
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else if let Some(at) =
                     l.due_at((charged[i] + op.cost).saturating_sub(refunded[i]), now)
                 {
                     // Reserved tokens not due yet: the shared bucket has none before them.
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         wait: at - now,
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else if avail == 0 && l.denied_until > now {
                     let extra = (op.cost - 1).saturating_mul(op.quota.interval());
-                    *out = Outcome {
+                    *out = CounterOutcome {
                         wait: (l.denied_until - now).saturating_add(extra),
-                        ..Outcome::NONE
+                        ..CounterOutcome::NONE
                     };
                 } else {
                     fits = false;
@@ -672,7 +441,7 @@ impl LeasedStore {
     }
 
     /// Starts a take for every hot counter of `ops` that has no lease, or one running low.
-    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[Counter], now: u64) {
+    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[RequestCounter], now: u64) {
         for (key, rate, lease) in counters {
             if *rate < self.config.min_rate {
                 continue;
@@ -728,7 +497,13 @@ impl LeasedStore {
     async fn take(&self, key: Key, quota: Quota, ask: u64, sent: u64) {
         let result = self
             .redis
-            .lease_call(key, &quota, Call::Take(self.config.horizon()), ask, sent)
+            .lease_call(
+                key,
+                &quota,
+                LeaseAsk::Take(self.config.horizon()),
+                ask,
+                sent,
+            )
             .await;
         let Some(lease) = self.leases.get(&key).map(|l| Arc::clone(&l)) else {
             // The lease was dropped meanwhile (never while a take is in flight); give back.
@@ -780,7 +555,11 @@ impl LeasedStore {
             return;
         }
         let now = self.clock.now();
-        match self.redis.lease_call(key, quota, Call::Give, n, now).await {
+        match self
+            .redis
+            .lease_call(key, quota, LeaseAsk::Give, n, now)
+            .await
+        {
             Ok(_) => {
                 self.stats.tokens_returned.fetch_add(n, Ordering::Relaxed);
             }
@@ -864,19 +643,6 @@ fn wait(lease: &Lease, quota: &Quota, remaining: u64, now: u64) -> u64 {
     lease.full_at.saturating_sub(now).max(missing)
 }
 
-/// A leased quantity (below 2^53 ns) as a signed one.
-fn signed(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// What `lease.lua` is asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    /// Take, reserving at most this far (ns) past the tolerance.
-    Take(u64),
-    Give,
-}
-
 impl RedisStore {
     /// One `lease.lua` call on `key`: take up to `n` tokens (some of them reserved ahead, see
     /// `lease.lua`), or give `n` back. `now` is the decision time with [`RedisTime::Clock`].
@@ -886,47 +652,42 @@ impl RedisStore {
         &self,
         key: Key,
         quota: &Quota,
-        call: Call,
+        ask: LeaseAsk,
         n: u64,
         now: u64,
     ) -> Result<(u64, u64, u64), BackendError> {
         if !self.breaker.allow() {
-            self.stats.error(super::ErrorKind::BreakerOpen);
+            self.stats.error(ErrorKind::BreakerOpen);
             return Err(BackendError::BreakerOpen);
         }
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
         let time = match self.time {
-            RedisTime::Server => String::new(),
-            RedisTime::Clock => now.to_string(),
+            RedisTime::Server => None,
+            RedisTime::Clock => Some(now),
         };
-        let (verb, horizon) = match call {
-            Call::Take(h) => ("take", h),
-            Call::Give => ("give", 0),
-        };
-        let args = (time, verb, quota.interval(), quota.tolerance(), n, horizon);
+        let args = lease_args(quota, ask, n, time);
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
-                Conn::Single(_) => {
+                RedisConn::Single(_) => {
                     // Beside the next coalesced call, in its round trip (`coalesce`).
-                    let mut cmd = redis::cmd("EVALSHA");
-                    cmd.arg(SCRIPT.get_hash())
-                        .arg(1)
-                        .arg(self.key(key))
-                        .arg(&args);
                     let (reply, answer) = tokio::sync::oneshot::channel();
-                    let call = super::coalesce::LeaseCall { cmd, reply };
+                    let call = LeaseCall {
+                        cmd: evalsha(&SCRIPT, self.key(key), &args),
+                        script: &SCRIPT,
+                        reply,
+                    };
                     self.queue
-                        .send(super::coalesce::Job::Lease(call))
+                        .send(Call::Lease(call))
                         .map_err(|_| BackendError::NotConnected)?;
                     match answer.await.map_err(|_| BackendError::NotConnected)?? {
                         Value::Array(values) => Ok(values),
                         other => Err(BackendError::Reply(format!("{other:?}"))),
                     }
                 }
-                Conn::Cluster(c) => {
+                RedisConn::Cluster(c) => {
                     self.stats.round_trip();
                     SCRIPT
                         .key(self.key(key))
@@ -942,28 +703,17 @@ impl RedisStore {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };
-        let parsed = reply.and_then(|r| {
-            // A fourth value: the counter held no TAT and was repaired.
-            let (values, repaired) = match r.as_slice() {
-                [g, d, w] => ([g, d, w], false),
-                [g, d, w, one] if int(one) == Some(1) => ([g, d, w], true),
-                _ => return Err(BackendError::Reply(format!("{r:?}"))),
-            };
-            match values.map(int) {
-                [Some(g), Some(d), Some(w)] => {
-                    self.stats.repaired(u64::from(repaired));
-                    Ok((g, d, w))
-                }
-                _ => Err(BackendError::Reply(format!("{r:?}"))),
+        match reply.and_then(|r| parse_lease(&r)) {
+            Ok(r) => {
+                self.stats.repaired(u64::from(r.repaired));
+                self.breaker.success();
+                Ok((r.granted, r.debt, r.wait))
             }
-        });
-        match &parsed {
-            Ok(_) => self.breaker.success(),
             Err(e) => {
-                self.failed(e, self.clock.now());
+                self.failed(&e, self.clock.now());
+                Err(e)
             }
         }
-        parsed
     }
 }
 
@@ -986,155 +736,5 @@ mod tests {
         };
         assert_eq!(short.slice(&q, 25), 3, "ceil(25 × 0.1)");
         assert_eq!(short.horizon(), 50_000_000, "L / 2");
-    }
-
-    /// A slice whose tokens were all in the bucket at its take (`lead` of at least size·T).
-    fn held(size: u64, taken_at: u64, t: u64) -> Slice {
-        Slice {
-            size,
-            used: 0,
-            taken_at,
-            received: taken_at,
-            lead: signed(size * t),
-        }
-    }
-
-    /// `available` and `due_at` as walks over every slice, spent ones included.
-    fn walked(l: &Lease, n: u64, now: u64) -> (u64, Option<u64>) {
-        let t = l.quota.interval();
-        let available = l
-            .slices
-            .iter()
-            .map(|s| s.due_by(now, t).saturating_sub(s.used))
-            .sum();
-        let mut need = n;
-        for s in &l.slices {
-            let due = s.due_by(now, t).max(s.used);
-            let ready = due - s.used;
-            if need <= ready {
-                return (available, Some(now));
-            }
-            need -= ready;
-            if need <= s.size - due {
-                return (available, Some(s.due_at(due + need, t).max(now)));
-            }
-            need -= s.size - due;
-        }
-        (available, None)
-    }
-
-    proptest::proptest! {
-        /// Starting past the spent slices and skipping the others changes no answer:
-        /// `available`, `due_at` and `consume` give what walks over every slice give, before
-        /// and after tokens are used and refunded, and every slice before the index is spent.
-        #[test]
-        fn spent_slices_are_skipped_without_changing_an_answer(
-            slices in proptest::collection::vec(
-                (1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000),
-                0..8,
-            ),
-            now in 0u64..4_000,
-            n in 0u64..60,
-            refund in 0u64..60,
-        ) {
-            let q = Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap();
-            let t = q.interval();
-            let now = now * 1_000;
-            let mut l = Lease::new(q);
-            for &(size, used, received, lead) in &slices {
-                l.slices.push_back(Slice {
-                    size,
-                    used: used.min(size),
-                    taken_at: received * 1_000,
-                    received: received * 1_000,
-                    lead: lead * 10,
-                });
-            }
-            let (available, due_at) = walked(&l, n, now);
-            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), (available, due_at));
-            // `consume` as a walk over every slice.
-            let take = n.min(available);
-            let mut expected: Vec<u64> = l.slices.iter().map(|s| s.used).collect();
-            let mut left = take;
-            for (s, used) in l.slices.iter().zip(expected.iter_mut()) {
-                let k = left.min(s.due_by(now, t).saturating_sub(s.used));
-                *used += k;
-                left -= k;
-            }
-            l.consume(take, now);
-            let used: Vec<u64> = l.slices.iter().map(|s| s.used).collect();
-            proptest::prop_assert_eq!(used, expected);
-            proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
-            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), walked(&l, n, now));
-            l.unconsume(refund.min(l.used()));
-            proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
-            proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), walked(&l, n, now));
-            proptest::prop_assert_eq!(
-                l.unused(),
-                l.slices.iter().map(|s| s.size - s.used).sum::<u64>()
-            );
-        }
-    }
-
-    #[test]
-    fn a_lease_uses_oldest_tokens_first_and_ends_slices_at_their_age() {
-        let q = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
-        let t = q.interval();
-        let mut l = Lease::new(q);
-        l.slices.push_back(held(5, 0, t));
-        l.slices.push_back(held(5, 10, t));
-        l.consume(7, 10);
-        assert_eq!((l.slices[0].used, l.slices[1].used), (5, 2));
-        l.unconsume(3);
-        assert_eq!((l.slices[0].used, l.slices[1].used), (4, 0));
-        l.expire(99, 100);
-        assert_eq!((l.slices.len(), l.to_return), (2, 0));
-        l.expire(100, 100);
-        assert_eq!((l.slices.len(), l.to_return, l.available(100)), (1, 1, 5));
-        l.expire(100, 0);
-        assert_eq!(
-            (l.slices.len(), l.to_return),
-            (0, 6),
-            "an age of 0 ends them all"
-        );
-    }
-
-    #[test]
-    fn reserved_tokens_come_due_one_interval_apart_when_the_exact_path_would_admit_them() {
-        // T = 10 ms, B = 10: tolerance 100 ms. A take of 5 on a debt of 80 ms finds two tokens
-        // in the bucket (due at once) and reserves three, due 10, 20 and 30 ms later.
-        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
-        let (t, ms) = (q.interval(), 1_000_000);
-        let mut l = Lease::new(q);
-        let at = 1_000 * ms;
-        l.slices.push_back(Slice {
-            size: 5,
-            used: 0,
-            taken_at: at - ms,
-            received: at,
-            lead: signed(q.tolerance()) - signed(80 * ms),
-        });
-        assert_eq!((l.available(at), l.unused()), (2, 5));
-        assert_eq!(l.due_at(2, at), Some(at), "held: now");
-        assert_eq!(l.due_at(3, at), Some(at + t), "the first reserved one");
-        assert_eq!(l.due_at(5, at), Some(at + 3 * t));
-        assert_eq!(l.due_at(6, at), None, "more than the lease holds");
-        l.consume(2, at);
-        assert_eq!(l.available(at + t - 1), 0, "not a nanosecond early");
-        assert_eq!(l.available(at + t), 1);
-        l.consume(5, at + t);
-        assert_eq!(l.slices[0].used, 3, "only what is due is used");
-        assert_eq!(l.due_at(1, at + t), Some(at + 2 * t));
-        assert_eq!(l.available(at + 10 * t), 2, "never more than the slice");
-    }
-
-    #[test]
-    fn above_the_rate_one_slice_is_kept_queued_ahead() {
-        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
-        let mut l = Lease::new(q);
-        l.last_ask = 10;
-        assert_eq!(l.low_water(0.5), 5, "half the last ask");
-        l.ahead = true;
-        assert_eq!(l.low_water(0.5), 10, "the whole last ask");
     }
 }

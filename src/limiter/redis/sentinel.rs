@@ -1,66 +1,21 @@
-//! Redis Sentinel: the master's address comes from the sentinels, and sluice follows a
-//! failover with no restart.
+//! Redis Sentinel: asking the sentinels which master they name and confirming it with `ROLE`
+//! (`Sentinels`); `connect` follows a failover with it, with no restart. A failed script call is
+//! never sent again (neither here nor by the connection manager), so a request is charged at most
+//! once; a failover can only lose charges the old master had not yet replicated.
 //!
-//! - Finding the master: the sentinels are asked in order, each with the connect timeout,
-//!   `SENTINEL get-master-addr-by-name`; the first address that answers `ROLE` as a master is
-//!   used (a sentinel's view can be stale, so its word alone is not enough). The connection to
-//!   it is a connection manager, as on a single node, so coalescing and the lean script work
-//!   unchanged.
-//! - Following a failover: a call that fails for a reason a failover explains (connection
-//!   refused or reset, a timeout, the breaker open, `READONLY` from a demoted master) wakes
-//!   [`RedisStore::follow_failovers`], which asks the sentinels again and, when they name
-//!   another master that confirms its role, swaps the store's connection and closes the breaker.
-//!   Checks are spaced by a back-off (100 ms doubling to 1 s) and, after a failed one, repeated
-//!   on their own, so a dead master is left within about a second of the sentinels' promotion,
-//!   without a busy loop. Meanwhile calls fail fast and decisions get `on_backend_error`.
-//! - No retry: a failed script call is never sent again (neither here nor by the connection
-//!   manager), so a request is charged at most once; a failover can only lose charges the old
-//!   master had not yet replicated.
-//!
-//! Not done: subscribing to `+switch-master` (the first failed call triggers the same check),
-//! and replicas for reads (every decision writes).
+//! Not done: subscribing to `+switch-master` (the first failed call triggers the same check), and
+//! replicas for reads (every decision writes).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisError, Value};
 use tokio::sync::Notify;
 
-use super::{BackendError, Conn, Connector, RedisConfig, RedisStore, redact, redact_all};
-
-/// The shortest and longest wait between two checks of the sentinels after failures.
-const FOLLOW_MIN: Duration = Duration::from_millis(100);
-const FOLLOW_MAX: Duration = Duration::from_secs(1);
-
-/// Where the sentinels are and which master they watch. Its `Debug` hides credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SentinelConfig {
-    /// The master's name, as the sentinels know it (`sentinel monitor <name> ...`).
-    pub master_name: String,
-    /// `redis://host:port` URLs of the sentinels, asked in this order.
-    pub urls: Vec<String>,
-    /// The sentinels' password, for those whose URL carries none.
-    pub password: Option<String>,
-}
-
-impl SentinelConfig {
-    /// The sentinel URLs with any `user:password@` replaced by `***@`, comma-separated.
-    #[must_use]
-    pub fn redacted_urls(&self) -> String {
-        redact_all(self.urls.iter().map(String::as_str))
-    }
-}
-
-impl std::fmt::Debug for SentinelConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelConfig")
-            .field("master_name", &self.master_name)
-            .field("urls", &self.redacted_urls())
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
+use crate::limiter::error::BackendError;
+use crate::limiter::redis::config::{RedisConfig, SentinelConfig};
+use crate::limiter::redis::redact::redact;
 
 /// Why no master could be found through the sentinels. No message carries a credential.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +71,7 @@ impl std::fmt::Display for Addr {
 }
 
 /// What a check of the sentinels found.
-enum Found {
+pub(super) enum Found {
     /// The master in use is still the one they name.
     Same,
     /// Another master, connected and confirmed.
@@ -124,8 +79,13 @@ enum Found {
 }
 
 /// The sentinels of one master, and the master in use.
+///
+/// Finding the master: the sentinels are asked in order, each with the connect timeout,
+/// `SENTINEL get-master-addr-by-name`; the first address that answers `ROLE` as a master is used
+/// (a sentinel's view can be stale, so its word alone is not enough). The connection to it is a
+/// connection manager, as on a single node, so coalescing and the lean script work unchanged.
 pub(super) struct Sentinels {
-    master_name: String,
+    pub(super) master_name: String,
     /// Each sentinel: its URL for messages (redacted) and a client for it.
     sentinels: Vec<(String, Client)>,
     /// The master's connection settings (credentials, database, TLS) from `redis.url`; its
@@ -137,7 +97,7 @@ pub(super) struct Sentinels {
     manager: ConnectionManagerConfig,
     current: Mutex<Option<Addr>>,
     /// Woken by a failed call: time to ask the sentinels again.
-    wake: Notify,
+    pub(super) wake: Notify,
 }
 
 impl Sentinels {
@@ -192,7 +152,7 @@ impl Sentinels {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Addr>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Option<Addr>> {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -200,7 +160,7 @@ impl Sentinels {
 
     /// Asks the sentinels in order; the first named address that confirms it is a master wins.
     /// `current` is the master in use: named again and still a master, it is kept.
-    async fn find(&self, current: Option<&Addr>) -> Result<Found, SentinelError> {
+    pub(super) async fn find(&self, current: Option<&Addr>) -> Result<Found, SentinelError> {
         let mut unanswered = Vec::new();
         let mut tried: Vec<(Addr, String)> = Vec::new();
         let mut answered = false;
@@ -327,7 +287,7 @@ impl Sentinels {
     }
 
     /// Whether a failed call calls for asking the sentinels again.
-    fn wakes(e: &BackendError) -> bool {
+    pub(super) fn wakes(e: &BackendError) -> bool {
         match e {
             BackendError::Timeout(_) | BackendError::Connection(_) | BackendError::BreakerOpen => {
                 true
@@ -336,65 +296,6 @@ impl Sentinels {
                 e.code() == Some("READONLY") || e.to_string().contains("READONLY")
             }
             BackendError::NotConnected | BackendError::Reply(_) | BackendError::Setup(_) => false,
-        }
-    }
-}
-
-impl Connector {
-    /// Notes a failed call; with Sentinel, one a failover explains wakes the follower.
-    pub(super) fn failed(&self, e: &BackendError) {
-        if let Some(s) = &self.sentinel
-            && Sentinels::wakes(e)
-        {
-            s.wake.notify_one();
-        }
-    }
-}
-
-impl RedisStore {
-    /// With Sentinel, follows failovers for as long as it runs: woken by failed calls, asks the
-    /// sentinels and swaps the connection when they name a new master. Returns at once
-    /// otherwise.
-    pub(super) async fn follow_failovers(&self) {
-        let Some(sentinels) = &self.connector.sentinel else {
-            return;
-        };
-        let mut delay = FOLLOW_MIN;
-        let mut again = false;
-        loop {
-            if !again {
-                sentinels.wake.notified().await;
-            }
-            let current = sentinels.lock().clone();
-            match sentinels.find(current.as_ref()).await {
-                Ok(Found::Same) => {
-                    again = false;
-                    delay = FOLLOW_MIN;
-                }
-                Ok(Found::New(addr, conn)) => {
-                    self.conn.store(Some(Arc::new(Conn::Single(conn))));
-                    // The new master just answered: no cool-down to sit out.
-                    self.breaker.success();
-                    tracing::warn!(
-                        master = %addr,
-                        previous = %current.map(|a| a.to_string()).unwrap_or_default(),
-                        name = %sentinels.master_name,
-                        "redis sentinel: switched to a new master"
-                    );
-                    *sentinels.lock() = Some(addr);
-                    again = false;
-                    delay = FOLLOW_MIN;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_ms = delay.as_millis(), "redis sentinel: no usable master yet; asking again");
-                    again = true;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(FOLLOW_MAX);
-                    continue;
-                }
-            }
-            // At most one check per back-off step, however many calls fail meanwhile.
-            tokio::time::sleep(delay).await;
         }
     }
 }

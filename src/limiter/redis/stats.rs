@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::BreakerState;
-use crate::histogram::{LatencyHistogram, LatencySnapshot};
-use crate::limiter::ErrorKind;
+use crate::histogram::LatencyHistogram;
+use crate::limiter::error::ErrorKind;
+use crate::limiter::figures::{BreakerState, RedisFigures};
 
 /// Relaxed everywhere: independent statistics, read at scrape time.
 #[derive(Debug, Default)]
@@ -19,28 +19,6 @@ pub(super) struct RedisStats {
     logged_at: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     latency: LatencyHistogram,
-}
-
-/// The Redis backend's figures at one instant.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RedisFigures {
-    /// Script calls sent.
-    pub round_trips: u64,
-    /// Requests those calls decided (more than one per call when coalesced).
-    pub requests: u64,
-    /// Requests refused from the local over-limit cache.
-    pub cache_hits: u64,
-    /// Counters found holding no TAT (not a number, or a key of another type), read as absent
-    /// and rewritten by the scripts.
-    pub counter_repairs: u64,
-    /// Failed calls of each kind.
-    pub errors: [(ErrorKind, u64); ErrorKind::ALL.len()],
-    /// Whether a connection is established.
-    pub connected: bool,
-    /// The circuit breaker's state.
-    pub breaker: BreakerState,
-    /// Round-trip latency.
-    pub latency: LatencySnapshot,
 }
 
 impl RedisStats {
