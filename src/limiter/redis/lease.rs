@@ -55,7 +55,7 @@ use super::super::{Backend, BackendError, Batch, Clock, Key, Op};
 use super::{Conn, RedisStore, RedisTime, classify, fits_lean, int};
 
 /// `lease.lua`, loaded once per process.
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(super::scripts::LEASE));
 
 /// `lease.lua`, for the coalescing loop to load when Redis lost it.
 pub(super) fn script() -> &'static Script {

@@ -33,6 +33,7 @@ mod coalesce;
 mod connect;
 mod heartbeat;
 mod lease;
+mod scripts;
 mod sentinel;
 mod stats;
 
@@ -197,8 +198,8 @@ impl RedisStore {
             answering: std::sync::atomic::AtomicBool::new(false),
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config).map_err(BackendError::Setup)?,
-            script: Script::new(include_str!("gcra.lua")),
-            lean: Script::new(include_str!("gcra_lean.lua")),
+            script: Script::new(scripts::GCRA),
+            lean: Script::new(scripts::LEAN),
             breaker: Breaker::new(
                 config.breaker_failures,
                 config.breaker_cooldown,
