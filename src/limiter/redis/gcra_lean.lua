@@ -1,108 +1,57 @@
--- sluice: GCRA for a batch of requests, each all or nothing, inside Redis: the lean form.
+-- sluice: GCRA for a batch of requests, each all or nothing, inside Redis: the lean form, after
+-- prelude.lua. The same decisions as gcra.lua and the in-memory store, to the nanosecond, for
+-- requests whose every counter has B*T + T below 2^52 ns (the caller sends the others to
+-- gcra.lua): every quantity is a debt relative to now, an integer a Lua double holds exactly.
 --
--- The same decisions as gcra.lua and the in-memory store, to the nanosecond, for requests whose
--- every counter has B*T + T below 2^52 ns (about 52 days); the caller sends the others to
--- gcra.lua. Every quantity is then kept relative to now: a counter's debt (TAT - now) is an
--- integer below 2^52, which a Lua double holds exactly, so the arithmetic is plain numbers, with
--- no pairs and no tables per value. Only reading a stored TAT and writing one back go through
--- seconds and nanoseconds.
+-- One call carries one request or several (concurrent requests coalesced by the caller), decided
+-- one after the other in their order, each all or nothing, each seeing what the ones before it
+-- charged: the same as separate calls in that order. The writes come after the last request, one
+-- per counter that moved, so a counter the whole batch shares is written once a call.
 --
--- One call carries one request or several (concurrent requests coalesced by the caller). They
--- are decided one after the other in their order, each all or nothing on its own, each seeing
--- what the ones before it charged: the same as separate calls in that order. The writes come
--- after the last request, one per counter that moved, so a counter the whole batch shares (one
--- hot key) is written once a call, not once a request.
---
--- KEYS     the counters of every op of every request, in order (a decimal TAT in nanoseconds,
---          expiring at the TAT's millisecond, rounded down: `SET ... PXAT`, Redis 6.2 or later).
---          Redis deletes a key only once its clock is past that millisecond, so a key is never
---          gone while its TAT is ahead, and outlives it by less than a millisecond. The expiry
---          is the TAT's own leading digits: no number is formatted for it. Each write also asks
---          for the old value (`GET`, unused): Redis then answers with it, or nil for a key that
---          had expired, where a plain SET's OK reaches Lua as a table to allocate; about 3 % of
---          a coalesced request's Redis work.
--- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME; an injected time is for tests, and then
---          keys get no TTL
+-- KEYS     the counters of every op of every request, in order. A write sets the TAT to expire
+--          at its own millisecond, rounded down (its leading digits: `SET ... PXAT`, Redis 6.2 or
+--          later), so a key is never gone while its TAT is ahead. It also asks for the old value
+--          (`GET`, unused), which Redis answers with a string or nil rather than a status that
+--          reaches Lua as a table.
+-- ARGV[1]  "now" (prelude.lua)
 -- ARGV[2]  the number of requests
--- ARGV[3]  the requests, as little-endian doubles (every value is an integer below 2^53, so each
---          is exact): per request whole (1 when the whole request is decided here, 0 for one
+-- ARGV[3]  the requests, as little-endian doubles (every value an integer below 2^53, so each is
+--          exact): per request whole (1 when the whole request is decided here, 0 for one
 --          hash-slot group of a cluster request, whose quota-mode verdict is the caller's) and its
 --          number of ops, then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
---          2 quota; +4 refund), period (ns, the wait reported by a ban). Binary, because reading
---          decimal arguments (tonumber, strtod) took about a quarter of a decision's Redis work.
+--          2 quota; +4 refund), period (ns, the wait reported by a ban). Binary, so that no
+--          argument goes through a decimal parse.
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns); as one string
---          of little-endian doubles (every value an integer below 2^53, so each is exact): one
---          bulk reply for Redis to write and the caller to read, not an integer reply per value.
---          When the call repaired counters, one more double follows: how many.
+--          of little-endian doubles: one bulk reply, not an integer reply per value. When the call
+--          repaired counters, one more double follows: how many.
 --
--- A counter that holds no TAT (not a number, not finite, more than 2^62 ns ahead, or a key of
--- another type) is a fact about that counter, not an error: it is deleted, read as absent (a
--- full bucket) and counted in the reply, and the call goes on. A key of another type, which
--- MGET reads as absent, is replaced when it is written.
+-- Several counters are read by MGET, which reads a key of another type as none; such a key is
+-- replaced when it is written, and counted. A stored value is told from a TAT as in prelude.lua.
 
-local G = 1000000000
 -- floor(x) is written x - x % 1, and a debt's whole seconds (d - d % G) / G: exact for these
 -- values, and arithmetic in Lua's VM rather than a call of math.floor.
 local unpack_args, pack = struct.unpack, struct.pack
--- Locals for the globals the loops use: a global is a table lookup at every use.
-local keys, call, format, sub, tonumber = KEYS, redis.call, string.format, string.sub, tonumber
-local pcall_ = redis.pcall
-local args = ARGV[3]
--- Counters repaired by this call. Where a stored value is read, a TAT is told from anything else
--- inline: a closure or a global lookup costs more than the check itself. A reply of
--- `redis.pcall` is false (nil), a string, or a table with `err`; indexing a string with `err`
--- gives nil.
-local repaired = 0
--- 2^62 ns bounds every debt a quota can leave; `d - d == 0` holds for every finite number.
-local MAX_DEBT = 4611686018427387904
-
-local now_s, now_ns
-local injected = ARGV[1] ~= ''
-if injected then
-  local s = ARGV[1]
-  local len = #s
-  if len <= 9 then
-    now_s, now_ns = 0, tonumber(s)
-  else
-    now_s, now_ns = tonumber(sub(s, 1, len - 9)), tonumber(sub(s, len - 8))
-  end
-else
-  local t = call('TIME')
-  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
-end
+local args = argv[3]
 
 -- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
 -- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
 -- path. Its TAT write is the batch's (at the end of this script), written out again here.
 local w1, n1, mode, burst, period, T, tol, c
-if ARGV[2] == '1' and #keys == 1 then
+if argv[2] == '1' and nk == 1 then
   w1, n1, T, tol, burst, c, mode, period = unpack_args('<dddddddd', args)
 end
 if mode and mode < 4 then
   local whole = w1 == 1
   if burst == 0 then
-    return pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period)
+    local answer = pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, 0, period)
+    if repaired > 0 then return answer .. pack('<d', repaired) end
+    return answer
   end
   local key = keys[1]
   local d = 0
-  local v = pcall_('GET', key)
-  if v then
-    if v.err then
-      d = nil -- a key of another type
-    else
-      local len = #v
-      if len <= 9 then
-        d = tonumber(v)
-        if d then d = d - now_ns - now_s * G end
-      else
-        local s, ns = tonumber(sub(v, 1, len - 9)), tonumber(sub(v, len - 8))
-        d = s and ns and (s - now_s) * G + (ns - now_ns)
-      end
-    end
-    if not d or d - d ~= 0 or d > MAX_DEBT then
-      call('DEL', key)
-      d, repaired = 0, 1
-    elseif d > tol then d = tol elseif d < 0 then d = 0 end
+  if one then
+    d = one
+    if d > tol then d = tol elseif d < 0 then d = 0 end
   end
   local new = d + c * T
   if c > burst or new > tol then
@@ -122,7 +71,7 @@ if mode and mode < 4 then
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
     if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-    -- The GET above found a string or nothing (a key of another type was deleted), so this
+    -- The prelude's GET found a string or nothing (a key of another type was deleted), so this
     -- SET ... GET cannot meet one.
     if injected then
       call('SET', key, tat)
@@ -140,11 +89,9 @@ end
 
 -- One request of 2 to 16 plain charges (enforced, cost at least 1, no refund) on distinct
 -- counters, the usual multi-descriptor request: `plain` below, written out again without the
--- tables, closures and batch loop a coalesced call needs, which cost a lone request about as much
--- as a further descriptor. A request of any other kind goes on to the batch path, which then
+-- tables, closures and batch loop a coalesced call needs. A request of any other kind goes on to the batch path, which then
 -- reads its counters again: nothing is written before every op is known to be plain.
-local nk = #keys
-if ARGV[2] == '1' and nk >= 2 and nk <= 16 then
+if argv[2] == '1' and nk >= 2 and nk <= 16 then
   -- p[1] whole (one request is whole), p[2] the op count, then op i's six values from p[6i - 3];
   -- `out` packs the reply's 1 + 3 * nk values.
   local layout, out
@@ -390,7 +337,7 @@ end
 
 -- The unpack format of n ops' values, made once per op count.
 local layouts = {}
-for _ = 1, tonumber(ARGV[2]) do
+for _ = 1, tonumber(argv[2]) do
   local w, n
   w, n, pos = unpack_args('<dd', args, pos)
   local whole = w == 1

@@ -1,14 +1,9 @@
--- sluice: leased counting inside Redis: take a slice of up to k tokens of one counter, or give
--- unused tokens back.
---
--- The same stored TAT as gcra_lean.lua (decimal nanoseconds, expiring at its millisecond) and
--- the same relative arithmetic: every quantity is a debt (TAT - now) below 2^52 ns, exact in a
--- double.
--- The caller leases only counters whose B*T + T is below 2^52 ns.
+-- sluice: leased counting inside Redis, after prelude.lua: take a slice of up to k tokens of one
+-- counter, or give unused tokens back. The same stored TAT and the same arithmetic on debts as
+-- gcra_lean.lua, for counters whose B*T + T is below 2^52 ns (the only ones the caller leases).
 --
 -- KEYS[1]  the counter
--- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (an injected time is for tests, and then
---          the key gets no TTL)
+-- ARGV[1]  "now" (prelude.lua)
 -- ARGV[2]  "take" or "give"
 -- ARGV[3]  T (ns)
 -- ARGV[4]  B*T (ns)
@@ -25,57 +20,18 @@
 -- give: TAT' = max(TAT - n*T, now) (a refund never makes the bucket exceed its burst). A debt
 --       past the tolerance (other nodes' reservations) is kept: it is not cut to B*T first.
 --       Returns {0, debt after (ns), 0}.
--- Either reply has a fourth value when the counter held no TAT (not a number, not finite, more
--- than 2^62 ns ahead, or a key of another type): 1, the counter repaired. It was read as absent
--- (a full bucket) and deleted, or overwritten by the call's write.
+-- Either reply has a fourth value, 1, when the prelude repaired the counter.
 
-local G = 1000000000
 local floor = math.floor
+local key = keys[1]
+local T, tol, n, H = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
 
-local now_s, now_ns
-local injected = ARGV[1] ~= ''
-if injected then
-  local s = ARGV[1]
-  local len = #s
-  if len <= 9 then
-    now_s, now_ns = 0, tonumber(s)
-  else
-    now_s, now_ns = tonumber(string.sub(s, 1, len - 9)), tonumber(string.sub(s, len - 8))
-  end
-else
-  local t = redis.call('TIME')
-  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
-end
-
-local key = KEYS[1]
-local T, tol, n, H = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-
-local d = 0
-local repaired = false
-local v = redis.pcall('GET', key)
-if type(v) == 'table' then
-  repaired = true
-elseif v then
-  local len = #v
-  if len <= 9 then
-    d = tonumber(v)
-    if d then d = d - now_ns - now_s * G end
-  else
-    local s, ns = tonumber(string.sub(v, 1, len - 9)), tonumber(string.sub(v, len - 8))
-    if s and ns then d = (s - now_s) * G + (ns - now_ns) else d = nil end
-  end
-  -- d - d is 0 for every finite number; 2^62 ns bounds every debt a quota can leave.
-  if not d or d - d ~= 0 or d > 4611686018427387904 then
-    d, repaired = 0, true
-  elseif d < 0 then
-    d = 0
-  end
-end
-if repaired then redis.call('DEL', key) end
+local d = one or 0
+if d < 0 then d = 0 end
 
 -- The reply, marked when the counter was repaired.
 local function reply(g, debt, wait)
-  if repaired then return { g, debt, wait, 1 } end
+  if repaired > 0 then return { g, debt, wait, 1 } end
   return { g, debt, wait }
 end
 
@@ -98,7 +54,7 @@ local function write(debt)
   end
 end
 
-if ARGV[2] == 'give' then
+if argv[2] == 'give' then
   local back = d - n * T
   if back < 0 then back = 0 end
   if back ~= d then write(back) end

@@ -31,7 +31,7 @@ use crate::limiter::redis::connect::RedisConn;
 use crate::limiter::redis::lease::ledger::{Lease, Slice, signed};
 
 /// `lease.lua`, loaded once per process.
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lease.lua")));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(super::scripts::LEASE));
 
 /// Slots of the hotness table: a power of two, fixed, so tracking never grows with the keys.
 const HEAT_SLOTS: usize = 4_096;

@@ -15,6 +15,7 @@ pub mod connect;
 pub mod heartbeat;
 pub mod lease;
 pub mod redact;
+mod scripts;
 pub mod sentinel;
 mod slot;
 mod stats;
@@ -126,8 +127,8 @@ impl RedisStore {
             answering: std::sync::atomic::AtomicBool::new(false),
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config).map_err(BackendError::Setup)?,
-            script: Script::new(include_str!("gcra.lua")),
-            lean: Script::new(include_str!("gcra_lean.lua")),
+            script: Script::new(scripts::GCRA),
+            lean: Script::new(scripts::LEAN),
             breaker: Breaker::new(
                 config.breaker_failures,
                 config.breaker_cooldown,
