@@ -660,11 +660,10 @@ fn every_import_points_to_a_lower_layer_and_no_files_form_a_circle() {
 
 /// A small crate written to a temporary directory.
 fn planted(files: &[(&str, &str)]) -> Report {
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-layers-{}-{}",
-        std::process::id(),
-        files.len() * 31 + files[0].1.len()
-    ));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    // Relaxed: only uniqueness matters.
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-layers-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for (path, text) in files {
         let path = dir.join(path);
