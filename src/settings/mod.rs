@@ -7,7 +7,6 @@
 //!
 //! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
 
-mod cli;
 mod compat;
 mod raw;
 
@@ -15,14 +14,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-pub use cli::{CheckArgs, Cli, Command, ProbeArgs, ReplayArgs, ServeArgs};
 pub use compat::{Compat, CompatError};
 pub use raw::{
-    GrpcSettings, GrpcTlsSettings, LeaseSettings, MetricsSettings, RawSettings, RedisSettings,
-    RedisTlsSettings, RequestSettings, SentinelSettings, StoreSettings,
+    GrpcSettings, GrpcTlsSettings, LeaseSettings, MetricsSettings, Overrides, RawSettings,
+    RedisSettings, RedisTlsSettings, RequestSettings, SentinelSettings, StoreSettings,
 };
 
 use crate::decision::{self, Caps, HeaderOptions};
@@ -31,7 +28,7 @@ use crate::limiter::{LeaseConfig, RedisConfig};
 use crate::telemetry::LogFormat;
 
 /// Where counters live, as the `backend` setting names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// In this process's memory.
@@ -270,7 +267,7 @@ impl Settings {
     ///
     /// [`SettingsError`] when a source cannot be read, a field is unknown or mistyped, or a
     /// value is out of range.
-    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
+    pub fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Self, SettingsError> {
         RawSettings::load(file, flags)?.validate()
     }
 }

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use config::{Config, Environment, File, FileFormat};
 use serde::{Deserialize, Serialize};
 
-use super::cli::ServeArgs;
 use super::compat::{self, Compat};
 use super::{BackendKind, SettingsError};
 use crate::decision::{Caps, HeaderMode, LegacyNames, OnBackendError};
@@ -88,6 +87,32 @@ pub struct RawSettings {
     /// What the `compat` variables asked for that is not acted on, for the log. Not a setting.
     #[serde(skip)]
     pub compat_warnings: Vec<String>,
+}
+
+/// The settings the command line can set, over every other source; `None` leaves a setting
+/// to them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `policies`.
+    pub policies: Option<PathBuf>,
+    /// `grpc_addr`.
+    pub grpc_addr: Option<SocketAddr>,
+    /// `admin_addr`.
+    pub admin_addr: Option<SocketAddr>,
+    /// `log_format`.
+    pub log_format: Option<LogFormat>,
+    /// `log_level`.
+    pub log_level: Option<String>,
+    /// `store.max_keys`.
+    pub max_keys: Option<usize>,
+    /// `backend`.
+    pub backend: Option<BackendKind>,
+    /// `redis.url`.
+    pub redis_url: Option<String>,
+    /// `on_backend_error`.
+    pub on_backend_error: Option<OnBackendError>,
+    /// `response_headers`.
+    pub response_headers: Option<HeaderMode>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold; and its TLS.
@@ -479,14 +504,14 @@ impl RawSettings {
     ///
     /// [`SettingsError::Load`] when a source cannot be read, or a field is unknown or
     /// mistyped; [`SettingsError::Compat`] naming a reference variable that cannot be used.
-    pub fn load(file: Option<&std::path::Path>, flags: &ServeArgs) -> Result<Self, SettingsError> {
+    pub fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Self, SettingsError> {
         Self::load_with_env(file, flags, std::env::vars().collect())
     }
 
     /// As [`RawSettings::load`], with `env` standing for the process environment.
     fn load_with_env(
         file: Option<&std::path::Path>,
-        flags: &ServeArgs,
+        flags: &Overrides,
         env: std::collections::BTreeMap<String, String>,
     ) -> Result<Self, SettingsError> {
         let layered = |compat: Option<&compat::Mapped>| {
@@ -619,7 +644,7 @@ mod tests {
             ("SHADOW_MODE", "true"),
         ];
         // Without compat the reference's names are not read.
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), env(&reference)).unwrap();
+        let s = RawSettings::load_with_env(None, &Overrides::default(), env(&reference)).unwrap();
         assert_eq!(s, RawSettings::default());
         // With it they are; SLUICE_* beats them, flags beat both.
         let mut vars = env(&reference);
@@ -627,9 +652,9 @@ mod tests {
             ("SLUICE_COMPAT", "envoy-ratelimit"),
             ("SLUICE_LOG_LEVEL", "warn"),
         ]));
-        let flags = ServeArgs {
+        let flags = Overrides {
             grpc_addr: Some("127.0.0.1:7".parse().unwrap()),
-            ..ServeArgs::default()
+            ..Overrides::default()
         };
         let s = RawSettings::load_with_env(None, &flags, vars).unwrap();
         assert_eq!(s.compat, Compat::EnvoyRatelimit);
@@ -643,7 +668,7 @@ mod tests {
         std::fs::write(&path, "compat: envoy-ratelimit\nadmin_addr: 127.0.0.1:1\n").unwrap();
         let s = RawSettings::load_with_env(
             Some(&path),
-            &ServeArgs::default(),
+            &Overrides::default(),
             env(&[("PORT", "2"), ("USE_STATSD", "true")]),
         )
         .unwrap();
@@ -658,7 +683,7 @@ mod tests {
         // A bad value is an error naming the variable.
         let err = RawSettings::load_with_env(
             Some(&path),
-            &ServeArgs::default(),
+            &Overrides::default(),
             env(&[("GRPC_PORT", "http")]),
         )
         .unwrap_err()
@@ -674,7 +699,7 @@ mod tests {
         ]);
         let said = |s: &RawSettings| s.compat_warnings.iter().any(|w| w.starts_with("REDIS_URL"));
         // Nothing else: the reference's Redis, at its default socket, and a warning.
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), unset.clone()).unwrap();
+        let s = RawSettings::load_with_env(None, &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Redis);
         assert_eq!(s.redis.url, "unix:///var/run/nutcracker/ratelimit.sock");
         assert!(said(&s), "{:?}", s.compat_warnings);
@@ -683,7 +708,7 @@ mod tests {
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "backend: memory\n").unwrap();
         let s =
-            RawSettings::load_with_env(Some(&path), &ServeArgs::default(), unset.clone()).unwrap();
+            RawSettings::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
         std::fs::write(
@@ -692,23 +717,23 @@ mod tests {
         )
         .unwrap();
         let s =
-            RawSettings::load_with_env(Some(&path), &ServeArgs::default(), unset.clone()).unwrap();
+            RawSettings::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(
             (s.backend, s.redis.url.as_str(), s.redis.cluster),
             (BackendKind::Redis, "redis://a:6379,redis://b:6379", true)
         );
         assert!(!said(&s), "{:?}", s.compat_warnings);
         // So do SLUICE_BACKEND and --backend, and then nothing is said of Redis.
-        let flags = ServeArgs {
+        let flags = Overrides {
             backend: Some(BackendKind::Memory),
-            ..ServeArgs::default()
+            ..Overrides::default()
         };
         let s = RawSettings::load_with_env(None, &flags, unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
         let mut vars = unset;
         vars.insert("SLUICE_BACKEND".into(), "memory".into());
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
+        let s = RawSettings::load_with_env(None, &Overrides::default(), vars).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
     }
@@ -723,7 +748,7 @@ mod tests {
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6379"),
         ]);
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), reference.clone())
+        let s = RawSettings::load_with_env(None, &Overrides::default(), reference.clone())
             .unwrap()
             .validate()
             .unwrap();
@@ -732,7 +757,7 @@ mod tests {
         assert!(s.compat_warnings.is_empty(), "{:?}", s.compat_warnings);
         let mut vars = reference;
         vars.insert("SLUICE_MERGE_DOMAINS".into(), "false".into());
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), vars).unwrap();
+        let s = RawSettings::load_with_env(None, &Overrides::default(), vars).unwrap();
         assert!(!s.merge_domains);
         assert!(s.response_dynamic_metadata);
         let d = RawSettings::default().validate().unwrap();
@@ -759,7 +784,7 @@ mod tests {
     fn local_mode_from_the_environment_and_a_file() {
         let s = RawSettings::load_with_env(
             None,
-            &ServeArgs::default(),
+            &Overrides::default(),
             env(&[
                 ("SLUICE_ON_BACKEND_ERROR", "local"),
                 ("SLUICE_REDIS__FLEET_SIZE", "4"),
@@ -773,10 +798,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "on_backend_error: local\nredis:\n  fleet_size: 2\n").unwrap();
-        let s = RawSettings::load_with_env(Some(&path), &ServeArgs::default(), BTreeMap::new())
+        let s = RawSettings::load_with_env(Some(&path), &Overrides::default(), BTreeMap::new())
             .unwrap();
         assert_eq!(s.redis.fleet_size, Some(2));
-        let s = RawSettings::load_with_env(None, &ServeArgs::default(), BTreeMap::new()).unwrap();
+        let s = RawSettings::load_with_env(None, &Overrides::default(), BTreeMap::new()).unwrap();
         assert_eq!(s.redis.fleet_size, None, "unset by default");
     }
 
@@ -789,9 +814,9 @@ mod tests {
             "grpc_addr: 127.0.0.1:9000\nrequests:\n  max_descriptors: 3\n",
         )
         .unwrap();
-        let flags = ServeArgs {
+        let flags = Overrides {
             admin_addr: Some("127.0.0.1:0".parse().unwrap()),
-            ..ServeArgs::default()
+            ..Overrides::default()
         };
         let s = RawSettings::load_with_env(Some(&path), &flags, BTreeMap::new()).unwrap();
         assert_eq!(s.grpc_addr, "127.0.0.1:9000".parse().unwrap());
@@ -807,7 +832,7 @@ mod tests {
     fn the_shipped_settings_file_spells_out_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
-        let s = RawSettings::load(Some(&path), &ServeArgs::default()).unwrap();
+        let s = RawSettings::load(Some(&path), &Overrides::default()).unwrap();
         assert_eq!(s, RawSettings::default());
         // Every field is written out, not left to the defaults.
         let defaults = serde_json::to_value(RawSettings::default()).unwrap();
@@ -834,7 +859,7 @@ mod tests {
     fn the_reference_sentinel_variables_give_a_valid_sentinel_backend() {
         let s = RawSettings::load_with_env(
             None,
-            &ServeArgs::default(),
+            &Overrides::default(),
             env(&[
                 ("SLUICE_COMPAT", "envoy-ratelimit"),
                 ("BACKEND_TYPE", "redis"),
@@ -859,7 +884,7 @@ mod tests {
         // And SLUICE_* wins over the reference's variables, as everywhere.
         let s = RawSettings::load_with_env(
             None,
-            &ServeArgs::default(),
+            &Overrides::default(),
             env(&[
                 ("SLUICE_COMPAT", "envoy-ratelimit"),
                 ("REDIS_SOCKET_TYPE", "tcp"),
@@ -892,11 +917,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "grpc_adr: 127.0.0.1:9000\n").unwrap();
-        let err = RawSettings::load(Some(&path), &ServeArgs::default())
+        let err = RawSettings::load(Some(&path), &Overrides::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("grpc_adr"), "{err}");
         let missing = dir.path().join("missing.yaml");
-        assert!(RawSettings::load(Some(&missing), &ServeArgs::default()).is_err());
+        assert!(RawSettings::load(Some(&missing), &Overrides::default()).is_err());
     }
 }

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 /// The layers, top first. A module may import only from the lines below its own; the modules of
 /// one line are peers and import nothing from each other.
 const LAYERS: &[&[&str]] = &[
-    &["main", "cli"],
+    &["main"],
+    &["cli"],
     &["app", "fuzz"],
     &["server", "lab", "reload", "probe", "client"],
     &["settings", "wire"],
@@ -31,7 +32,6 @@ const LAYERS: &[&[&str]] = &[
 /// and on any of these that is gone.
 const KNOWN: &[&str] = &[
     "a circle of files: limiter/backend.rs → limiter/redis/coalesce.rs → limiter/redis/heartbeat.rs → limiter/redis/lease.rs → limiter/redis/mod.rs → limiter/redis/stats.rs",
-    "settings/cli.rs imports lab/scenario.rs: lab is not below settings",
 ];
 
 /// Narrower rules for some files, first match by path prefix: the outside crates they must not
