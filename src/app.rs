@@ -82,7 +82,7 @@ impl From<std::convert::Infallible> for ServeError {
 /// # Errors
 ///
 /// [`AppError::Policy`] listing every problem.
-pub fn check(settings: &Settings) -> Result<PolicySet, AppError> {
+pub fn load_policies(settings: &Settings) -> Result<PolicySet, AppError> {
     Ok(policy::load_dir_with(
         &settings.policies,
         load_options(settings),

@@ -251,7 +251,7 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
     for warning in &settings.compat_warnings {
         eprintln!("sluice: warning: {warning}");
     }
-    let set = app::check(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    let set = app::load_policies(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
     Ok(Policies {
         dir: settings.policies.display().to_string(),
         set,

@@ -1,7 +1,7 @@
 //! `compat: envoy-ratelimit`: the environment variables of envoyproxy/ratelimit read as sluice
 //! settings, so a Deployment written for it runs unchanged. [`from_env`] is a pure function
 //! from the variables to setting overrides (dotted setting names and values) plus warnings for
-//! what is read but not offered; [`super::RawSettings::load`] layers the overrides between the
+//! what is read but not offered; [`super::Written::load`] layers the overrides between the
 //! settings file and `SLUICE_*`, so `SLUICE_*` variables and flags win. The reference's default
 //! backend, Redis, where sluice's is memory, goes beneath the settings file instead: an unset
 //! `BACKEND_TYPE` says less than a file that names a backend.
@@ -836,7 +836,7 @@ mod tests {
         );
         assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
         assert!(m.warnings[0].starts_with("USE_STATSD"));
-        // Said only if the default socket is kept (`RawSettings` checks once all is layered).
+        // Said only if the default socket is kept (`Written` checks once all is layered).
         assert_eq!(
             m.default_socket.as_deref(),
             Some("unix:///var/run/nutcracker/ratelimit.sock")

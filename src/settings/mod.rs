@@ -1,6 +1,6 @@
 //! Process settings and the command line, in two stages (as ripgrep does with its low and high
-//! arguments): [`RawSettings`] holds the values as written, merged from defaults, a settings
-//! file, `SLUICE_*` variables and flags; [`RawSettings::validate`] checks them once and gives
+//! arguments): [`Written`] holds the values as written, merged from defaults, a settings
+//! file, `SLUICE_*` variables and flags; [`Written::validate`] checks them once and gives
 //! [`Settings`], typed for the code that uses them (durations, addresses, the decision layer's
 //! own options, the backend's own config), so nothing downstream converts units or splits
 //! strings again. Secrets stay out of `Debug` and logs.
@@ -8,7 +8,7 @@
 //! "Settings" are the process's knobs; "policies" are the hot-reloadable rules (`policy`).
 
 mod compat;
-mod raw;
+mod written;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,9 +17,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use compat::{Compat, CompatError};
-pub use raw::{
-    GrpcSettings, GrpcTlsSettings, LeaseSettings, MetricsSettings, Overrides, RawSettings,
-    RedisSettings, RedisTlsSettings, RequestSettings, SentinelSettings, StoreSettings,
+pub use written::{
+    AdminSection, GrpcSection, GrpcTlsSection, LeaseSection, MetricsSection, Overrides,
+    RedisSection, RedisTlsSection, RequestsSection, SentinelSection, StoreSection, Written,
 };
 
 use crate::decision::{self, Caps, HeaderOptions};
@@ -268,20 +268,20 @@ impl Settings {
     /// [`SettingsError`] when a source cannot be read, a field is unknown or mistyped, or a
     /// value is out of range.
     pub fn load(file: Option<&std::path::Path>, flags: &Overrides) -> Result<Self, SettingsError> {
-        RawSettings::load(file, flags)?.validate()
+        Written::load(file, flags)?.validate()
     }
 }
 
 impl Default for Settings {
     /// The built-in defaults, validated.
     fn default() -> Self {
-        RawSettings::default()
+        Written::default()
             .validate()
             .unwrap_or_else(|e| unreachable!("the built-in defaults are valid: {e}"))
     }
 }
 
-impl RawSettings {
+impl Written {
     /// Checks every value and gives the typed settings.
     ///
     /// # Errors
@@ -446,7 +446,7 @@ impl RawSettings {
 
 /// The gRPC port's TLS: `None` when neither the certificate nor the key is set; an error when
 /// only one of them is, or when an mTLS setting comes without what it needs.
-fn grpc_tls(t: &GrpcTlsSettings) -> Result<Option<GrpcTls>, SettingsError> {
+fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
     // An empty value (an unset variable in a template) counts as unset.
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let san = t.client_san.clone().filter(|s| !s.trim().is_empty());
@@ -485,7 +485,7 @@ fn is_header_name(name: &str) -> bool {
 
 /// Leasing's config, checked whether or not it is enabled (so a mistake shows before it is
 /// turned on); `None` when it is off.
-fn lease_config(l: &LeaseSettings) -> Result<Option<LeaseConfig>, SettingsError> {
+fn lease_config(l: &LeaseSection) -> Result<Option<LeaseConfig>, SettingsError> {
     if l.max_age_ms == 0 {
         return Err(SettingsError::Zero {
             setting: "redis.lease.max_age_ms",
@@ -519,7 +519,7 @@ fn lease_config(l: &LeaseSettings) -> Result<Option<LeaseConfig>, SettingsError>
 }
 
 /// The Redis backend's config: the URL list split and each URL parsed once, here.
-fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
+fn redis_config(r: &RedisSection) -> Result<RedisConfig, SettingsError> {
     let urls: Vec<String> = r
         .url
         .split(',')
@@ -567,10 +567,7 @@ fn redis_config(r: &RedisSettings) -> Result<RedisConfig, SettingsError> {
 }
 
 /// Redis Sentinel's part of the config: none while its master name and sentinels are empty.
-fn sentinel_config(
-    r: &RedisSettings,
-    urls: usize,
-) -> Result<Option<SentinelConfig>, SettingsError> {
+fn sentinel_config(r: &RedisSection, urls: usize) -> Result<Option<SentinelConfig>, SettingsError> {
     let s = &r.sentinel;
     let master_name = s.master_name.trim();
     let sentinels: Vec<String> = s
@@ -620,20 +617,20 @@ fn sentinel_config(
 mod tests {
     use super::*;
 
-    fn redis(url: &str) -> RawSettings {
-        RawSettings {
+    fn redis(url: &str) -> Written {
+        Written {
             backend: BackendKind::Redis,
-            redis: RedisSettings {
+            redis: RedisSection {
                 url: url.into(),
-                ..RedisSettings::default()
+                ..RedisSection::default()
             },
-            ..RawSettings::default()
+            ..Written::default()
         }
     }
 
     #[test]
     fn values_out_of_range_name_the_setting() {
-        let mut raw = RawSettings::default();
+        let mut raw = Written::default();
         raw.requests.max_entries = 0;
         let err = raw.validate().unwrap_err().to_string();
         assert_eq!(
@@ -661,7 +658,7 @@ mod tests {
         let lease = s.lease.expect("leasing on");
         assert_eq!(lease.max_age, Duration::from_millis(250));
         assert_eq!((lease.min_rate, lease.max_burst_share), (20, 0.1));
-        let mut memory = RawSettings::default();
+        let mut memory = Written::default();
         memory.redis.lease.enabled = true;
         assert_eq!(
             memory.validate().unwrap().lease,
@@ -740,7 +737,7 @@ mod tests {
 
     #[test]
     fn header_names_and_the_near_limit_ratio_are_checked() {
-        let mut raw = RawSettings::default();
+        let mut raw = Written::default();
         raw.legacy_headers.remaining = "X-Left".into();
         raw.metrics.near_limit_ratio = 0.5;
         let s = raw.clone().validate().unwrap();
@@ -785,7 +782,7 @@ mod tests {
     fn sentinel_settings_are_checked_and_typed() {
         let sentinel = |master: &str, urls: &str| {
             let mut raw = redis("redis://:master-secret@127.0.0.1:6379/2");
-            raw.redis.sentinel = SentinelSettings {
+            raw.redis.sentinel = SentinelSection {
                 master_name: master.into(),
                 urls: urls.into(),
                 password: "sentinel-secret".into(),
@@ -859,7 +856,7 @@ mod tests {
     #[test]
     fn tls_needs_both_files_and_mtls_needs_a_certificate() {
         let tls = |cert: &str, key: &str, ca: &str, san: &str| {
-            let mut raw = RawSettings::default();
+            let mut raw = Written::default();
             let p = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
             raw.grpc.tls.cert_file = p(cert);
             raw.grpc.tls.key_file = p(key);
@@ -903,7 +900,7 @@ mod tests {
         let s = Settings::default();
         assert_eq!(s.grpc.max_connection_age, None);
         assert_eq!(s.grpc.max_connection_age_grace, Duration::from_secs(3_600));
-        let mut raw = RawSettings::default();
+        let mut raw = Written::default();
         raw.grpc.max_connection_age_ms = 90_000;
         raw.grpc.max_connection_age_grace_ms = 0;
         assert!(raw.clone().validate().is_err(), "a zero grace is refused");

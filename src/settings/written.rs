@@ -2,7 +2,7 @@
 //! optional settings file (YAML), with `compat: envoy-ratelimit` the reference service's
 //! variables (`super::compat`), `SLUICE_*` environment variables (`__` between nested names,
 //! e.g. `SLUICE_REQUESTS__MAX_DESCRIPTORS=16`) and command-line flags, in that order. Values
-//! keep the units they are written in (milliseconds, URL strings); [`RawSettings::validate`]
+//! keep the units they are written in (milliseconds, URL strings); [`Written::validate`]
 //! turns them into [`super::Settings`].
 
 use std::net::SocketAddr;
@@ -20,7 +20,7 @@ use crate::telemetry::LogFormat;
 /// The process settings as written, every source merged, not yet validated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawSettings {
+pub struct Written {
     /// Read another service's environment variables as settings: `none`, or
     /// `envoy-ratelimit` (envoyproxy/ratelimit's `PORT`, `RUNTIME_ROOT`, `REDIS_URL`, ...),
     /// layered between the settings file and `SLUICE_*`.
@@ -64,26 +64,26 @@ pub struct RawSettings {
     /// the rules whose descriptors passed.
     pub response_dynamic_metadata: bool,
     /// Caps on request size.
-    pub requests: RequestSettings,
+    pub requests: RequestsSection,
     /// The in-memory store.
-    pub store: StoreSettings,
+    pub store: StoreSection,
     /// Where counters live: `memory` or `redis`.
     pub backend: BackendKind,
     /// The answer when the backend cannot decide: `allow`, `deny` or `error`.
     pub on_backend_error: OnBackendError,
     /// Redis, for `backend: redis`.
-    pub redis: RedisSettings,
+    pub redis: RedisSection,
     /// Metrics.
-    pub metrics: MetricsSettings,
+    pub metrics: MetricsSection,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING (so
     /// load balancers notice first), in milliseconds.
     pub drain_delay_ms: u64,
     /// How long shutdown then waits for in-flight calls, in milliseconds.
     pub shutdown_grace_ms: u64,
     /// Bounds on the gRPC port's connections and HTTP/2 streams.
-    pub grpc: GrpcSettings,
+    pub grpc: GrpcSection,
     /// Bounds on the admin port's connections.
-    pub admin: AdminSettings,
+    pub admin: AdminSection,
     /// What the `compat` variables asked for that is not acted on, for the log. Not a setting.
     #[serde(skip)]
     pub compat_warnings: Vec<String>,
@@ -118,7 +118,7 @@ pub struct Overrides {
 /// Bounds on the gRPC port: what one connection, and all of them, can hold; and its TLS.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct GrpcSettings {
+pub struct GrpcSection {
     /// Most connections open at once; one accepted past it is closed at once.
     pub max_connections: usize,
     /// Most concurrent streams (calls) per connection, advertised as
@@ -144,13 +144,13 @@ pub struct GrpcSettings {
     /// closed, in milliseconds.
     pub max_connection_age_grace_ms: u64,
     /// TLS on the gRPC port (off unless `cert_file` and `key_file` are set).
-    pub tls: GrpcTlsSettings,
+    pub tls: GrpcTlsSection,
 }
 
 /// TLS (and mTLS) on the gRPC port, as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct GrpcTlsSettings {
+pub struct GrpcTlsSection {
     /// The server's certificate chain (PEM, leaf first); with `key_file`, turns TLS on.
     pub cert_file: Option<PathBuf>,
     /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
@@ -165,7 +165,7 @@ pub struct GrpcTlsSettings {
     pub handshake_timeout_ms: u64,
 }
 
-impl Default for GrpcTlsSettings {
+impl Default for GrpcTlsSection {
     fn default() -> Self {
         Self {
             cert_file: None,
@@ -177,7 +177,7 @@ impl Default for GrpcTlsSettings {
     }
 }
 
-impl Default for GrpcSettings {
+impl Default for GrpcSection {
     fn default() -> Self {
         Self {
             max_connections: 4_096,
@@ -189,7 +189,7 @@ impl Default for GrpcSettings {
             idle_timeout_ms: 60_000,
             max_connection_age_ms: 0,
             max_connection_age_grace_ms: 3_600_000,
-            tls: GrpcTlsSettings::default(),
+            tls: GrpcTlsSection::default(),
         }
     }
 }
@@ -197,7 +197,7 @@ impl Default for GrpcSettings {
 /// Bounds on the admin port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct AdminSettings {
+pub struct AdminSection {
     /// Most connections open at once; one accepted past it is closed at once.
     pub max_connections: usize,
     /// Longest a connection may take to send a complete request head (for its first request,
@@ -205,7 +205,7 @@ pub struct AdminSettings {
     pub header_read_timeout_ms: u64,
 }
 
-impl Default for AdminSettings {
+impl Default for AdminSection {
     fn default() -> Self {
         Self {
             max_connections: 256,
@@ -217,7 +217,7 @@ impl Default for AdminSettings {
 /// Caps on request size; larger requests are refused with `INVALID_ARGUMENT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RequestSettings {
+pub struct RequestsSection {
     /// Largest encoded request, in bytes (refused by the gRPC layer beyond this).
     pub max_request_bytes: usize,
     /// Most descriptors per request.
@@ -235,7 +235,7 @@ pub struct RequestSettings {
 /// The in-memory store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct StoreSettings {
+pub struct StoreSection {
     /// Most counters held; past it a new counter evicts the one closest to expiry.
     pub max_keys: usize,
     /// How often keys with a full bucket (no information) are removed, in milliseconds.
@@ -245,7 +245,7 @@ pub struct StoreSettings {
 /// Redis, for `backend: redis`. Its `Debug` hides the password and URL credentials.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RedisSettings {
+pub struct RedisSection {
     /// `redis://host:port` (`rediss://` for TLS, `redis://user:password@host:port` for an
     /// ACL user); for a cluster, the seed nodes, comma-separated.
     pub url: String,
@@ -257,7 +257,7 @@ pub struct RedisSettings {
     /// attempt, one trailing newline dropped; empty: none.
     pub password_file: String,
     /// TLS, for `rediss://` URLs.
-    pub tls: RedisTlsSettings,
+    pub tls: RedisTlsSection,
     /// Talk Redis Cluster.
     pub cluster: bool,
     /// Prefix of every key sluice writes.
@@ -274,9 +274,9 @@ pub struct RedisSettings {
     /// Most counters in the local over-limit cache (0 disables it).
     pub deny_cache_keys: usize,
     /// Leased counting of hot counters.
-    pub lease: LeaseSettings,
+    pub lease: LeaseSection,
     /// Redis Sentinel: find the master through its sentinels and follow its failovers.
-    pub sentinel: SentinelSettings,
+    pub sentinel: SentinelSection,
     /// The number of nodes sharing each budget, N, for `on_backend_error: local`; unset, N is the
     /// number of live nodes seen through Redis heartbeats before the outage.
     pub fleet_size: Option<u64>,
@@ -289,7 +289,7 @@ pub struct RedisSettings {
 /// answered locally, within `B + floor((W + L) / T)` in any span W (L = `max_age_ms`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LeaseSettings {
+pub struct LeaseSection {
     /// Lease hot counters (off: every decision is a round trip).
     pub enabled: bool,
     /// L: the longest a slice is used before its unused tokens go back, in milliseconds.
@@ -302,7 +302,7 @@ pub struct LeaseSettings {
     pub low_water: f64,
 }
 
-impl Default for LeaseSettings {
+impl Default for LeaseSection {
     fn default() -> Self {
         Self {
             enabled: false,
@@ -318,7 +318,7 @@ impl Default for LeaseSettings {
 /// are empty. Its `Debug` hides credentials.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SentinelSettings {
+pub struct SentinelSection {
     /// The master's name, as the sentinels know it (`sentinel monitor <name> ...`).
     pub master_name: String,
     /// `redis://host:port` URLs of the sentinels, comma-separated, asked in this order.
@@ -327,9 +327,9 @@ pub struct SentinelSettings {
     pub password: String,
 }
 
-impl std::fmt::Debug for SentinelSettings {
+impl std::fmt::Debug for SentinelSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelSettings")
+        f.debug_struct("SentinelSection")
             .field("master_name", &self.master_name)
             .field(
                 "urls",
@@ -346,7 +346,7 @@ impl std::fmt::Debug for SentinelSettings {
 /// TLS to Redis (with `rediss://` URLs). Empty paths are unset.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RedisTlsSettings {
+pub struct RedisTlsSection {
     /// PEM CA certificate(s) the server's certificate must chain to; empty: the system's roots.
     pub ca_file: String,
     /// PEM client certificate, for servers that require one (mTLS); with `key_file`.
@@ -358,14 +358,14 @@ pub struct RedisTlsSettings {
     pub skip_hostname_verification: bool,
 }
 
-impl Default for RedisSettings {
+impl Default for RedisSection {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379".into(),
             username: String::new(),
             password: String::new(),
             password_file: String::new(),
-            tls: RedisTlsSettings::default(),
+            tls: RedisTlsSection::default(),
             cluster: false,
             key_prefix: "sluice:".into(),
             timeout_ms: 10,
@@ -373,17 +373,17 @@ impl Default for RedisSettings {
             breaker_failures: 5,
             breaker_cooldown_ms: 1_000,
             deny_cache_keys: 100_000,
-            lease: LeaseSettings::default(),
-            sentinel: SentinelSettings::default(),
+            lease: LeaseSection::default(),
+            sentinel: SentinelSection::default(),
             fleet_size: None,
             heartbeat_interval_ms: 1_000,
         }
     }
 }
 
-impl std::fmt::Debug for RedisSettings {
+impl std::fmt::Debug for RedisSection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSettings")
+        f.debug_struct("RedisSection")
             .field("url", &self.redacted_url())
             .field("username", &self.username)
             .field(
@@ -407,7 +407,7 @@ impl std::fmt::Debug for RedisSettings {
     }
 }
 
-impl RedisSettings {
+impl RedisSection {
     /// The URL(s) with any `user:password@` replaced by `***@`, for logs.
     #[must_use]
     pub fn redacted_url(&self) -> String {
@@ -418,7 +418,7 @@ impl RedisSettings {
 /// Metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct MetricsSettings {
+pub struct MetricsSection {
     /// Most series whose labels carry request values (`detailed_metric`, `value_to_metric`,
     /// unknown domains); past it they are counted under `_other`.
     pub max_detailed_series: usize,
@@ -427,7 +427,7 @@ pub struct MetricsSettings {
     pub near_limit_ratio: f64,
 }
 
-impl Default for MetricsSettings {
+impl Default for MetricsSection {
     fn default() -> Self {
         Self {
             max_detailed_series: 1_000,
@@ -436,7 +436,7 @@ impl Default for MetricsSettings {
     }
 }
 
-impl Default for RawSettings {
+impl Default for Written {
     fn default() -> Self {
         Self {
             compat: Compat::None,
@@ -456,22 +456,22 @@ impl Default for RawSettings {
             retry_after_jitter_seconds: 2,
             problem_body: false,
             response_dynamic_metadata: false,
-            requests: RequestSettings::default(),
-            store: StoreSettings::default(),
+            requests: RequestsSection::default(),
+            store: StoreSection::default(),
             backend: BackendKind::Memory,
             on_backend_error: OnBackendError::Error,
-            redis: RedisSettings::default(),
-            metrics: MetricsSettings::default(),
+            redis: RedisSection::default(),
+            metrics: MetricsSection::default(),
             drain_delay_ms: 0,
             shutdown_grace_ms: 10_000,
-            grpc: GrpcSettings::default(),
-            admin: AdminSettings::default(),
+            grpc: GrpcSection::default(),
+            admin: AdminSection::default(),
             compat_warnings: Vec::new(),
         }
     }
 }
 
-impl Default for RequestSettings {
+impl Default for RequestsSection {
     fn default() -> Self {
         let caps = Caps::default();
         Self {
@@ -485,7 +485,7 @@ impl Default for RequestSettings {
     }
 }
 
-impl Default for StoreSettings {
+impl Default for StoreSection {
     fn default() -> Self {
         Self {
             max_keys: 1_000_000,
@@ -494,11 +494,11 @@ impl Default for StoreSettings {
     }
 }
 
-impl RawSettings {
+impl Written {
     /// Layers the sources: defaults, then (with `compat: envoy-ratelimit`, from the file or
     /// `SLUICE_COMPAT`) the reference's defaults where they differ from sluice's, then `file`
     /// when given, then the reference's variables that are set, then `SLUICE_*` variables,
-    /// then `flags`. Nothing is validated yet (see [`RawSettings::validate`]).
+    /// then `flags`. Nothing is validated yet (see [`Written::validate`]).
     ///
     /// # Errors
     ///
@@ -508,15 +508,14 @@ impl RawSettings {
         Self::load_with_env(file, flags, std::env::vars().collect())
     }
 
-    /// As [`RawSettings::load`], with `env` standing for the process environment.
+    /// As [`Written::load`], with `env` standing for the process environment.
     fn load_with_env(
         file: Option<&std::path::Path>,
         flags: &Overrides,
         env: std::collections::BTreeMap<String, String>,
     ) -> Result<Self, SettingsError> {
         let layered = |compat: Option<&compat::Mapped>| {
-            let mut builder =
-                Config::builder().add_source(Config::try_from(&RawSettings::default())?);
+            let mut builder = Config::builder().add_source(Config::try_from(&Written::default())?);
             if let Some(mapped) = compat {
                 builder = builder.add_source(Config::try_from(&mapped.defaults)?);
             }
@@ -536,7 +535,7 @@ impl RawSettings {
                         .source(Some(settings_from_env(env.clone().into_iter()))),
                 )
                 .build()?
-                .try_deserialize::<RawSettings>()
+                .try_deserialize::<Written>()
         };
         let mut settings = layered(None)?;
         let mut default_socket = None;
@@ -595,7 +594,7 @@ impl RawSettings {
 /// and those must not stop the server. (The settings file, by contrast, is strict.)
 fn settings_from_env(vars: impl Iterator<Item = (String, String)>) -> config::Map<String, String> {
     let mut known = Vec::new();
-    if let Ok(defaults) = serde_json::to_value(RawSettings::default()) {
+    if let Ok(defaults) = serde_json::to_value(Written::default()) {
         setting_names(&defaults, "", &mut known);
     }
     vars.filter(|(name, _)| {
@@ -644,8 +643,8 @@ mod tests {
             ("SHADOW_MODE", "true"),
         ];
         // Without compat the reference's names are not read.
-        let s = RawSettings::load_with_env(None, &Overrides::default(), env(&reference)).unwrap();
-        assert_eq!(s, RawSettings::default());
+        let s = Written::load_with_env(None, &Overrides::default(), env(&reference)).unwrap();
+        assert_eq!(s, Written::default());
         // With it they are; SLUICE_* beats them, flags beat both.
         let mut vars = env(&reference);
         vars.extend(env(&[
@@ -656,7 +655,7 @@ mod tests {
             grpc_addr: Some("127.0.0.1:7".parse().unwrap()),
             ..Overrides::default()
         };
-        let s = RawSettings::load_with_env(None, &flags, vars).unwrap();
+        let s = Written::load_with_env(None, &flags, vars).unwrap();
         assert_eq!(s.compat, Compat::EnvoyRatelimit);
         assert_eq!(s.admin_addr, "0.0.0.0:9080".parse().unwrap());
         assert_eq!(s.grpc_addr, "127.0.0.1:7".parse().unwrap());
@@ -666,7 +665,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "compat: envoy-ratelimit\nadmin_addr: 127.0.0.1:1\n").unwrap();
-        let s = RawSettings::load_with_env(
+        let s = Written::load_with_env(
             Some(&path),
             &Overrides::default(),
             env(&[("PORT", "2"), ("USE_STATSD", "true")]),
@@ -681,7 +680,7 @@ mod tests {
             s.compat_warnings
         );
         // A bad value is an error naming the variable.
-        let err = RawSettings::load_with_env(
+        let err = Written::load_with_env(
             Some(&path),
             &Overrides::default(),
             env(&[("GRPC_PORT", "http")]),
@@ -697,9 +696,9 @@ mod tests {
             ("SLUICE_COMPAT", "envoy-ratelimit"),
             ("USE_STATSD", "false"),
         ]);
-        let said = |s: &RawSettings| s.compat_warnings.iter().any(|w| w.starts_with("REDIS_URL"));
+        let said = |s: &Written| s.compat_warnings.iter().any(|w| w.starts_with("REDIS_URL"));
         // Nothing else: the reference's Redis, at its default socket, and a warning.
-        let s = RawSettings::load_with_env(None, &Overrides::default(), unset.clone()).unwrap();
+        let s = Written::load_with_env(None, &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Redis);
         assert_eq!(s.redis.url, "unix:///var/run/nutcracker/ratelimit.sock");
         assert!(said(&s), "{:?}", s.compat_warnings);
@@ -707,8 +706,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "backend: memory\n").unwrap();
-        let s =
-            RawSettings::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
+        let s = Written::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
         std::fs::write(
@@ -716,8 +714,7 @@ mod tests {
             "backend: redis\nredis:\n  url: redis://a:6379,redis://b:6379\n  cluster: true\n",
         )
         .unwrap();
-        let s =
-            RawSettings::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
+        let s = Written::load_with_env(Some(&path), &Overrides::default(), unset.clone()).unwrap();
         assert_eq!(
             (s.backend, s.redis.url.as_str(), s.redis.cluster),
             (BackendKind::Redis, "redis://a:6379,redis://b:6379", true)
@@ -728,12 +725,12 @@ mod tests {
             backend: Some(BackendKind::Memory),
             ..Overrides::default()
         };
-        let s = RawSettings::load_with_env(None, &flags, unset.clone()).unwrap();
+        let s = Written::load_with_env(None, &flags, unset.clone()).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
         let mut vars = unset;
         vars.insert("SLUICE_BACKEND".into(), "memory".into());
-        let s = RawSettings::load_with_env(None, &Overrides::default(), vars).unwrap();
+        let s = Written::load_with_env(None, &Overrides::default(), vars).unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(!said(&s), "{:?}", s.compat_warnings);
     }
@@ -748,7 +745,7 @@ mod tests {
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6379"),
         ]);
-        let s = RawSettings::load_with_env(None, &Overrides::default(), reference.clone())
+        let s = Written::load_with_env(None, &Overrides::default(), reference.clone())
             .unwrap()
             .validate()
             .unwrap();
@@ -757,10 +754,10 @@ mod tests {
         assert!(s.compat_warnings.is_empty(), "{:?}", s.compat_warnings);
         let mut vars = reference;
         vars.insert("SLUICE_MERGE_DOMAINS".into(), "false".into());
-        let s = RawSettings::load_with_env(None, &Overrides::default(), vars).unwrap();
+        let s = Written::load_with_env(None, &Overrides::default(), vars).unwrap();
         assert!(!s.merge_domains);
         assert!(s.response_dynamic_metadata);
-        let d = RawSettings::default().validate().unwrap();
+        let d = Written::default().validate().unwrap();
         assert!(!d.merge_domains && !d.decision.dynamic_metadata);
     }
 
@@ -782,7 +779,7 @@ mod tests {
 
     #[test]
     fn local_mode_from_the_environment_and_a_file() {
-        let s = RawSettings::load_with_env(
+        let s = Written::load_with_env(
             None,
             &Overrides::default(),
             env(&[
@@ -798,10 +795,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "on_backend_error: local\nredis:\n  fleet_size: 2\n").unwrap();
-        let s = RawSettings::load_with_env(Some(&path), &Overrides::default(), BTreeMap::new())
-            .unwrap();
+        let s =
+            Written::load_with_env(Some(&path), &Overrides::default(), BTreeMap::new()).unwrap();
         assert_eq!(s.redis.fleet_size, Some(2));
-        let s = RawSettings::load_with_env(None, &Overrides::default(), BTreeMap::new()).unwrap();
+        let s = Written::load_with_env(None, &Overrides::default(), BTreeMap::new()).unwrap();
         assert_eq!(s.redis.fleet_size, None, "unset by default");
     }
 
@@ -818,13 +815,13 @@ mod tests {
             admin_addr: Some("127.0.0.1:0".parse().unwrap()),
             ..Overrides::default()
         };
-        let s = RawSettings::load_with_env(Some(&path), &flags, BTreeMap::new()).unwrap();
+        let s = Written::load_with_env(Some(&path), &flags, BTreeMap::new()).unwrap();
         assert_eq!(s.grpc_addr, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(s.admin_addr, "127.0.0.1:0".parse().unwrap());
         assert_eq!(s.requests.max_descriptors, 3);
         assert_eq!(
             s.requests.max_entries,
-            RequestSettings::default().max_entries
+            RequestsSection::default().max_entries
         );
     }
 
@@ -832,10 +829,10 @@ mod tests {
     fn the_shipped_settings_file_spells_out_the_defaults() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sluice.yaml");
         let text = std::fs::read_to_string(&path).unwrap();
-        let s = RawSettings::load(Some(&path), &Overrides::default()).unwrap();
-        assert_eq!(s, RawSettings::default());
+        let s = Written::load(Some(&path), &Overrides::default()).unwrap();
+        assert_eq!(s, Written::default());
         // Every field is written out, not left to the defaults.
-        let defaults = serde_json::to_value(RawSettings::default()).unwrap();
+        let defaults = serde_json::to_value(Written::default()).unwrap();
         let mut names = Vec::new();
         collect_names(&defaults, &mut names);
         for name in names {
@@ -857,7 +854,7 @@ mod tests {
 
     #[test]
     fn the_reference_sentinel_variables_give_a_valid_sentinel_backend() {
-        let s = RawSettings::load_with_env(
+        let s = Written::load_with_env(
             None,
             &Overrides::default(),
             env(&[
@@ -882,7 +879,7 @@ mod tests {
             ["redis://:pw@s1:26379", "redis://:pw@s2:26379"]
         );
         // And SLUICE_* wins over the reference's variables, as everywhere.
-        let s = RawSettings::load_with_env(
+        let s = Written::load_with_env(
             None,
             &Overrides::default(),
             env(&[
@@ -899,10 +896,10 @@ mod tests {
 
     #[test]
     fn redis_credentials_stay_out_of_logs() {
-        let r = RedisSettings {
+        let r = RedisSection {
             url: "redis://user:secret@10.0.0.5:6379,redis://10.0.0.6:6379".into(),
             password: "hunter2".into(),
-            ..RedisSettings::default()
+            ..RedisSection::default()
         };
         assert_eq!(
             r.redacted_url(),
@@ -917,11 +914,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.yaml");
         std::fs::write(&path, "grpc_adr: 127.0.0.1:9000\n").unwrap();
-        let err = RawSettings::load(Some(&path), &Overrides::default())
+        let err = Written::load(Some(&path), &Overrides::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("grpc_adr"), "{err}");
         let missing = dir.path().join("missing.yaml");
-        assert!(RawSettings::load(Some(&missing), &Overrides::default()).is_err());
+        assert!(Written::load(Some(&missing), &Overrides::default()).is_err());
     }
 }
