@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use sluice::app::App;
 use sluice::client::adaptive::{AdaptiveLimit, Vegas};
 use sluice::client::{Answer, Descriptor, RateLimitClient};
-use sluice::settings::RawSettings;
+use sluice::settings::Written;
 
 const POLICY: &str = "
 domain: reports
@@ -183,12 +183,12 @@ async fn run(name: &str, sluice: &RateLimitClient, limit: Option<AdaptiveLimit>)
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("reports.yaml"), POLICY)?;
-    let settings = RawSettings {
+    let settings = Written {
         grpc_addr: "127.0.0.1:0".parse()?,
         admin_addr: "127.0.0.1:0".parse()?,
         policies: dir.path().to_path_buf(),
         watch_policies: false,
-        ..RawSettings::default()
+        ..Written::default()
     }
     .validate()?;
     let app = App::bind(settings).await?;

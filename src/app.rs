@@ -1,17 +1,19 @@
 //! The composition root: loads policies, binds both listeners, builds the backend and the
 //! decider, runs the servers and the background tasks (the store sweep, the Redis connection,
 //! the heartbeat and local-store sweep of `on_backend_error: local`, the policy reloader), and
-//! sequences shutdown. `main` and the integration tests share all of
-//! it; tests bind port 0 and stop the app with a channel.
+//! sequences shutdown. `sluice serve` and the integration tests share all of it; tests bind
+//! port 0 and stop the app with a channel.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::health_server::HealthServer;
 
 use crate::decision::{Decider, OnBackendError};
 use crate::limiter::redis::Heartbeat;
@@ -82,7 +84,7 @@ impl From<std::convert::Infallible> for ServeError {
 /// # Errors
 ///
 /// [`AppError::Policy`] listing every problem.
-pub fn check(settings: &Settings) -> Result<PolicySet, AppError> {
+pub fn load_policies(settings: &Settings) -> Result<PolicySet, AppError> {
     Ok(policy::load_dir_with(
         &settings.policies,
         load_options(settings),
@@ -237,146 +239,232 @@ impl App {
     ///
     /// [`AppError::Serve`] when a server fails while running.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
-        let grpc_addr = self.grpc_addr();
-        let admin_addr = self.admin_addr();
+        let (grpc_addr, admin_addr) = (self.grpc_addr(), self.admin_addr());
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let health = Health::new(reporter);
+        let stop = CancellationToken::new();
+        let decider = self.decider();
+        let admin_state = self.admin_state(&health, &decider);
         let Self {
             settings,
-            grpc: grpc_listener,
-            admin: admin_listener,
+            grpc,
+            admin,
             policies,
             backend,
             local,
             metrics,
             tls,
         } = self;
-        let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter);
-        let stop = CancellationToken::new();
-        let mut decider = Decider::new(
-            policies.clone(),
-            backend.clone(),
-            Arc::clone(&metrics),
-            settings.decision.clone(),
-        );
-        if let Some(local) = &local {
-            decider = decider.with_local(Arc::clone(local));
-        }
-        let admin_state = AdminState {
-            health: health.clone(),
-            decider: decider.clone(),
-            metrics: Arc::clone(&metrics),
-            backend: backend.clone(),
-            policies: policies.clone(),
-        };
-        let mut grpc = {
-            let limits = settings.grpc;
-            let incoming = CappedListener::new(grpc_listener, "gRPC", limits.max_connections);
-            let connections = GrpcConnections {
-                limits,
-                tls: tls.clone(),
-            };
-            let routes = GrpcRoutes::new(
-                RateLimitHandler::new(decider),
-                health_service,
-                settings.max_request_bytes,
-                &limits,
-            );
-            tokio::spawn(server::serve_grpc(
-                incoming,
-                routes,
-                connections,
-                stop.clone(),
-            ))
-        };
-        let admin_incoming =
-            CappedListener::new(admin_listener, "admin", settings.admin.max_connections);
-        let mut admin = tokio::spawn(admin::serve_admin(
-            admin_incoming,
-            admin::router(admin_state, settings.max_request_bytes),
-            settings.admin.header_read_timeout,
-            stop.clone(),
-        ));
+        let grpc = start_grpc(grpc, &settings, tls.clone(), decider, health_service, &stop);
+        let admin = start_admin(admin, &settings, admin_state, &stop);
+        let redis = redis_of(&backend);
         let mut tasks = JoinSet::new();
-        if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
-            let backend = backend.clone();
-            tasks.spawn(sweep(move || backend.sweep(), sweep_interval, stop.clone()));
-        }
-        if let Backend::Leased(leased) = &backend {
-            // Ends slices as they age; at shutdown gives every unused token back (while the
-            // connection below may already be stopping: the give-backs do not queue behind it).
-            tasks.spawn(Arc::clone(leased).maintain(stop.clone().cancelled_owned()));
-        }
-        let redis = match &backend {
-            Backend::Redis(redis) => Some(Arc::clone(redis)),
-            Backend::Leased(leased) => Some(Arc::clone(leased.redis())),
-            Backend::Memory { .. } => None,
-        };
-        if let Some(redis) = redis.clone() {
-            let stop = stop.clone();
-            tasks.spawn(async move {
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = redis.connect() => {}
-                }
-            });
-        }
-        if let (Some(redis), Some(local)) = (&redis, &local)
-            && settings.decision.on_backend_error == OnBackendError::Local
-        {
-            let swept = Arc::clone(local);
-            let interval = settings.local.sweep_interval;
-            tasks.spawn(sweep(move || swept.sweep(), interval, stop.clone()));
-            if settings.local.fleet_size.is_none() {
-                // N is learned: beat until shutdown, then leave the fleet.
-                let heartbeat = Heartbeat::new(settings.local.heartbeat_interval);
-                tracing::info!(
-                    node = heartbeat.id(),
-                    interval_ms = settings.local.heartbeat_interval.as_millis(),
-                    "recording this node in redis for the local mode's fleet size"
-                );
-                let (redis, local, stop) = (Arc::clone(redis), Arc::clone(local), stop.clone());
-                tasks.spawn(async move {
-                    redis
-                        .heartbeat(&heartbeat, |n| local.see_fleet(n), stop.cancelled_owned())
-                        .await;
-                });
-            }
-        }
+        start_counting_tasks(
+            &mut tasks,
+            &settings,
+            &backend,
+            redis.as_ref(),
+            local.as_ref(),
+            &stop,
+        );
         if let Some(tls) = tls {
             tasks.spawn(tls.watch(tls::RELOAD_EVERY, stop.clone()));
         }
-        let reloader = Reloader::new(&settings.policies, policies, Arc::clone(&metrics))
+        let reloader = Reloader::new(&settings.policies, policies, metrics)
             .with_options(load_options(&settings));
         tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
         health.set(true).await;
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
-
-        let failure = tokio::select! {
-            () = shutdown => None,
-            r = &mut grpc => Some(AppError::Serve { what: "gRPC", source: stopped(r) }),
-            r = &mut admin => Some(AppError::Serve { what: "admin", source: stopped(r) }),
-        };
-        let drain = settings.drain_delay;
-        tracing::info!(drain_ms = drain.as_millis(), "shutting down");
-        health.set(false).await;
-        if failure.is_none() && !drain.is_zero() {
-            // Keep answering while load balancers see NOT_SERVING and stop sending traffic.
-            tokio::time::sleep(drain).await;
-        }
-        stop.cancel();
-        let drained = tokio::time::timeout(settings.shutdown_grace, async {
-            let _ = tokio::join!(grpc, admin, tasks.join_all());
+        let mut servers = Servers { grpc, admin };
+        let failure = servers.until_stopped(shutdown).await;
+        shut_down(&settings, &health, failure.is_none(), stop, async {
+            let _ = tokio::join!(servers.grpc, servers.admin, tasks.join_all());
         })
         .await;
-        if drained.is_err() {
-            tracing::warn!(
-                grace_ms = settings.shutdown_grace.as_millis(),
-                "grace period over; abandoning in-flight calls"
-            );
-        }
-        tracing::info!("stopped");
         failure.map_or(Ok(()), Err)
     }
+
+    /// The decider both ports answer with, backed by the local fallback when there is one.
+    fn decider(&self) -> Decider {
+        let decider = Decider::new(
+            self.policies.clone(),
+            self.backend.clone(),
+            Arc::clone(&self.metrics),
+            self.settings.decision.clone(),
+        );
+        match &self.local {
+            Some(local) => decider.with_local(Arc::clone(local)),
+            None => decider,
+        }
+    }
+
+    /// What the admin port reads and answers with.
+    fn admin_state(&self, health: &Health, decider: &Decider) -> AdminState {
+        AdminState {
+            health: health.clone(),
+            decider: decider.clone(),
+            metrics: Arc::clone(&self.metrics),
+            backend: self.backend.clone(),
+            policies: self.policies.clone(),
+        }
+    }
+}
+
+/// A server's task: it ends only when stopped, or on a failure.
+type ServerTask = JoinHandle<Result<(), Infallible>>;
+
+/// The two servers' tasks.
+struct Servers {
+    grpc: ServerTask,
+    admin: ServerTask,
+}
+
+impl Servers {
+    /// Waits for `shutdown`, or for a server to end on its own, which is a failure.
+    async fn until_stopped(&mut self, shutdown: impl Future<Output = ()>) -> Option<AppError> {
+        tokio::select! {
+            () = shutdown => None,
+            r = &mut self.grpc => Some(AppError::Serve { what: "gRPC", source: stopped(r) }),
+            r = &mut self.admin => Some(AppError::Serve { what: "admin", source: stopped(r) }),
+        }
+    }
+}
+
+/// Starts the gRPC server on `listener`: the rate-limit service answered by `decider` and
+/// `grpc.health.v1`, within the port's connection bounds, over TLS when it is on.
+fn start_grpc(
+    listener: TcpListener,
+    settings: &Settings,
+    tls: Option<ServerTls>,
+    decider: Decider,
+    health: HealthServer<impl tonic_health::pb::health_server::Health>,
+    stop: &CancellationToken,
+) -> ServerTask {
+    let limits = settings.grpc;
+    let incoming = CappedListener::new(listener, "gRPC", limits.max_connections);
+    let connections = GrpcConnections { limits, tls };
+    let routes = GrpcRoutes::new(
+        RateLimitHandler::new(decider),
+        health,
+        settings.max_request_bytes,
+        &limits,
+    );
+    tokio::spawn(server::serve_grpc(
+        incoming,
+        routes,
+        connections,
+        stop.clone(),
+    ))
+}
+
+/// Starts the admin server on `listener`, within the port's connection bounds.
+fn start_admin(
+    listener: TcpListener,
+    settings: &Settings,
+    state: AdminState,
+    stop: &CancellationToken,
+) -> ServerTask {
+    let incoming = CappedListener::new(listener, "admin", settings.admin.max_connections);
+    tokio::spawn(admin::serve_admin(
+        incoming,
+        admin::router(state, settings.max_request_bytes),
+        settings.admin.header_read_timeout,
+        stop.clone(),
+    ))
+}
+
+/// The Redis store `backend` counts in, leased or not.
+fn redis_of(backend: &Backend) -> Option<Arc<RedisStore>> {
+    match backend {
+        Backend::Redis(redis) => Some(Arc::clone(redis)),
+        Backend::Leased(leased) => Some(Arc::clone(leased.redis())),
+        Backend::Memory { .. } => None,
+    }
+}
+
+/// Starts what counting needs beside the calls: the memory store's sweep; with Redis the
+/// connection, lease upkeep, and for `on_backend_error: local` the local store's sweep and,
+/// when N is learned, the heartbeat.
+fn start_counting_tasks(
+    tasks: &mut JoinSet<()>,
+    settings: &Settings,
+    backend: &Backend,
+    redis: Option<&Arc<RedisStore>>,
+    local: Option<&Arc<LocalFallback>>,
+    stop: &CancellationToken,
+) {
+    if let BackendSettings::Memory { sweep_interval, .. } = settings.backend {
+        let backend = backend.clone();
+        tasks.spawn(sweep(move || backend.sweep(), sweep_interval, stop.clone()));
+    }
+    if let Backend::Leased(leased) = backend {
+        // Ends slices as they age; at shutdown gives every unused token back (while the
+        // connection below may already be stopping: the give-backs do not queue behind it).
+        tasks.spawn(Arc::clone(leased).maintain(stop.clone().cancelled_owned()));
+    }
+    let Some(redis) = redis else {
+        return;
+    };
+    let connection = Arc::clone(redis);
+    let connection_stop = stop.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = connection_stop.cancelled() => {}
+            () = connection.connect() => {}
+        }
+    });
+    if let Some(local) = local
+        && settings.decision.on_backend_error == OnBackendError::Local
+    {
+        let swept = Arc::clone(local);
+        let interval = settings.local.sweep_interval;
+        tasks.spawn(sweep(move || swept.sweep(), interval, stop.clone()));
+        if settings.local.fleet_size.is_none() {
+            // N is learned: beat until shutdown, then leave the fleet.
+            let heartbeat = Heartbeat::new(settings.local.heartbeat_interval);
+            tracing::info!(
+                node = heartbeat.id(),
+                interval_ms = settings.local.heartbeat_interval.as_millis(),
+                "recording this node in redis for the local mode's fleet size"
+            );
+            let (redis, local, stop) = (Arc::clone(redis), Arc::clone(local), stop.clone());
+            tasks.spawn(async move {
+                redis
+                    .heartbeat(&heartbeat, |n| local.see_fleet(n), stop.cancelled_owned())
+                    .await;
+            });
+        }
+    }
+}
+
+/// The shutdown sequence: health NOT_SERVING; unless a server failed, the drain delay while
+/// still answering; then `stop`, and `drained` (the servers and tasks ending) given the grace
+/// period.
+async fn shut_down(
+    settings: &Settings,
+    health: &Health,
+    asked: bool,
+    stop: CancellationToken,
+    drained: impl Future<Output = ()>,
+) {
+    let drain = settings.drain_delay;
+    tracing::info!(drain_ms = drain.as_millis(), "shutting down");
+    health.set(false).await;
+    if asked && !drain.is_zero() {
+        // Keep answering while load balancers see NOT_SERVING and stop sending traffic.
+        tokio::time::sleep(drain).await;
+    }
+    stop.cancel();
+    if tokio::time::timeout(settings.shutdown_grace, drained)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_ms = settings.shutdown_grace.as_millis(),
+            "grace period over; abandoning in-flight calls"
+        );
+    }
+    tracing::info!("stopped");
 }
 
 /// Why a server task ended on its own.

@@ -18,7 +18,10 @@
 //! - `reload` (internal): watches the policy directory and SIGHUP; load → validate → swap.
 //! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
 //!   latency histogram.
-//! - [`settings`]: raw settings and the CLI, validated once into typed [`settings::Settings`].
+//! - [`cli`]: the command line and one `run` per subcommand, above everything else; only
+//!   `main` uses it.
+//! - [`settings`]: settings as written (defaults, file, environment, flags), validated once
+//!   into typed [`settings::Settings`].
 //! - [`telemetry`], [`shutdown`]: logging and signals for the binary; [`allocator`]: the global
 //!   allocator the binaries declare.
 //! - [`tls`]: the gRPC port's TLS: rustls on ring, certificates reloaded when their files
@@ -46,6 +49,7 @@
 
 pub mod allocator;
 pub mod app;
+pub mod cli;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod decision;

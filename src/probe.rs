@@ -45,6 +45,75 @@ pub struct ProbeConfig {
     pub progress: bool,
 }
 
+impl ProbeConfig {
+    /// A probe of `addr` (`HOST:PORT` or an `http://` URL) asking about `descriptors` (each
+    /// `key=value[,key=value…]`) in `domain`: one hit per call, 100 calls a second from 4
+    /// workers for 10 s, a 1 s timeout per call, no progress line.
+    ///
+    /// # Errors
+    ///
+    /// [`ProbeError::Descriptor`] naming the first descriptor that does not parse.
+    pub fn new(addr: &str, domain: &str, descriptors: &[String]) -> Result<Self, ProbeError> {
+        let descriptors = descriptors
+            .iter()
+            .map(|d| parse_descriptor(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            endpoint: endpoint(addr),
+            request: RateLimitRequest {
+                domain: domain.to_string(),
+                descriptors,
+                hits_addend: 0,
+            },
+            rate: 100,
+            concurrency: 4,
+            duration: Duration::from_secs(10),
+            calls: 1_000,
+            timeout: Duration::from_secs(1),
+            progress: false,
+        })
+    }
+
+    /// With `hits_addend` on every call (0: the server's default of 1).
+    #[must_use]
+    pub fn hits_addend(mut self, hits_addend: u32) -> Self {
+        self.request.hits_addend = hits_addend;
+        self
+    }
+
+    /// Paced at `rate` calls per second by `concurrency` workers for `duration`: as many calls
+    /// as fit in it, or `most` when fewer.
+    #[must_use]
+    pub fn paced(
+        mut self,
+        rate: u32,
+        concurrency: u32,
+        duration: Duration,
+        most: Option<u64>,
+    ) -> Self {
+        let by_time = (f64::from(rate) * duration.as_secs_f64()).ceil() as u64;
+        self.rate = rate;
+        self.concurrency = concurrency;
+        self.duration = duration;
+        self.calls = most.map_or(by_time, |n| n.min(by_time));
+        self
+    }
+
+    /// With `timeout` on each call (and on connecting).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// With or without the live progress line on standard error.
+    #[must_use]
+    pub fn progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
+        self
+    }
+}
+
 /// Why a probe could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
@@ -74,7 +143,7 @@ pub enum ProbeError {
 /// # Errors
 ///
 /// [`ProbeError::Descriptor`] when an entry has no `=` or an empty key.
-pub fn parse_descriptor(text: &str) -> Result<RateLimitDescriptor, ProbeError> {
+fn parse_descriptor(text: &str) -> Result<RateLimitDescriptor, ProbeError> {
     let entries = text
         .split(',')
         .map(|kv| match kv.split_once('=') {
@@ -92,8 +161,7 @@ pub fn parse_descriptor(text: &str) -> Result<RateLimitDescriptor, ProbeError> {
 }
 
 /// `HOST:PORT` as an `http://` URL; URLs pass unchanged.
-#[must_use]
-pub fn endpoint(addr: &str) -> String {
+fn endpoint(addr: &str) -> String {
     if addr.contains("://") {
         addr.to_string()
     } else {
@@ -472,6 +540,21 @@ mod tests {
         }
         assert_eq!(endpoint("127.0.0.1:8081"), "http://127.0.0.1:8081");
         assert_eq!(endpoint("http://[::1]:1"), "http://[::1]:1");
+    }
+
+    #[test]
+    fn a_config_from_the_command_lines_strings() {
+        let c = ProbeConfig::new("127.0.0.1:8081", "acme", &["a=1".into(), "b=2,c=3".into()])
+            .unwrap()
+            .paced(100, 2, Duration::from_millis(2_500), None);
+        assert_eq!(c.endpoint, "http://127.0.0.1:8081");
+        assert_eq!(c.request.domain, "acme");
+        assert_eq!(c.request.descriptors.len(), 2);
+        assert_eq!((c.rate, c.concurrency, c.calls), (100, 2, 250));
+        let c = c.paced(100, 2, Duration::from_secs(1), Some(30));
+        assert_eq!(c.calls, 30, "the fewer of the two");
+        let err = ProbeConfig::new("x:1", "acme", &["a=1".into(), "=v".into()]).unwrap_err();
+        assert!(err.to_string().contains("\"=v\""), "{err}");
     }
 
     #[test]

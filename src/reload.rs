@@ -1,22 +1,11 @@
-//! Hot reload: turns changes to the policy directory (a file added, changed or removed, a
-//! Kubernetes ConfigMap's `..data` symlink swapped to a new directory, the directory itself
-//! replaced or removed and recreated) and SIGHUP into one debounced reload: load → validate →
-//! swap atomically.
-//!
-//! A load that fails keeps the running policies, logs every problem and counts the failure;
-//! requests never see a partial set. Counters live in the store under rule identities, so rules
-//! that did not change keep their state, and a rule whose rate changed has its stored debt capped
-//! to the new bucket at its next decision (no fresh burst for everyone).
-//!
-//! Watching survives the directory being replaced. The watcher watches the directory and its
-//! parent (both non-recursive); an event on the parent counts only when it names the directory,
-//! and before every reload the watch on the directory is added again, since a replaced
-//! directory is a new inode and a removed one may come back. Inotify still misses some changes
-//! (a file symlinked from elsewhere rewritten in place, a directory mounted over), so every
-//! [`RESCAN_INTERVAL`] the directory's [`Fingerprint`] is compared with the last load's and a
-//! difference reloads. The fingerprint is cheap (one listing and one `stat` per policy file);
-//! the load is not, so it runs on the blocking pool and only the swap happens on the runtime:
-//! a 15 MB policy file takes seconds to compile, and no request waits for it.
+//! Hot reload: changes to the policy directory (a file added, changed or removed, a ConfigMap's
+//! `..data` symlink swapped, the directory replaced or recreated) and SIGHUP become one
+//! debounced reload: load → validate → swap atomically. A failed load keeps the running
+//! policies, logs every problem and counts the failure; requests never see a partial set. Rules
+//! that did not change keep their counters (stored under rule identities); a changed rate caps
+//! the stored debt at the next decision, so no fresh burst. Every [`RESCAN_INTERVAL`] the
+//! directory's [`Fingerprint`] catches what inotify misses. Loads run on the blocking pool: no
+//! request waits for a large policy file to compile.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -251,7 +240,12 @@ fn inode(_m: &std::fs::Metadata) -> (u64, u64) {
     (0, 0)
 }
 
-/// The watch on the policy directory and its parent.
+/// The watch on the policy directory and its parent (both non-recursive), which survives the
+/// directory being replaced: an event on the parent counts only when it names the directory,
+/// and the directory's own watch is added again before every reload, since a replaced directory
+/// is a new inode and a removed one may come back. Inotify still misses some changes (a file
+/// symlinked from elsewhere rewritten in place, a directory mounted over): the rescan's
+/// fingerprint (one listing and one `stat` per policy file) is what catches those.
 struct DirWatch {
     /// The directory, absolute, as the watcher names it in events.
     dir: PathBuf,

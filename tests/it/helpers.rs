@@ -11,7 +11,7 @@ use sluice::app::{App, AppError};
 use sluice::limiter::{Backend, ManualClock, MemoryStore};
 use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
-use sluice::settings::RawSettings;
+use sluice::settings::Written;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -36,10 +36,7 @@ impl TestServer {
     }
 
     /// Starts a server with the given policy files, after `tune` adjusts the settings.
-    pub async fn start_with(
-        policies: &[(&str, &str)],
-        tune: impl FnOnce(&mut RawSettings),
-    ) -> Self {
+    pub async fn start_with(policies: &[(&str, &str)], tune: impl FnOnce(&mut Written)) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         for (name, text) in policies {
             std::fs::write(dir.path().join(name), text).expect("write policy");
@@ -48,14 +45,14 @@ impl TestServer {
     }
 
     /// Starts a server on the policies already in `dir`.
-    pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut RawSettings)) -> Self {
+    pub async fn start_in(dir: tempfile::TempDir, tune: impl FnOnce(&mut Written)) -> Self {
         sluice::tls::install_crypto_provider();
-        let mut settings = RawSettings {
+        let mut settings = Written {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             policies: dir.path().to_path_buf(),
             shutdown_grace_ms: 2_000,
-            ..RawSettings::default()
+            ..Written::default()
         };
         tune(&mut settings);
         sluice::tls::install_crypto_provider();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prost::Message;
 use sluice::app::App;
-use sluice::settings::RawSettings;
+use sluice::settings::Written;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
@@ -107,7 +107,7 @@ fn make_certs(dir: &Path) {
     );
 }
 
-fn with_tls(certs: &Path, handshake_timeout_ms: u64) -> impl FnOnce(&mut RawSettings) {
+fn with_tls(certs: &Path, handshake_timeout_ms: u64) -> impl FnOnce(&mut Written) {
     let certs = certs.to_path_buf();
     move |s| {
         s.grpc.tls.cert_file = Some(certs.join("server.crt"));
@@ -236,11 +236,11 @@ async fn a_key_that_does_not_match_the_certificate_stops_the_start() {
     let policies = tempfile::tempdir().unwrap();
     std::fs::write(policies.path().join("test.yaml"), POLICY).unwrap();
     let start = |cert: PathBuf, key: PathBuf| {
-        let mut raw = RawSettings {
+        let mut raw = Written {
             grpc_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             policies: policies.path().to_path_buf(),
-            ..RawSettings::default()
+            ..Written::default()
         };
         raw.grpc.tls.cert_file = Some(cert);
         raw.grpc.tls.key_file = Some(key);

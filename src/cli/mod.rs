@@ -1,12 +1,25 @@
-//! The command line: subcommands and the flags that overlay settings.
+//! The command line: clap's model of `sluice` and its four subcommands, one module each with a
+//! `run(args) -> ExitCode`. The top of the library: `main` dispatches here and nothing in the
+//! library imports it. It turns flags into the lower modules' own values (`serve`'s overlay
+//! becomes [`settings::Overrides`]) and prints; the work is theirs. Exit status: 0 clean, 1
+//! runtime failure (or `check --strict` with a warning), 2 invalid settings, policies or input.
+
+pub mod check;
+pub mod probe;
+pub mod replay;
+pub mod serve;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::BackendKind;
+use crate::app;
 use crate::decision::{HeaderMode, OnBackendError};
+use crate::policy::PolicySet;
+use crate::settings::{self, BackendKind, Settings};
 use crate::telemetry::LogFormat;
 
 /// The command line.
@@ -42,6 +55,13 @@ pub enum Command {
     /// Real `ShouldRateLimit` calls, paced and bounded in count and time; at the end a
     /// per-second timeline of OK and OVER_LIMIT, call latency and the rate-limit headers seen.
     Probe(ProbeArgs),
+}
+
+impl Default for Command {
+    /// `sluice` alone serves.
+    fn default() -> Self {
+        Self::Serve(ServeArgs::default())
+    }
 }
 
 /// Flags of `sluice serve`.
@@ -80,6 +100,38 @@ pub struct ServeArgs {
     /// Rate-limit header fields to add to responses.
     #[arg(long, value_enum)]
     pub response_headers: Option<HeaderMode>,
+}
+
+impl From<&ServeArgs> for settings::Overrides {
+    fn from(args: &ServeArgs) -> Self {
+        Self {
+            policies: args.policies.clone(),
+            grpc_addr: args.grpc_addr,
+            admin_addr: args.admin_addr,
+            log_format: args.log_format,
+            log_level: args.log_level.clone(),
+            max_keys: args.max_keys,
+            backend: args.backend,
+            redis_url: args.redis_url.clone(),
+            on_backend_error: args.on_backend_error,
+            response_headers: args.response_headers,
+        }
+    }
+}
+
+/// `--backend`'s values, spelled as the `backend` setting spells them.
+impl ValueEnum for BackendKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Self::Memory, Self::Redis]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            Self::Memory => PossibleValue::new("memory").help("In this process's memory"),
+            Self::Redis => PossibleValue::new("redis")
+                .help("In Redis (single node or cluster), shared by every node pointed at it"),
+        })
+    }
 }
 
 /// Flags of `sluice check`.
@@ -176,4 +228,39 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     } else {
         Err(format!("{s} must be more than 0 and at most 3600 seconds"))
     }
+}
+
+/// The policies `check` and `replay` read, as `--config` and the policy directory name them.
+struct Policies {
+    /// The directory they came from, for the report.
+    dir: String,
+    /// The validated set.
+    set: PolicySet,
+    /// With leased counting: a slice's longest life, in nanoseconds.
+    lease_max_age_nanos: Option<u64>,
+}
+
+/// Loads the settings of `config` with `dir` over their policy directory, then their policies;
+/// compat warnings go to standard error. Invalid settings or policies exit 2.
+fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, ExitCode> {
+    let overrides = settings::Overrides {
+        policies: dir,
+        ..settings::Overrides::default()
+    };
+    let settings = Settings::load(config, &overrides).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    for warning in &settings.compat_warnings {
+        eprintln!("sluice: warning: {warning}");
+    }
+    let set = app::load_policies(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    Ok(Policies {
+        dir: settings.policies.display().to_string(),
+        set,
+        lease_max_age_nanos: settings.lease.map(|l| l.max_age_nanos()),
+    })
+}
+
+/// Prints `err` as sluice's one-line error and gives `code`.
+fn fail(err: &dyn std::fmt::Display, code: ExitCode) -> ExitCode {
+    eprintln!("sluice: {err}");
+    code
 }

@@ -1,0 +1,644 @@
+//! The second stage of settings: [`Written::validate`] checks every value once, naming the
+//! setting at fault, and gives [`Settings`] in the types the code that uses them takes
+//! (durations, addresses, the decision layer's options, the Redis backend's config).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{
+    AdminLimits, BackendKind, BackendSettings, GrpcLimits, GrpcTls, GrpcTlsSection, LeaseSection,
+    LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, RedisSection, Settings, SettingsError, Written,
+};
+use crate::decision::{self, Caps, HeaderOptions};
+use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
+use crate::limiter::{LeaseConfig, RedisConfig};
+
+impl Written {
+    /// Checks every value and gives the typed settings.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] naming the first value out of range.
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let r = &self.requests;
+        let positive = |setting: &'static str, value: u64| {
+            if value == 0 {
+                Err(SettingsError::Zero { setting })
+            } else {
+                Ok(())
+            }
+        };
+        for (setting, value) in [
+            ("requests.max_request_bytes", r.max_request_bytes),
+            ("requests.max_descriptors", r.max_descriptors),
+            ("requests.max_entries", r.max_entries),
+            ("requests.max_domain_bytes", r.max_domain_bytes),
+            ("requests.max_key_bytes", r.max_key_bytes),
+            ("requests.max_value_bytes", r.max_value_bytes),
+            ("store.max_keys", self.store.max_keys),
+        ] {
+            positive(setting, value as u64)?;
+        }
+        let g = &self.grpc;
+        for (setting, value) in [
+            ("store.sweep_interval_ms", self.store.sweep_interval_ms),
+            ("grpc.max_connections", g.max_connections as u64),
+            (
+                "grpc.max_concurrent_streams",
+                u64::from(g.max_concurrent_streams),
+            ),
+            (
+                "grpc.max_header_list_bytes",
+                u64::from(g.max_header_list_bytes),
+            ),
+            ("grpc.request_timeout_ms", g.request_timeout_ms),
+            ("grpc.keepalive_interval_ms", g.keepalive_interval_ms),
+            ("grpc.keepalive_timeout_ms", g.keepalive_timeout_ms),
+            ("grpc.idle_timeout_ms", g.idle_timeout_ms),
+            (
+                "grpc.max_connection_age_grace_ms",
+                g.max_connection_age_grace_ms,
+            ),
+            ("grpc.tls.handshake_timeout_ms", g.tls.handshake_timeout_ms),
+            ("admin.max_connections", self.admin.max_connections as u64),
+            (
+                "admin.header_read_timeout_ms",
+                self.admin.header_read_timeout_ms,
+            ),
+        ] {
+            positive(setting, value)?;
+        }
+        if g.idle_timeout_ms <= g.request_timeout_ms {
+            return Err(SettingsError::IdleBeforeRequestTimeout);
+        }
+        let grpc_tls = grpc_tls(&g.tls)?;
+        let ratio = self.metrics.near_limit_ratio;
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(SettingsError::NearLimitRatio(ratio));
+        }
+        for (setting, name) in [
+            ("legacy_headers.limit", &self.legacy_headers.limit),
+            ("legacy_headers.remaining", &self.legacy_headers.remaining),
+            ("legacy_headers.reset", &self.legacy_headers.reset),
+        ] {
+            if !is_header_name(name) {
+                return Err(SettingsError::HeaderName {
+                    setting,
+                    name: name.clone(),
+                });
+            }
+        }
+        positive("redis.timeout_ms", self.redis.timeout_ms)?;
+        positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
+        positive(
+            "redis.heartbeat_interval_ms",
+            self.redis.heartbeat_interval_ms,
+        )?;
+        if self.redis.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
+            return Err(SettingsError::HeartbeatInterval(
+                self.redis.heartbeat_interval_ms,
+            ));
+        }
+        if let Some(n) = self.redis.fleet_size {
+            positive("redis.fleet_size", n)?;
+        }
+        let local = LocalSettings {
+            fleet_size: self.redis.fleet_size,
+            heartbeat_interval: Duration::from_millis(self.redis.heartbeat_interval_ms),
+            max_keys: self.store.max_keys,
+            sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
+        };
+        let backend = match self.backend {
+            BackendKind::Memory => BackendSettings::Memory {
+                max_keys: self.store.max_keys,
+                sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
+            },
+            BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
+        };
+        let lease = lease_config(&self.redis.lease)?
+            .filter(|_| matches!(backend, BackendSettings::Redis(_)));
+        Ok(Settings {
+            grpc_addr: self.grpc_addr,
+            admin_addr: self.admin_addr,
+            policies: self.policies,
+            policy_files: self.policy_files,
+            watch_policies: self.watch_policies,
+            allow_empty_policies: self.allow_empty_policies,
+            merge_domains: self.merge_domains,
+            log_format: self.log_format,
+            log_level: self.log_level,
+            decision: decision::Options {
+                caps: Caps {
+                    max_descriptors: r.max_descriptors,
+                    max_entries: r.max_entries,
+                    max_domain_bytes: r.max_domain_bytes,
+                    max_key_bytes: r.max_key_bytes,
+                    max_value_bytes: r.max_value_bytes,
+                },
+                shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
+                on_backend_error: self.on_backend_error,
+                dynamic_metadata: self.response_dynamic_metadata,
+                headers: HeaderOptions {
+                    mode: self.response_headers,
+                    legacy_names: self.legacy_headers,
+                    retry_after_jitter_seconds: self.retry_after_jitter_seconds,
+                    problem_body: self.problem_body,
+                },
+            },
+            max_request_bytes: r.max_request_bytes,
+            backend,
+            lease,
+            local,
+            max_detailed_series: self.metrics.max_detailed_series,
+            near_limit_ratio: self.metrics.near_limit_ratio,
+            drain_delay: Duration::from_millis(self.drain_delay_ms),
+            shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
+            grpc: GrpcLimits {
+                max_connections: g.max_connections,
+                max_concurrent_streams: g.max_concurrent_streams,
+                max_header_list_bytes: g.max_header_list_bytes,
+                request_timeout: Duration::from_millis(g.request_timeout_ms),
+                keepalive_interval: Duration::from_millis(g.keepalive_interval_ms),
+                keepalive_timeout: Duration::from_millis(g.keepalive_timeout_ms),
+                idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+                max_connection_age: (g.max_connection_age_ms > 0)
+                    .then(|| Duration::from_millis(g.max_connection_age_ms)),
+                max_connection_age_grace: Duration::from_millis(g.max_connection_age_grace_ms),
+            },
+            grpc_tls,
+            admin: AdminLimits {
+                max_connections: self.admin.max_connections,
+                header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
+            },
+            compat_warnings: self.compat_warnings,
+        })
+    }
+}
+
+/// The gRPC port's TLS: `None` when neither the certificate nor the key is set; an error when
+/// only one of them is, or when an mTLS setting comes without what it needs.
+fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
+    // An empty value (an unset variable in a template) counts as unset.
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let san = t.client_san.clone().filter(|s| !s.trim().is_empty());
+    let (cert, key, ca) = (
+        path(&t.cert_file),
+        path(&t.key_file),
+        path(&t.client_ca_file),
+    );
+    let needs = |setting, needs| Err(SettingsError::TlsNeeds { setting, needs });
+    match (cert, key) {
+        (None, None) if ca.is_some() => needs("grpc.tls.client_ca_file", "grpc.tls.cert_file"),
+        (None, None) if san.is_some() => needs("grpc.tls.client_san", "grpc.tls.cert_file"),
+        (None, None) => Ok(None),
+        (Some(_), None) => needs("grpc.tls.cert_file", "grpc.tls.key_file"),
+        (None, Some(_)) => needs("grpc.tls.key_file", "grpc.tls.cert_file"),
+        (Some(_), Some(_)) if san.is_some() && ca.is_none() => {
+            needs("grpc.tls.client_san", "grpc.tls.client_ca_file")
+        }
+        (Some(cert_file), Some(key_file)) => Ok(Some(GrpcTls {
+            cert_file,
+            key_file,
+            client_ca_file: ca,
+            client_san: san.map(|s| s.trim().to_string()),
+            handshake_timeout: Duration::from_millis(t.handshake_timeout_ms),
+        })),
+    }
+}
+
+/// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Leasing's config, checked whether or not it is enabled (so a mistake shows before it is
+/// turned on); `None` when it is off.
+fn lease_config(l: &LeaseSection) -> Result<Option<LeaseConfig>, SettingsError> {
+    if l.max_age_ms == 0 {
+        return Err(SettingsError::Zero {
+            setting: "redis.lease.max_age_ms",
+        });
+    }
+    if l.min_rate == 0 {
+        return Err(SettingsError::Zero {
+            setting: "redis.lease.min_rate",
+        });
+    }
+    if !(l.max_burst_share > 0.0 && l.max_burst_share <= 1.0) {
+        return Err(SettingsError::LeaseFraction {
+            setting: "max_burst_share",
+            value: l.max_burst_share,
+            range: "above 0 and at most 1",
+        });
+    }
+    if !(0.0..1.0).contains(&l.low_water) {
+        return Err(SettingsError::LeaseFraction {
+            setting: "low_water",
+            value: l.low_water,
+            range: "at least 0 and below 1",
+        });
+    }
+    Ok(l.enabled.then(|| LeaseConfig {
+        max_age: Duration::from_millis(l.max_age_ms),
+        min_rate: l.min_rate,
+        max_burst_share: l.max_burst_share,
+        low_water: l.low_water,
+    }))
+}
+
+/// The Redis backend's config: the URL list split and each URL parsed once, here.
+fn redis_config(r: &RedisSection) -> Result<RedisConfig, SettingsError> {
+    let urls: Vec<String> = r
+        .url
+        .split(',')
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(SettingsError::NoRedisUrl);
+    }
+    for url in &urls {
+        ::redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            SettingsError::RedisUrl {
+                url: crate::limiter::redis::redact(url),
+                source,
+            }
+        })?;
+    }
+    let sentinel = sentinel_config(r, urls.len())?;
+    let path = |p: &str| (!p.trim().is_empty()).then(|| PathBuf::from(p.trim()));
+    let config = RedisConfig {
+        urls,
+        tls: RedisTls {
+            ca_file: path(&r.tls.ca_file),
+            cert_file: path(&r.tls.cert_file),
+            key_file: path(&r.tls.key_file),
+            skip_hostname_verification: r.tls.skip_hostname_verification,
+        },
+        auth: RedisAuth {
+            username: (!r.username.is_empty()).then(|| r.username.clone()),
+            password: (!r.password.is_empty()).then(|| Password::new(r.password.clone())),
+            password_file: path(&r.password_file),
+        },
+        cluster: r.cluster,
+        key_prefix: r.key_prefix.clone(),
+        timeout: Duration::from_millis(r.timeout_ms),
+        connect_timeout: Duration::from_millis(r.connect_timeout_ms),
+        breaker_failures: r.breaker_failures,
+        breaker_cooldown: Duration::from_millis(r.breaker_cooldown_ms),
+        deny_cache_keys: r.deny_cache_keys,
+        sentinel,
+    };
+    // The files are read here too, so `sluice check` reports one that cannot be used.
+    crate::limiter::redis::validate(&config)?;
+    Ok(config)
+}
+
+/// Redis Sentinel's part of the config: none while its master name and sentinels are empty.
+fn sentinel_config(r: &RedisSection, urls: usize) -> Result<Option<SentinelConfig>, SettingsError> {
+    let s = &r.sentinel;
+    let master_name = s.master_name.trim();
+    let sentinels: Vec<String> = s
+        .urls
+        .split(',')
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .collect();
+    match (master_name.is_empty(), sentinels.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, true) => {
+            return Err(SettingsError::SentinelIncomplete {
+                missing: "redis.sentinel.urls",
+                given: "redis.sentinel.master_name",
+            });
+        }
+        (true, false) => {
+            return Err(SettingsError::SentinelIncomplete {
+                missing: "redis.sentinel.master_name",
+                given: "redis.sentinel.urls",
+            });
+        }
+        (false, false) => {}
+    }
+    if r.cluster {
+        return Err(SettingsError::SentinelWithCluster);
+    }
+    if urls > 1 {
+        return Err(SettingsError::SentinelMasterUrl);
+    }
+    for url in &sentinels {
+        ::redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            SettingsError::SentinelUrl {
+                url: crate::limiter::redis::redact(url),
+                source,
+            }
+        })?;
+    }
+    Ok(Some(SentinelConfig {
+        master_name: master_name.to_string(),
+        urls: sentinels,
+        password: Some(s.password.clone()).filter(|p| !p.is_empty()),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::SentinelSection;
+
+    fn redis(url: &str) -> Written {
+        Written {
+            backend: BackendKind::Redis,
+            redis: RedisSection {
+                url: url.into(),
+                ..RedisSection::default()
+            },
+            ..Written::default()
+        }
+    }
+
+    #[test]
+    fn values_out_of_range_name_the_setting() {
+        let mut raw = Written::default();
+        raw.requests.max_entries = 0;
+        let err = raw.validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid settings: requests.max_entries must be at least 1"
+        );
+        assert!(matches!(
+            redis(" , ").validate(),
+            Err(SettingsError::NoRedisUrl)
+        ));
+        let err = redis("redis://user:secret@[::1:6379")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("invalid settings: redis.url"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn lease_settings_are_checked_and_apply_to_redis_only() {
+        let mut raw = redis("redis://a:6379");
+        raw.redis.lease.enabled = true;
+        raw.redis.lease.max_age_ms = 250;
+        let s = raw.clone().validate().unwrap();
+        let lease = s.lease.expect("leasing on");
+        assert_eq!(lease.max_age, Duration::from_millis(250));
+        assert_eq!((lease.min_rate, lease.max_burst_share), (20, 0.1));
+        let mut memory = Written::default();
+        memory.redis.lease.enabled = true;
+        assert_eq!(
+            memory.validate().unwrap().lease,
+            None,
+            "memory counts alone"
+        );
+        raw.redis.lease.max_burst_share = 0.0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid settings: redis.lease.max_burst_share 0 is not above 0 and at most 1"
+        );
+        raw.redis.lease.max_burst_share = 0.5;
+        raw.redis.lease.low_water = 1.0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("redis.lease.low_water 1"), "{err}");
+        raw.redis.lease.low_water = 0.0;
+        raw.redis.lease.max_age_ms = 0;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("redis.lease.max_age_ms must be at least 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn local_mode_settings_are_checked() {
+        let mut raw = redis("redis://a:6379");
+        raw.on_backend_error = decision::OnBackendError::Local;
+        raw.redis.fleet_size = Some(3);
+        raw.redis.heartbeat_interval_ms = 250;
+        raw.store.max_keys = 10;
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(s.decision.on_backend_error, decision::OnBackendError::Local);
+        assert_eq!(s.local.fleet_size, Some(3));
+        assert_eq!(s.local.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(s.local.max_keys, 10);
+        raw.redis.fleet_size = Some(0);
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert_eq!(err, "invalid settings: redis.fleet_size must be at least 1");
+        raw.redis.fleet_size = None;
+        raw.redis.heartbeat_interval_ms = 0;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("redis.heartbeat_interval_ms"), "{err}");
+        raw.redis.heartbeat_interval_ms = MAX_HEARTBEAT_INTERVAL_MS + 1;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("longer than an hour"), "{err}");
+    }
+
+    #[test]
+    fn redis_files_and_contradictions_are_checked_naming_the_setting() {
+        let mut raw = redis("rediss://10.0.0.5:6380");
+        raw.redis.tls.ca_file = "/nonexistent/ca.pem".into();
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "invalid settings: redis.tls.ca_file /nonexistent/ca.pem: cannot be read"
+            ),
+            "{err}"
+        );
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.tls.skip_hostname_verification = true;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("not rediss://"), "{err}");
+        let mut raw = redis("redis://10.0.0.5:6379");
+        raw.redis.username = "sluice".into();
+        raw.redis.password = "hunter2".into();
+        let s = raw.validate().unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(redis.auth.username.as_deref(), Some("sluice"));
+        assert!(redis.auth.password.is_some());
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn header_names_and_the_near_limit_ratio_are_checked() {
+        let mut raw = Written::default();
+        raw.legacy_headers.remaining = "X-Left".into();
+        raw.metrics.near_limit_ratio = 0.5;
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(s.decision.headers.legacy_names.remaining, "X-Left");
+        assert!((s.near_limit_ratio - 0.5).abs() < f64::EPSILON);
+        raw.legacy_headers.reset = "Bad Name".into();
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("legacy_headers.reset"), "{err}");
+        raw.legacy_headers.reset = "x".into();
+        raw.metrics.near_limit_ratio = 1.5;
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics.near_limit_ratio"), "{err}");
+    }
+
+    #[test]
+    fn validation_types_every_value() {
+        let mut raw = redis("redis://a:6379, redis://b:6380,");
+        raw.redis.timeout_ms = 7;
+        raw.drain_delay_ms = 1_500;
+        raw.requests.max_descriptors = 3;
+        let s = raw.validate().unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(redis.urls, ["redis://a:6379", "redis://b:6380"]);
+        assert_eq!(redis.timeout, Duration::from_millis(7));
+        assert_eq!(s.drain_delay, Duration::from_millis(1_500));
+        assert_eq!(s.decision.caps.max_descriptors, 3);
+        assert_eq!(s.local.fleet_size, None);
+        assert_eq!(s.local.heartbeat_interval, Duration::from_secs(1));
+        let memory = Settings::default();
+        assert_eq!(
+            memory.backend,
+            BackendSettings::Memory {
+                max_keys: 1_000_000,
+                sweep_interval: Duration::from_secs(10)
+            }
+        );
+    }
+
+    #[test]
+    fn sentinel_settings_are_checked_and_typed() {
+        let sentinel = |master: &str, urls: &str| {
+            let mut raw = redis("redis://:master-secret@127.0.0.1:6379/2");
+            raw.redis.sentinel = SentinelSection {
+                master_name: master.into(),
+                urls: urls.into(),
+                password: "sentinel-secret".into(),
+            };
+            raw
+        };
+        let s = sentinel(
+            " mymaster ",
+            "redis://10.0.0.1:26379, redis://10.0.0.2:26379",
+        )
+        .validate()
+        .unwrap();
+        let BackendSettings::Redis(redis) = &s.backend else {
+            panic!("redis backend expected")
+        };
+        let sc = redis.sentinel.as_ref().expect("sentinel mode");
+        assert_eq!(sc.master_name, "mymaster");
+        assert_eq!(
+            sc.urls,
+            ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]
+        );
+        assert_eq!(sc.password.as_deref(), Some("sentinel-secret"));
+        let shown = format!("{redis:?} {}", redis.describe());
+        assert!(
+            !shown.contains("sentinel-secret") && !shown.contains("master-secret"),
+            "{shown}"
+        );
+        assert!(shown.contains("mymaster"), "{shown}");
+        // Neither set: no sentinel.
+        let BackendSettings::Redis(plain) = redis_default_backend() else {
+            panic!("redis backend expected")
+        };
+        assert_eq!(plain.sentinel, None);
+        for (raw, setting) in [
+            (sentinel("m", ""), "redis.sentinel.urls is empty"),
+            (
+                sentinel("", "redis://10.0.0.1:26379"),
+                "redis.sentinel.master_name is empty",
+            ),
+            (
+                sentinel("m", "redis://:bad-secret@[::1:26379"),
+                "redis.sentinel.urls",
+            ),
+            (
+                {
+                    let mut raw = sentinel("m", "redis://10.0.0.1:26379");
+                    raw.redis.cluster = true;
+                    raw
+                },
+                "redis.cluster",
+            ),
+            (
+                {
+                    let mut raw = sentinel("m", "redis://10.0.0.1:26379");
+                    raw.redis.url = "redis://a:1,redis://b:2".into();
+                    raw
+                },
+                "redis.url has several URLs",
+            ),
+        ] {
+            let err = raw.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+            assert!(!err.contains("secret"), "{err}");
+        }
+    }
+
+    fn redis_default_backend() -> BackendSettings {
+        redis("redis://127.0.0.1:6379").validate().unwrap().backend
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_mtls_needs_a_certificate() {
+        let tls = |cert: &str, key: &str, ca: &str, san: &str| {
+            let mut raw = Written::default();
+            let p = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
+            raw.grpc.tls.cert_file = p(cert);
+            raw.grpc.tls.key_file = p(key);
+            raw.grpc.tls.client_ca_file = p(ca);
+            raw.grpc.tls.client_san = (!san.is_empty()).then(|| san.to_string());
+            raw.validate().map(|s| s.grpc_tls)
+        };
+        assert_eq!(tls("", "", "", "").unwrap(), None);
+        let on = tls("c.pem", "k.pem", "ca.pem", "envoy.local")
+            .unwrap()
+            .unwrap();
+        assert_eq!(on.cert_file, PathBuf::from("c.pem"));
+        assert_eq!(on.client_ca_file, Some(PathBuf::from("ca.pem")));
+        assert_eq!(on.client_san.as_deref(), Some("envoy.local"));
+        assert_eq!(on.handshake_timeout, Duration::from_secs(5));
+        for (args, message) in [
+            (
+                ("c.pem", "", "", ""),
+                "grpc.tls.cert_file needs grpc.tls.key_file",
+            ),
+            (
+                ("", "k.pem", "", ""),
+                "grpc.tls.key_file needs grpc.tls.cert_file",
+            ),
+            (
+                ("", "", "ca.pem", ""),
+                "grpc.tls.client_ca_file needs grpc.tls.cert_file",
+            ),
+            (
+                ("c.pem", "k.pem", "", "x"),
+                "grpc.tls.client_san needs grpc.tls.client_ca_file",
+            ),
+        ] {
+            let err = tls(args.0, args.1, args.2, args.3).unwrap_err().to_string();
+            assert_eq!(err, format!("invalid settings: {message}"));
+        }
+    }
+
+    #[test]
+    fn connection_age_is_off_by_default_and_typed_when_set() {
+        let s = Settings::default();
+        assert_eq!(s.grpc.max_connection_age, None);
+        assert_eq!(s.grpc.max_connection_age_grace, Duration::from_secs(3_600));
+        let mut raw = Written::default();
+        raw.grpc.max_connection_age_ms = 90_000;
+        raw.grpc.max_connection_age_grace_ms = 0;
+        assert!(raw.clone().validate().is_err(), "a zero grace is refused");
+        raw.grpc.max_connection_age_grace_ms = 1_000;
+        let s = raw.validate().unwrap();
+        assert_eq!(s.grpc.max_connection_age, Some(Duration::from_secs(90)));
+    }
+}
