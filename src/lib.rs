@@ -4,48 +4,34 @@
 //!
 //! # Layout
 //!
+//! Top first; a module imports only from the layers below its own, and `tests/it/layers.rs`
+//! checks that from the imports (`cargo test --test it layers -- --nocapture` prints the graph).
+//!
+//! - `main.rs` and [`cli`]: the command line, one `run` per subcommand.
 //! - [`app`]: the composition root: loads policies, binds listeners, builds the backend and the
-//!   decider, runs the servers and the background tasks, sequences shutdown.
-//! - `server` (internal): the transport adapters: gRPC (`rls`, health) and the HTTP admin port
-//!   (`admin`, with the proto3-JSON `json`). The only code that speaks protobuf or HTTP.
+//!   decider, runs the servers and background tasks as named steps, sequences shutdown.
+//! - `server` (internal): the gRPC port (`ShouldRateLimit`, health) and the HTTP admin port, with
+//!   their bounds on what a peer can hold. [`lab`]: `sluice check`'s guarantees and `sluice
+//!   replay`; never serves. `reload` (internal): the policy directory and SIGHUP. [`probe`]: the
+//!   load client. `client` (feature `client`): the other side of the wire; it speaks `pb` only.
+//! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
+//!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
+//!   converted to and from the decision layer.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
-//!   count through the backend, answer backend failures as configured, aggregate, add response
-//!   headers, record metrics.
+//!   count through the backend, answer backend failures as configured, aggregate, add headers.
+//! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
-//!   in-memory store and Redis; [`limiter::LocalFallback`], the node's own store at rate/N
-//!   while Redis cannot decide (`on_backend_error: local`).
-//! - `reload` (internal): watches the policy directory and SIGHUP; load → validate → swap.
-//! - [`metrics`]: metric names and how to record them; `histogram` (internal): the fixed-bucket
-//!   latency histogram.
-//! - [`cli`]: the command line and one `run` per subcommand, above everything else; only
-//!   `main` uses it.
-//! - [`settings`]: settings as written (defaults, file, environment, flags), validated once
-//!   into typed [`settings::Settings`].
-//! - [`telemetry`], [`shutdown`]: logging and signals for the binary; [`allocator`]: the global
-//!   allocator the binaries declare.
-//! - [`tls`]: the gRPC port's TLS: rustls on ring, certificates reloaded when their files
-//!   change, mTLS, and every served certificate's expiry logged and published.
-//! - [`lab`]: `sluice check`'s per-rule guarantees and `sluice replay`: traces through the real
-//!   decider on a hand-driven clock, beside fixed-window, sliding-log and sliding-counter
-//!   comparisons, with the SVG chart. Never serves.
-//! - [`probe`]: `sluice probe`, a gRPC client that loads a running rate-limit service and
-//!   reports what it answered; the server never imports it.
-//! - [`pb`]: generated protobuf code.
-//! - `client` (feature `client`): the other side of the wire, for services that ask sluice: a
-//!   typed client with a deadline and a failure policy, jittered backoff, a tower layer, and an
-//!   adaptive concurrency limit for the service's own downstream calls. It speaks `pb` only.
+//!   in-memory store, Redis (exact, leased) and local mode.
+//! - Leaves: `histogram`, [`tls`], [`pb`], [`telemetry`], [`shutdown`], [`allocator`].
 //!
 //! # Request flow
 //!
 //! ```text
-//! gRPC: pb request → server::rls ─┐                      ┌→ policy::Domain::resolve
-//! HTTP: JSON body → server::json ─┴→ decision::Decider ──┼→ limiter::Backend (memory CAS | Redis script)
-//!                   wire answer  ←─ decision::Decision ←─┴→ metrics
+//! gRPC: pb request ─ wire ─→ server::rls ─┐                      ┌→ policy::Domain::resolve
+//! HTTP: JSON body ─ wire::json → admin ───┴→ decision::Decider ──┼→ limiter::Backend
+//!                        wire answer  ←──── decision::Decision ←─┴→ metrics
 //! ```
-//!
-//! Dependencies point one way: `limiter` and `policy` know nothing of tonic, tokio (Redis aside)
-//! or protobuf; `decision` knows no transport; the adapters reach no store.
 
 pub mod allocator;
 pub mod app;
