@@ -75,7 +75,7 @@ impl<S: NamedService> NamedService for GrpcEdge<S> {
     const NAME: &'static str = S::NAME;
 }
 
-type Outcome<R, E> = Result<Result<http::Response<R>, E>, Elapsed>;
+type TimedResult<R, E> = Result<Result<http::Response<R>, E>, Elapsed>;
 
 impl<S, B, R> Service<http::Request<B>> for GrpcEdge<S>
 where
@@ -85,7 +85,7 @@ where
     type Response = http::Response<R>;
     type Error = S::Error;
     type Future = Either<
-        Map<Timeout<S::Future>, fn(Outcome<R, S::Error>) -> Result<Self::Response, S::Error>>,
+        Map<Timeout<S::Future>, fn(TimedResult<R, S::Error>) -> Result<Self::Response, S::Error>>,
         Ready<Result<Self::Response, S::Error>>,
     >;
 
@@ -112,7 +112,7 @@ where
 }
 
 /// The service's answer, or `DEADLINE_EXCEEDED` when it took too long.
-fn finish<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E> {
+fn finish<R: Default, E>(outcome: TimedResult<R, E>) -> Result<http::Response<R>, E> {
     outcome.unwrap_or_else(|_| {
         Ok(Status::deadline_exceeded(
             "the call took longer than its deadline (grpc.request_timeout_ms or a shorter grpc-timeout)",
@@ -122,7 +122,7 @@ fn finish<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E>
 }
 
 /// As [`finish`], with tonic's decoder's code for an oversized message corrected.
-fn finish_corrected<R: Default, E>(outcome: Outcome<R, E>) -> Result<http::Response<R>, E> {
+fn finish_corrected<R: Default, E>(outcome: TimedResult<R, E>) -> Result<http::Response<R>, E> {
     finish(outcome).map(exhausted)
 }
 
