@@ -608,6 +608,21 @@ async fn a_leased_server_reports_its_leases_in_metrics() {
         slices >= 1.0 && taken >= by_lease,
         "slices {slices}, tokens {taken}"
     );
+    // Every round trip, lease calls among them, is observed in the round-trip histogram (a
+    // round trip is counted when it starts and observed when it ends, so they may differ while
+    // one is in flight).
+    let admin = server.admin;
+    assert!(
+        eventually(Duration::from_secs(5), || async move {
+            let trips = metric(admin, "sluice_redis_round_trips_total").await;
+            let observed = metric(admin, "sluice_redis_round_trip_duration_seconds_count").await;
+            trips.is_some_and(|t| t > 0.0) && trips == observed
+        })
+        .await,
+        "round trips {:?}, observed {:?}",
+        metric(admin, "sluice_redis_round_trips_total").await,
+        metric(admin, "sluice_redis_round_trip_duration_seconds_count").await
+    );
     server.stop().await.unwrap();
 }
 

@@ -119,12 +119,12 @@ impl RedisStore {
         for l in leases {
             pipe.add_command(l.cmd.clone());
         }
-        self.stats.round_trip();
-        let mut replies: std::vec::IntoIter<redis::RedisResult<Value>> = pipe
+        let trip = self.stats.round_trip();
+        let replies = pipe
             .query_async::<Vec<redis::RedisResult<Value>>>(&mut c)
-            .await
-            .map_err(|e| classify(e, timeout))?
-            .into_iter();
+            .await;
+        drop(trip);
+        let mut replies = replies.map_err(|e| classify(e, timeout))?.into_iter();
         let answers = if batch.is_empty() {
             Ok(Vec::new())
         } else {
@@ -159,7 +159,7 @@ impl RedisStore {
             .load_async(&mut c)
             .await
             .map_err(|e| classify(e, timeout))?;
-        self.stats.round_trip();
+        let _trip = self.stats.round_trip();
         l.cmd
             .query_async(&mut c)
             .await
@@ -173,11 +173,10 @@ impl RedisStore {
         let mut c = self.single()?;
         let mut sizes = Vec::with_capacity(batch.len());
         let call = lean_batch(&self.lean, &self.config.key_prefix, batch, &mut sizes);
-        self.stats.round_trip();
-        let reply: Vec<u8> = call
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| classify(e, self.config.timeout))?;
+        let trip = self.stats.round_trip();
+        let reply = call.invoke_async::<Vec<u8>>(&mut c).await;
+        drop(trip);
+        let reply = reply.map_err(|e| classify(e, self.config.timeout))?;
         self.read_lean(&reply, &sizes)
     }
 

@@ -688,7 +688,7 @@ impl RedisStore {
                     }
                 }
                 RedisConn::Cluster(c) => {
-                    self.stats.round_trip();
+                    let _trip = self.stats.round_trip();
                     SCRIPT
                         .key(self.key(key))
                         .arg(&args)

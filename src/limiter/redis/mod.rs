@@ -237,12 +237,10 @@ impl RedisStore {
             RedisTime::Clock => Some(local_now),
         };
         self.stats.request();
-        let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.config.timeout, self.run(ops, now)).await {
             Ok(r) => r,
             Err(_) => Err(BackendError::Timeout(self.config.timeout)),
         };
-        self.stats.record_latency(started.elapsed());
         self.set_answering(result.is_ok());
         match result {
             Ok(batch) => {
@@ -323,11 +321,10 @@ impl RedisStore {
     ) -> Result<Batch, BackendError> {
         let prefix = &self.config.key_prefix;
         let (call, lean) = count_call(&self.lean, &self.script, prefix, (ops, idx), whole, now);
-        self.stats.round_trip();
-        let reply = call
-            .invoke_async(conn)
-            .await
-            .map_err(|e| classify(e, self.config.timeout))?;
+        let trip = self.stats.round_trip();
+        let reply = call.invoke_async(conn).await;
+        drop(trip);
+        let reply = reply.map_err(|e| classify(e, self.config.timeout))?;
         let (batch, repairs) = read_count(lean, reply, idx.len())?;
         self.stats.repaired(repairs);
         Ok(batch)

@@ -2,7 +2,7 @@
 //! time (so the limiter needs no metrics library).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::Instant;
 
 use crate::histogram::LatencyHistogram;
 use crate::limiter::error::ErrorKind;
@@ -22,8 +22,14 @@ pub(super) struct RedisStats {
 }
 
 impl RedisStats {
-    pub(super) fn round_trip(&self) {
+    /// A round trip begins: counted now, its duration observed when the guard drops (when
+    /// the reply is read, or when the call is given up at its deadline).
+    pub(super) fn round_trip(&self) -> RoundTrip<'_> {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        RoundTrip {
+            stats: self,
+            started: Instant::now(),
+        }
     }
 
     /// A request sent to Redis (alone or coalesced with others in one call).
@@ -67,10 +73,6 @@ impl RedisStats {
         self.errors[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn record_latency(&self, d: Duration) {
-        self.latency.record(d);
-    }
-
     pub(super) fn figures(&self, connected: bool, breaker: BreakerState) -> RedisFigures {
         RedisFigures {
             round_trips: self.round_trips.load(Ordering::Relaxed),
@@ -82,5 +84,18 @@ impl RedisStats {
             breaker,
             latency: self.latency.snapshot(),
         }
+    }
+}
+
+/// One round trip in flight; its duration goes into the latency histogram when it drops.
+#[must_use = "the round trip is observed when the guard drops"]
+pub(super) struct RoundTrip<'a> {
+    stats: &'a RedisStats,
+    started: Instant,
+}
+
+impl Drop for RoundTrip<'_> {
+    fn drop(&mut self) {
+        self.stats.latency.record(self.started.elapsed());
     }
 }
