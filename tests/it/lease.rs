@@ -568,6 +568,9 @@ async fn a_leased_server_reports_its_leases_in_metrics() {
             s.backend = BackendKind::Redis;
             s.redis.url = url;
             s.redis.lease.enabled = true;
+            // Slices of what this node uses in 3 s: few takes, however slowly a loaded machine
+            // runs the calls.
+            s.redis.lease.max_age_ms = 3_000;
         },
     )
     .await;
