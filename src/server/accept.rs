@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 
@@ -111,7 +110,7 @@ impl CappedListener {
         Accepted {
             io: stream,
             peer,
-            _place: CapPlace(Arc::clone(&self.open)),
+            place: CapPlace(Arc::clone(&self.open)),
         }
     }
 }
@@ -151,9 +150,10 @@ impl Throttle {
     }
 }
 
-/// Frees a connection's place under the cap when the connection is dropped.
+/// A connection's place under the cap, freed when it drops: the task serving the connection
+/// holds it for as long as the connection is open.
 #[derive(Debug)]
-struct CapPlace(Arc<AtomicUsize>);
+pub struct CapPlace(Arc<AtomicUsize>);
 
 impl Drop for CapPlace {
     fn drop(&mut self) {
@@ -161,53 +161,15 @@ impl Drop for CapPlace {
     }
 }
 
-/// An accepted connection: the TCP stream and its place under the cap, freed when it drops.
+/// An accepted connection: the TCP stream, the peer, and its place under the cap.
 #[derive(Debug)]
 pub struct Accepted {
-    io: TcpStream,
+    /// The connection.
+    pub io: TcpStream,
     /// The peer's address.
     pub peer: SocketAddr,
-    _place: CapPlace,
-}
-
-impl AsyncRead for Accepted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Accepted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
+    /// Held until the connection closes.
+    pub place: CapPlace,
 }
 
 #[cfg(test)]

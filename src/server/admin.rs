@@ -180,9 +180,11 @@ pub async fn serve_admin(
             () = stop.cancelled() => break,
             conn = incoming.accept() => conn,
         };
-        let served =
-            builder.serve_connection(TokioIo::new(conn), TowerToHyperService::new(router.clone()));
-        let (stop, open) = (stop.clone(), open_rx.clone());
+        let served = builder.serve_connection(
+            TokioIo::new(conn.io),
+            TowerToHyperService::new(router.clone()),
+        );
+        let (stop, open, place) = (stop.clone(), open_rx.clone(), conn.place);
         tokio::spawn(async move {
             let mut served = std::pin::pin!(served);
             tokio::select! {
@@ -192,7 +194,7 @@ pub async fn serve_admin(
                     finished(served.await);
                 }
             }
-            drop(open);
+            drop((open, place));
         });
     }
     drop(incoming);

@@ -99,13 +99,15 @@ async fn serve_grpc_connection<S, B>(
     B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let peer = conn.peer;
+    let Accepted { io, peer, place } = conn;
+    // The connection's place under the cap, until this task ends.
+    let _place = place;
     let idle = connections.limits.idle_timeout;
     let Some(tls) = &connections.tls else {
-        let io = IdleCut::new(conn, idle, peer);
+        let io = IdleCut::new(io, idle, peer);
         return serve_http2(io, service, connections, stop).await;
     };
-    let handshake = tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(conn));
+    let handshake = tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(io));
     let stream = tokio::select! {
         () = stop.cancelled() => return,
         done = handshake => match done {
