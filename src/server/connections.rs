@@ -19,6 +19,46 @@ use super::streams::{Served, Streams};
 use crate::settings::GrpcLimits;
 use crate::tls::ServerTls;
 
+/// What the gRPC port serves: a hyper service whose calls may run in any task.
+pub trait GrpcService<B>:
+    hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<B>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<S, B> GrpcService<B> for S where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
+/// The body of the gRPC port's answers.
+pub trait GrpcBody:
+    hyper::body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
+{
+}
+
+impl<B> GrpcBody for B where
+    B: hyper::body::Body<
+            Data = bytes::Bytes,
+            Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        > + Send
+        + 'static
+{
+}
+
 /// How the gRPC port serves each connection.
 #[derive(Debug, Clone)]
 pub struct GrpcConnections {
@@ -43,17 +83,8 @@ pub async fn serve_grpc<S, B>(
     stop: CancellationToken,
 ) -> Result<(), std::convert::Infallible>
 where
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: GrpcService<B> + Clone + Sync,
+    B: GrpcBody,
 {
     let connections = Arc::new(connections);
     // Every connection task holds a receiver; shutdown waits until all are dropped.
@@ -89,15 +120,8 @@ async fn serve_grpc_connection<S, B>(
     connections: &GrpcConnections,
     stop: &CancellationToken,
 ) where
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = std::convert::Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: GrpcService<B>,
+    B: GrpcBody,
 {
     let Accepted { io, peer, place } = conn;
     // The connection's place under the cap, until this task ends.
@@ -134,15 +158,8 @@ async fn serve_http2<IO, S, B>(
     stop: &CancellationToken,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = std::convert::Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: GrpcService<B>,
+    B: GrpcBody,
 {
     let streams = Streams::default();
     let served = super::grpc_connection(&connections.limits, streams.clone())
