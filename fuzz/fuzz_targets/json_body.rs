@@ -1,7 +1,7 @@
 //! `POST /json`: arbitrary bytes through the admin port's proto3-JSON parser
-//! (`server::json::parse`); a body it accepts is then decided as the admin port decides it (the
+//! (`wire::json::parse`); a body it accepts is then decided as the admin port decides it (the
 //! real decider over a fixed policy set on the in-memory store, at four times of a hand-driven
-//! clock) and its answer rendered (`server::json::render`). Panics and hangs are the failures.
+//! clock) and its answer rendered (`wire::json::render`). Panics and hangs are the failures.
 
 #![no_main]
 
