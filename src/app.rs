@@ -29,6 +29,7 @@ use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
+use crate::traces::{CallTracer, Traces, TracesError};
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +53,9 @@ pub enum AppError {
     /// The backend cannot be set up.
     #[error("cannot set up the backend: {0}")]
     Backend(#[from] BackendError),
+    /// Trace export cannot be set up.
+    #[error(transparent)]
+    Traces(#[from] TracesError),
     /// A server failed while running.
     #[error("{what} server failed: {source}")]
     Serve {
@@ -111,6 +115,8 @@ pub struct App {
     local: Option<Arc<LocalFallback>>,
     metrics: Arc<Metrics>,
     tls: Option<ServerTls>,
+    /// Trace export, when `tracing.enabled`.
+    traces: Option<Traces>,
 }
 
 impl App {
@@ -183,7 +189,12 @@ impl App {
                 settings.local.fleet_size,
             ))
         });
+        let traces = settings.tracing.as_ref().map(Traces::start).transpose()?;
+        if let Some(t) = &settings.tracing {
+            tracing::info!(endpoint = %t.endpoint, protocol = ?t.protocol, sampling_ratio = t.sampling_ratio, "exporting traces");
+        }
         Ok(Self {
+            traces,
             policies: PolicyHandle::new(set),
             backend,
             local,
@@ -254,8 +265,17 @@ impl App {
             local,
             metrics,
             tls,
+            traces,
         } = self;
-        let grpc = start_grpc(grpc, &settings, tls.clone(), decider, health_service, &stop);
+        let tracer = traces.as_ref().map(Traces::tracer);
+        let grpc = start_grpc(
+            grpc,
+            &settings,
+            tls.clone(),
+            (decider, tracer),
+            health_service,
+            &stop,
+        );
         let admin = start_admin(admin, &settings, admin_state, &stop);
         let redis = redis_of(&backend);
         let mut tasks = JoinSet::new();
@@ -281,6 +301,9 @@ impl App {
             let _ = tokio::join!(servers.grpc, servers.admin, tasks.join_all());
         })
         .await;
+        if let Some(traces) = traces {
+            traces.shutdown().await;
+        }
         failure.map_or(Ok(()), Err)
     }
 
@@ -306,6 +329,7 @@ impl App {
             metrics: Arc::clone(&self.metrics),
             backend: self.backend.clone(),
             policies: self.policies.clone(),
+            traces: self.traces.as_ref().map(|t| (t.tracer(), t.figures())),
         }
     }
 }
@@ -336,7 +360,7 @@ fn start_grpc(
     listener: TcpListener,
     settings: &Settings,
     tls: Option<ServerTls>,
-    decider: Decider,
+    (decider, tracer): (Decider, Option<Arc<CallTracer>>),
     health: HealthServer<impl tonic_health::pb::health_server::Health>,
     stop: &CancellationToken,
 ) -> ServerTask {
@@ -348,6 +372,7 @@ fn start_grpc(
         health,
         settings.max_request_bytes,
         &limits,
+        tracer,
     );
     tokio::spawn(server::serve_grpc(
         incoming,

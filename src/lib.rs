@@ -17,6 +17,8 @@
 //! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
 //!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
 //!   converted to and from the decision layer.
+//! - [`traces`]: OpenTelemetry spans of calls, joined to the caller's trace, exported over OTLP
+//!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
 //!   count through the backend, answer backend failures as configured, aggregate, add headers.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
@@ -55,4 +57,5 @@ pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod traces;
 pub mod wire;

@@ -78,8 +78,23 @@ pub const BACKEND_DECISIONS: &str = "sluice_backend_decisions_total";
 pub const BACKEND_FLEET_SIZE: &str = "sluice_backend_fleet_size";
 /// Counters held by the local store of `on_backend_error: local`.
 pub const BACKEND_LOCAL_KEYS: &str = "sluice_backend_local_keys";
+/// Spans the trace collector accepted.
+pub const TRACING_EXPORTED: &str = "sluice_tracing_spans_exported_total";
+/// Spans dropped before reaching the collector, by reason.
+pub const TRACING_DROPPED: &str = "sluice_tracing_spans_dropped_total";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
+
+/// What became of the trace export's spans, read at scrape time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracingFigures {
+    /// Spans the collector accepted.
+    pub exported: u64,
+    /// Spans dropped because the export queue was full.
+    pub dropped_queue_full: u64,
+    /// Spans dropped because their batch could not be sent (an error or the timeout).
+    pub dropped_export_failed: u64,
+}
 
 /// Whether a metric is a counter, a gauge or a histogram (its `# TYPE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +106,17 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 31] = [
+const FAMILIES: [(&str, Kind, &str); 33] = [
+    (
+        TRACING_EXPORTED,
+        Kind::Counter,
+        "Spans the trace collector accepted (with tracing on).",
+    ),
+    (
+        TRACING_DROPPED,
+        Kind::Counter,
+        "Spans dropped before the collector: queue_full (the queue was full), export_failed (their batch failed or timed out).",
+    ),
     (
         TOTAL_HITS,
         Kind::Counter,
@@ -397,8 +422,30 @@ impl Metrics {
     /// with a Redis backend, its mode and decision counts (read at scrape time from its own
     /// stores, not from the process-wide recorder).
     #[must_use]
-    pub fn render(&self, stats: &Stats, local: Option<&LocalFigures>) -> String {
+    pub fn render(
+        &self,
+        stats: &Stats,
+        local: Option<&LocalFigures>,
+        tracing: Option<&TracingFigures>,
+    ) -> String {
         let mut out = self.handle.render();
+        if let Some(t) = tracing {
+            family(&mut out, TRACING_EXPORTED, &plain(t.exported));
+            family(
+                &mut out,
+                TRACING_DROPPED,
+                &[
+                    (
+                        "{reason=\"queue_full\"}".to_owned(),
+                        t.dropped_queue_full.to_string(),
+                    ),
+                    (
+                        "{reason=\"export_failed\"}".to_owned(),
+                        t.dropped_export_failed.to_string(),
+                    ),
+                ],
+            );
+        }
         family(
             &mut out,
             DECISION_DURATION,

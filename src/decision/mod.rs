@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::{Backend, BackendError, Batch, LocalFallback};
+use crate::limiter::{Backend, BackendError, Batch, LocalFallback, Source};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
@@ -65,6 +65,40 @@ pub enum Code {
     OverLimit,
 }
 
+/// Who answered a request's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnsweredBy {
+    /// Nobody: no counter applied (an unknown domain, no matching rule), or the request was
+    /// refused before counting.
+    #[default]
+    None,
+    /// The in-memory store.
+    Memory,
+    /// Redis.
+    Redis,
+    /// This node's leases of hot counters.
+    Lease,
+    /// The local store of `on_backend_error: local`, while Redis cannot decide.
+    Local,
+    /// Nobody could: the backend failed and `on_backend_error` answered `allow` or `deny`.
+    Fallback,
+}
+
+impl AnsweredBy {
+    /// Its lowercase name, as traces carry it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::Lease => "lease",
+            Self::Local => "local",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
 /// The answer for a whole request. It owns what it reports (the applied rule is shared, not
 /// borrowed), so it outlives the snapshot it was decided on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +117,8 @@ pub struct Decision {
     /// when not 0, and `metadata`, the merged `metadata` of the rules whose descriptors passed
     /// (first value wins), when not empty. `None` when off.
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Who answered its counters.
+    pub answered_by: AnsweredBy,
 }
 
 /// The answer for one descriptor.
@@ -217,25 +253,35 @@ impl Decider {
             self.options.shadow_mode,
             self.options.quota_mode,
         );
-        let batch = match self.backend.count(&plan.ops).await {
-            Ok(b) => {
+        let (batch, answered_by) = match self.backend.count_from(&plan.ops).await {
+            Ok((b, source)) => {
                 // A request without ops never reached the backend: it says nothing of Redis.
                 if !plan.ops.is_empty() {
                     self.answered();
                 }
-                b
+                let by = match source {
+                    Source::None => AnsweredBy::None,
+                    Source::Memory => AnsweredBy::Memory,
+                    Source::Redis => AnsweredBy::Redis,
+                    Source::Lease => AnsweredBy::Lease,
+                };
+                (b, by)
             }
             Err(e) => {
                 tracing::debug!(domain = %req.domain, error = %e.detail(), "backend failed");
                 self.metrics.request(RequestOutcome::BackendError);
                 match (self.options.on_backend_error, &self.local) {
-                    (OnBackendError::Allow, _) => Batch::fallback(&plan.ops, true),
-                    (OnBackendError::Deny, _) => Batch::fallback(&plan.ops, false),
+                    (OnBackendError::Allow, _) => {
+                        (Batch::fallback(&plan.ops, true), AnsweredBy::Fallback)
+                    }
+                    (OnBackendError::Deny, _) => {
+                        (Batch::fallback(&plan.ops, false), AnsweredBy::Fallback)
+                    }
                     (OnBackendError::Local, Some(local)) => {
                         if let Some(n) = local.enter() {
                             tracing::warn!(fleet_size = n, reason = %e.detail(), "redis cannot decide; counting locally at rate/N with burst ceil(B/N)");
                         }
-                        local.count(&plan.ops)
+                        (local.count(&plan.ops), AnsweredBy::Local)
                     }
                     (OnBackendError::Error | OnBackendError::Local, _) => return Err(e.into()),
                 }
@@ -243,6 +289,7 @@ impl Decider {
         };
         let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
         let mut decision = self.respond(overall, statuses);
+        decision.answered_by = answered_by;
         if self.options.dynamic_metadata {
             let passed =
                 plan.descriptors
@@ -295,6 +342,7 @@ impl Decider {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: None,
+            answered_by: AnsweredBy::None,
         };
         headers::add(&mut decision, &self.options.headers);
         decision

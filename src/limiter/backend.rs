@@ -15,6 +15,19 @@ use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::lease::LeasedStore;
 use crate::limiter::store::MemoryStore;
 
+/// Which store answered a request's ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// No store: the request had no ops.
+    None,
+    /// This process's memory.
+    Memory,
+    /// Redis (its over-limit cache included).
+    Redis,
+    /// This node's leases of hot counters, without a round trip.
+    Lease,
+}
+
 /// Where counters live.
 #[derive(Debug, Clone)]
 pub enum Backend {
@@ -49,19 +62,34 @@ impl Backend {
     /// [`BackendError`] when Redis cannot decide (memory always can); nothing is known to be
     /// charged then.
     pub async fn count(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+        self.count_from(ops).await.map(|(batch, _)| batch)
+    }
+
+    /// As [`Backend::count`], with the store that answered.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::count`].
+    pub async fn count_from(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
         if ops.is_empty() {
-            return Ok(Batch::empty());
+            return Ok((Batch::empty(), Source::None));
         }
         match self {
-            Self::Memory { store, clock } => Ok(store.count_batch_with(ops, &|| clock.now())),
+            Self::Memory { store, clock } => {
+                Ok((store.count_batch_with(ops, &|| clock.now()), Source::Memory))
+            }
             // Boxed, so that the futures of every decision, memory ones included, are not
             // sized for a Redis round trip's state.
-            Self::Redis(redis) => Box::pin(redis.count_batch(ops)).await,
+            Self::Redis(redis) => Box::pin(redis.count_batch(ops))
+                .await
+                .map(|b| (b, Source::Redis)),
             // A lease answers in place; only a request sent to Redis pays for the box (a round
             // trip's state, which would otherwise be moved to the heap on every call).
             Self::Leased(leased) => match leased.answer_from_leases(ops) {
-                Some(batch) => Ok(batch),
-                None => Box::pin(leased.count_in_redis(ops)).await,
+                Some(batch) => Ok((batch, Source::Lease)),
+                None => Box::pin(leased.count_in_redis(ops))
+                    .await
+                    .map(|b| (b, Source::Redis)),
             },
         }
     }

@@ -18,7 +18,7 @@ pub mod key;
 pub mod redis;
 pub mod store;
 
-pub use backend::Backend;
+pub use backend::{Backend, Source};
 pub use batch::{Batch, Mode, Op};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use error::{BackendError, ErrorKind};

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
@@ -20,6 +20,7 @@ use crate::decision::{Code, DecideError, Decider};
 use crate::limiter::Backend;
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle};
+use crate::traces::{CallTracer, TraceFigures};
 use crate::wire::json;
 
 /// What the admin endpoints read.
@@ -35,6 +36,8 @@ pub(crate) struct AdminState {
     pub(crate) backend: Backend,
     /// For `/rlconfig`.
     pub(crate) policies: PolicyHandle,
+    /// With tracing on: a span per `/json` call, and what became of the spans for `/metrics`.
+    pub(crate) traces: Option<(Arc<CallTracer>, TraceFigures)>,
 }
 
 /// The admin routes; `/json` bodies are limited to `max_body_bytes`.
@@ -67,6 +70,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         s.metrics.render(
             &s.backend.stats(),
             s.decider.local().map(|l| l.figures()).as_ref(),
+            s.traces.as_ref().map(|(_, f)| f.read()).as_ref(),
         ),
     )
         .into_response()
@@ -74,16 +78,38 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 /// `POST /json`: a proto3-JSON `RateLimitRequest` decided like a gRPC call: 200 OK, 429 over
 /// limit, 400 with the reason for bad input, 503 when the backend fails.
-async fn decide_json(State(s): State<AdminState>, body: Bytes) -> Response {
+async fn decide_json(
+    State(s): State<AdminState>,
+    request_headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut span = s.traces.as_ref().map(|(tracer, _)| {
+        tracer.start("POST /json", |name| {
+            request_headers.get(name).and_then(|v| v.to_str().ok())
+        })
+    });
     let bad = |reason: String| (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
     let req = match json::parse(&body) {
         Ok(r) => r,
         Err(e) => {
             s.decider.count_malformed();
+            if let Some(span) = &mut span {
+                span.failed_with(e.to_string());
+            }
             return bad(e.to_string());
         }
     };
-    let decision = match s.decider.decide(&req).await {
+    if let Some(span) = &mut span {
+        span.request(&req);
+    }
+    let decided = s.decider.decide(&req).await;
+    if let Some(span) = &mut span {
+        match &decided {
+            Ok(decision) => span.decided(decision),
+            Err(e) => span.failed(e),
+        }
+    }
+    let decision = match decided {
         Ok(d) => d,
         Err(DecideError::Backend(e)) => {
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();

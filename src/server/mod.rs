@@ -36,6 +36,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::pb::rate_limit_service_server;
 use crate::settings::GrpcLimits;
+use crate::traces::CallTracer;
 use edge::GrpcEdge;
 use rls::RateLimitHandler;
 use unary::{ShouldRateLimit, UnaryBody};
@@ -163,10 +164,11 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
         health: HealthServer<H>,
         max_request_bytes: usize,
         limits: &GrpcLimits,
+        tracer: Option<Arc<CallTracer>>,
     ) -> Self {
         Self {
             rls: GrpcEdge::new(
-                ShouldRateLimit::new(handler, max_request_bytes),
+                ShouldRateLimit::new(handler, max_request_bytes, tracer),
                 limits.request_timeout,
             ),
             // The same cap on the health service's messages, refused by tonic's decoder (its

@@ -5,6 +5,7 @@ use tonic::Status;
 
 use crate::decision::{DecideError, Decider};
 use crate::pb::{RateLimitRequest, RateLimitResponse};
+use crate::traces::CallSpan;
 use crate::wire;
 
 /// Answers `ShouldRateLimit` with the decider.
@@ -26,18 +27,26 @@ impl RateLimitHandler {
     }
 
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
+    /// With tracing on, what was asked and answered goes on the call's `span`.
     pub(crate) async fn answer(
         &self,
         request: RateLimitRequest,
+        mut span: Option<&mut CallSpan>,
     ) -> Result<RateLimitResponse, Status> {
         let req = wire::from_pb(request)
             .inspect_err(|_| self.decider.count_malformed())
             .map_err(|e| status(e.into()))?;
-        self.decider
-            .decide(&req)
-            .await
-            .map(wire::to_pb)
-            .map_err(status)
+        if let Some(span) = span.as_deref_mut() {
+            span.request(&req);
+        }
+        let decided = self.decider.decide(&req).await;
+        if let Some(span) = span {
+            match &decided {
+                Ok(decision) => span.decided(decision),
+                Err(e) => span.failed(e),
+            }
+        }
+        decided.map(wire::to_pb).map_err(status)
     }
 }
 

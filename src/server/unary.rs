@@ -18,9 +18,13 @@ use tonic::{Code, Status};
 use super::rls::RateLimitHandler;
 use crate::pb::RateLimitRequest;
 use crate::pb::codec::Wire;
+use crate::traces::CallTracer;
 
 /// The path of the rate-limit service's one method.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The name of its spans.
+const TRACED_METHOD: &str = "ShouldRateLimit";
 
 /// The status of a unary call whose body holds a second message (grpc-java's words).
 const TOO_MANY_REQUESTS: &str = "Too many requests";
@@ -53,13 +57,20 @@ const PREFIX: usize = 5;
 pub(crate) struct ShouldRateLimit {
     handler: Arc<RateLimitHandler>,
     max_request_bytes: usize,
+    /// With tracing on: a span per call, child of the caller's.
+    tracer: Option<Arc<CallTracer>>,
 }
 
 impl ShouldRateLimit {
-    pub(crate) fn new(handler: RateLimitHandler, max_request_bytes: usize) -> Self {
+    pub(crate) fn new(
+        handler: RateLimitHandler,
+        max_request_bytes: usize,
+        tracer: Option<Arc<CallTracer>>,
+    ) -> Self {
         Self {
             handler: Arc::new(handler),
             max_request_bytes,
+            tracer,
         }
     }
 
@@ -68,13 +79,29 @@ impl ShouldRateLimit {
             // The generated server's answer to a method the service does not have.
             return Status::unimplemented("").into_http();
         }
+        let mut span = self.tracer.as_ref().map(|tracer| {
+            let headers = req.headers();
+            tracer.start(TRACED_METHOD, |name| {
+                headers.get(name).and_then(|v| v.to_str().ok())
+            })
+        });
         let answered = async {
             let request = read_request(req, self.max_request_bytes)
                 .await
                 .inspect_err(|_| self.handler.count_malformed())?;
-            encode(&self.handler.answer(request).await?)
+            encode(&self.handler.answer(request, span.as_mut()).await?)
         };
-        match answered.await {
+        let answered = answered.await;
+        if let Some(span) = &mut span {
+            match &answered {
+                Ok(_) => span.grpc_status(0),
+                Err(status) => {
+                    span.grpc_status(status.code() as i32);
+                    span.failed_with(status.message().to_owned());
+                }
+            }
+        }
+        match answered {
             Ok(message) => {
                 let mut trailers = http::HeaderMap::with_capacity(1);
                 trailers.insert(Status::GRPC_STATUS, http::HeaderValue::from_static("0"));

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use config::{Config, Environment, File, FileFormat};
 
 use super::compat::{self, Compat};
+use super::written::TracingSection;
 use super::{BackendKind, SettingsError, Written};
 use crate::decision::{HeaderMode, OnBackendError};
 use crate::telemetry::LogFormat;
@@ -121,6 +122,7 @@ impl Written {
         if let Some(h) = flags.response_headers {
             settings.response_headers = h;
         }
+        otel_variables(&mut settings.tracing, &env);
         // Said once the file, `SLUICE_*` and the flags have had their say.
         if let Some(url) = default_socket
             && settings.backend == BackendKind::Redis
@@ -132,6 +134,32 @@ impl Written {
             ));
         }
         Ok(settings)
+    }
+}
+
+/// The standard OpenTelemetry variables, under every other source: each fills in its setting
+/// only when no source set it (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` before
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`).
+fn otel_variables(t: &mut TracingSection, env: &std::collections::BTreeMap<String, String>) {
+    let var = |name: &str| env.get(name).filter(|v| !v.trim().is_empty()).cloned();
+    if t.endpoint.is_empty()
+        && let Some(v) =
+            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    {
+        t.endpoint = v;
+    }
+    if t.service_name.is_empty()
+        && let Some(v) = var("OTEL_SERVICE_NAME")
+    {
+        t.service_name = v;
+    }
+    if let Some(v) = var("OTEL_RESOURCE_ATTRIBUTES") {
+        // Both apply, the setting's pairs over the variable's.
+        t.resource_attributes = if t.resource_attributes.is_empty() {
+            v
+        } else {
+            format!("{v},{}", t.resource_attributes)
+        };
     }
 }
 
@@ -452,5 +480,28 @@ mod tests {
         assert!(err.contains("grpc_adr"), "{err}");
         let missing = dir.path().join("missing.yaml");
         assert!(Written::load(Some(&missing), &Overrides::default()).is_err());
+    }
+
+    #[test]
+    fn otel_variables_fill_in_what_no_setting_set() {
+        let otel = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_SERVICE_NAME", "from-otel"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "a=1,b=2"),
+        ];
+        let s = Written::load_with_env(None, &Overrides::default(), env(&otel)).unwrap();
+        assert_eq!(s.tracing.endpoint, "http://collector:4317");
+        assert_eq!(s.tracing.service_name, "from-otel");
+        assert_eq!(s.tracing.resource_attributes, "a=1,b=2");
+        let mut vars = env(&otel);
+        vars.extend(env(&[
+            ("SLUICE_TRACING__ENDPOINT", "http://mine:4317"),
+            ("SLUICE_TRACING__SERVICE_NAME", "mine"),
+            ("SLUICE_TRACING__RESOURCE_ATTRIBUTES", "b=3"),
+        ]));
+        let s = Written::load_with_env(None, &Overrides::default(), vars).unwrap();
+        assert_eq!(s.tracing.endpoint, "http://mine:4317");
+        assert_eq!(s.tracing.service_name, "mine");
+        assert_eq!(s.tracing.resource_attributes, "a=1,b=2,b=3");
     }
 }

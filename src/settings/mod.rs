@@ -20,7 +20,7 @@ pub use compat::{Compat, CompatError};
 pub use layers::Overrides;
 pub use written::{
     AdminSection, GrpcSection, GrpcTlsSection, LeaseSection, MetricsSection, RedisSection,
-    RedisTlsSection, RequestsSection, SentinelSection, StoreSection, Written,
+    RedisTlsSection, RequestsSection, SentinelSection, StoreSection, TracingSection, Written,
 };
 
 use crate::decision;
@@ -84,6 +84,8 @@ pub struct Settings {
     pub grpc_tls: Option<GrpcTls>,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
+    /// Trace export; `None` when `tracing.enabled` is false.
+    pub tracing: Option<crate::traces::Config>,
     /// Reference variables (`compat`) read but not acted on, each with why: logged at
     /// startup as warnings.
     pub compat_warnings: Vec<String>,
@@ -189,6 +191,19 @@ pub enum SettingsError {
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),
+    /// `tracing.sampling_ratio` outside 0..=1.
+    #[error("invalid settings: tracing.sampling_ratio {0} is not between 0 and 1")]
+    SamplingRatio(f64),
+    /// A `tracing` setting that cannot be used.
+    #[error("invalid settings: {setting} {value:?}: {why}")]
+    Tracing {
+        /// The setting's dotted name (or the variable it came from).
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it cannot be used.
+        why: &'static str,
+    },
     /// A header name that HTTP does not allow.
     #[error("invalid settings: {setting} {name:?} is not an HTTP header name")]
     HeaderName {

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::written::TracingSection;
 use super::{
     AdminLimits, BackendKind, BackendSettings, GrpcLimits, GrpcTls, GrpcTlsSection, LeaseSection,
     LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, RedisSection, Settings, SettingsError, Written,
@@ -115,6 +116,7 @@ impl Written {
             },
             BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
         };
+        let tracing = tracing_config(&self.tracing)?;
         let lease = lease_config(&self.redis.lease)?
             .filter(|_| matches!(backend, BackendSettings::Redis(_)));
         Ok(Settings {
@@ -171,6 +173,7 @@ impl Written {
                 max_connections: self.admin.max_connections,
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
+            tracing,
             compat_warnings: self.compat_warnings,
         })
     }
@@ -343,6 +346,89 @@ fn sentinel_config(r: &RedisSection, urls: usize) -> Result<Option<SentinelConfi
         urls: sentinels,
         password: Some(s.password.clone()).filter(|p| !p.is_empty()),
     }))
+}
+
+/// The trace export's settings, when on. The OTEL_* variables were read into the section when it
+/// was layered; what is still empty takes the defaults here.
+fn tracing_config(t: &TracingSection) -> Result<Option<crate::traces::Config>, SettingsError> {
+    if !t.enabled {
+        return Ok(None);
+    }
+    if !(0.0..=1.0).contains(&t.sampling_ratio) {
+        return Err(SettingsError::SamplingRatio(t.sampling_ratio));
+    }
+    for (setting, value) in [
+        ("tracing.max_value_bytes", t.max_value_bytes as u64),
+        ("tracing.queue_size", t.queue_size as u64),
+        ("tracing.batch_size", t.batch_size as u64),
+        ("tracing.batch_delay_ms", t.batch_delay_ms),
+        ("tracing.export_timeout_ms", t.export_timeout_ms),
+    ] {
+        if value == 0 {
+            return Err(SettingsError::Zero { setting });
+        }
+    }
+    let endpoint = if t.endpoint.is_empty() {
+        match t.protocol {
+            crate::traces::Protocol::Grpc => "http://localhost:4317".to_owned(),
+            crate::traces::Protocol::Http => "http://localhost:4318".to_owned(),
+        }
+    } else {
+        t.endpoint.clone()
+    };
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(SettingsError::Tracing {
+            setting: "tracing.endpoint",
+            value: endpoint,
+            why: "not an http:// or https:// URL",
+        });
+    }
+    let mut resource = resource_attributes(&t.resource_attributes)?;
+    let service_name = if t.service_name.is_empty() {
+        resource
+            .iter()
+            .find(|(k, _)| k == "service.name")
+            .map_or_else(|| "sluice".to_owned(), |(_, v)| v.clone())
+    } else {
+        t.service_name.clone()
+    };
+    resource.retain(|(k, _)| k != "service.name");
+    resource.insert(0, ("service.name".to_owned(), service_name));
+    Ok(Some(crate::traces::Config {
+        protocol: t.protocol,
+        endpoint,
+        resource,
+        sampling_ratio: t.sampling_ratio,
+        descriptor_values: t.descriptor_values.then_some(t.max_value_bytes),
+        queue_size: t.queue_size,
+        batch_size: t.batch_size,
+        batch_delay: Duration::from_millis(t.batch_delay_ms),
+        export_timeout: Duration::from_millis(t.export_timeout_ms),
+        shutdown_timeout: Duration::from_millis(t.shutdown_timeout_ms),
+    }))
+}
+
+/// `key=value,key=value`, values percent-decoded (`OTEL_RESOURCE_ATTRIBUTES`' format).
+fn resource_attributes(written: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for pair in written.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |why| SettingsError::Tracing {
+            setting: "tracing.resource_attributes",
+            value: pair.to_owned(),
+            why,
+        };
+        let (key, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(bad("an empty key"));
+        }
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| bad("a value that is not UTF-8 once percent-decoded"))?;
+        out.retain(|(k, _)| k != key);
+        out.push((key.to_owned(), value.into_owned()));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -640,5 +726,42 @@ mod tests {
         raw.grpc.max_connection_age_grace_ms = 1_000;
         let s = raw.validate().unwrap();
         assert_eq!(s.grpc.max_connection_age, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_fills_its_defaults_when_on() {
+        assert_eq!(Written::default().validate().unwrap().tracing, None);
+        let mut raw = Written::default();
+        raw.tracing.enabled = true;
+        raw.tracing.resource_attributes = "deployment.environment=prod%20eu,service.name=x".into();
+        let t = raw.clone().validate().unwrap().tracing.unwrap();
+        assert_eq!(t.endpoint, "http://localhost:4317");
+        assert_eq!(
+            t.resource,
+            vec![
+                ("service.name".to_owned(), "x".to_owned()),
+                ("deployment.environment".to_owned(), "prod eu".to_owned()),
+            ]
+        );
+        assert_eq!(t.descriptor_values, None);
+        raw.tracing.service_name = "edge-rls".into();
+        raw.tracing.descriptor_values = true;
+        let t = raw.clone().validate().unwrap().tracing.unwrap();
+        assert_eq!(
+            t.resource[0],
+            ("service.name".to_owned(), "edge-rls".to_owned())
+        );
+        assert_eq!(t.descriptor_values, Some(64));
+        raw.tracing.sampling_ratio = 1.5;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("tracing.sampling_ratio"), "{err}");
+        raw.tracing.sampling_ratio = 0.0;
+        raw.tracing.endpoint = "collector:4317".into();
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(err.contains("tracing.endpoint"), "{err}");
+        raw.tracing.endpoint = String::new();
+        raw.tracing.resource_attributes = "novalue".into();
+        let err = raw.validate().unwrap_err().to_string();
+        assert!(err.contains("tracing.resource_attributes"), "{err}");
     }
 }

@@ -13,6 +13,7 @@ use super::compat::Compat;
 use crate::decision::{Caps, HeaderMode, LegacyNames, OnBackendError};
 use crate::policy::Files;
 use crate::telemetry::LogFormat;
+use crate::traces::Protocol;
 
 /// The process settings as written, every source merged, not yet validated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +73,8 @@ pub struct Written {
     pub redis: RedisSection,
     /// Metrics.
     pub metrics: MetricsSection,
+    /// Traces: OpenTelemetry spans exported over OTLP.
+    pub tracing: TracingSection,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING (so
     /// load balancers notice first), in milliseconds.
     pub drain_delay_ms: u64,
@@ -407,6 +410,64 @@ impl Default for MetricsSection {
     }
 }
 
+/// Traces, as written. Empty strings are unset: `endpoint`, `service_name` and
+/// `resource_attributes` then come from `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME` and
+/// `OTEL_RESOURCE_ATTRIBUTES`, else from the defaults (`layers` fills them in).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingSection {
+    /// Export a span per call.
+    pub enabled: bool,
+    /// The OTLP transport: `grpc` or `http` (protobuf bodies).
+    pub protocol: Protocol,
+    /// The collector's URL (default `http://localhost:4317` for gRPC, `http://localhost:4318`
+    /// for HTTP, where `/v1/traces` is added to a URL without a path).
+    pub endpoint: String,
+    /// The resource's `service.name` (default `sluice`).
+    pub service_name: String,
+    /// More resource attributes, `key=value` pairs separated by commas, values percent-encoded
+    /// (the format of `OTEL_RESOURCE_ATTRIBUTES`).
+    pub resource_attributes: String,
+    /// The share of new traces sampled, 0 to 1; a caller's sampled span is always followed,
+    /// an unsampled one never.
+    pub sampling_ratio: f64,
+    /// Put the descriptors' entries (`key=value`) on spans; off by default, since values can
+    /// be user identifiers.
+    pub descriptor_values: bool,
+    /// Longest descriptor value put on a span, in bytes (cut past it).
+    pub max_value_bytes: usize,
+    /// Most spans waiting for export; past it spans are dropped and counted.
+    pub queue_size: usize,
+    /// Most spans in one export.
+    pub batch_size: usize,
+    /// Longest a span waits for its batch to fill, in milliseconds.
+    pub batch_delay_ms: u64,
+    /// Longest one export may take, in milliseconds; its spans are dropped and counted past it.
+    pub export_timeout_ms: u64,
+    /// Longest shutdown waits for queued spans to be sent, in milliseconds.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for TracingSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            protocol: Protocol::Grpc,
+            endpoint: String::new(),
+            service_name: String::new(),
+            resource_attributes: String::new(),
+            sampling_ratio: 1.0,
+            descriptor_values: false,
+            max_value_bytes: 64,
+            queue_size: 2048,
+            batch_size: 512,
+            batch_delay_ms: 1_000,
+            export_timeout_ms: 5_000,
+            shutdown_timeout_ms: 2_000,
+        }
+    }
+}
+
 impl Default for Written {
     fn default() -> Self {
         Self {
@@ -433,6 +494,7 @@ impl Default for Written {
             on_backend_error: OnBackendError::Error,
             redis: RedisSection::default(),
             metrics: MetricsSection::default(),
+            tracing: TracingSection::default(),
             drain_delay_ms: 0,
             shutdown_grace_ms: 10_000,
             grpc: GrpcSection::default(),

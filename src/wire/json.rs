@@ -248,6 +248,7 @@ mod tests {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: None,
+            answered_by: crate::decision::AnsweredBy::None,
         };
         assert_eq!(render(&d), json!({"overallCode": "OK", "statuses": []}));
         d.dynamic_metadata = json!({"domain": "d", "descriptors": []})

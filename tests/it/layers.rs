@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["app", "fuzz"],
     &["server", "lab", "reload", "probe", "client"],
     &["settings", "wire"],
+    &["traces"],
     &["decision"],
     &["metrics"],
     &["policy"],

@@ -19,4 +19,5 @@ mod redis_sentinel;
 mod redis_tls;
 mod service;
 mod tls;
+mod traces;
 mod wire;

@@ -105,6 +105,7 @@ pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, Compat
     redis::backend(&env, &mut m)?;
     decisions::answers(&env, &mut m)?;
     observability::metrics(&env, &mut m)?;
+    observability::tracing(&env, &mut m)?;
     listeners::grpc(&env, &mut m)?;
     unsupported(&env)?;
     Ok(m)

@@ -1,0 +1,314 @@
+//! Traces against a real OTLP receiver (the collector's `TraceService`, served by tonic on
+//! 127.0.0.1:0): a span per call joined to the caller's W3C or B3 trace, its attributes and
+//! resource, parent-based sampling at ratios 0 and 1, and a dead collector that delays no
+//! answer while its drops are counted.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use sluice::settings::Written;
+
+use crate::helpers::{TestServer, eventually, free_port, metric, single};
+
+const POLICY: &str = r#"
+domain: traced
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1000}
+"#;
+
+/// A span as received, with its resource's attributes.
+#[derive(Clone, Debug)]
+struct Received {
+    span: Span,
+    resource: Vec<KeyValue>,
+}
+
+#[derive(Clone, Default)]
+struct Receiver(Arc<Mutex<Vec<Received>>>);
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for rs in request.into_inner().resource_spans {
+            let resource = rs.resource.map(|r| r.attributes).unwrap_or_default();
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    spans.push(Received {
+                        span,
+                        resource: resource.clone(),
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Receiver {
+    /// Serves on 127.0.0.1:0; returns its URL.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = TraceServiceServer::new(self.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        format!("http://{addr}")
+    }
+
+    fn spans(&self) -> Vec<Received> {
+        self.0.lock().unwrap().clone()
+    }
+
+    async fn wait_for(&self, n: usize) -> Vec<Received> {
+        let arrived = eventually(Duration::from_secs(10), || async {
+            self.spans().len() >= n
+        })
+        .await;
+        assert!(arrived, "{n} spans expected, got {}", self.spans().len());
+        self.spans()
+    }
+}
+
+fn traced(endpoint: &str, ratio: f64) -> impl FnOnce(&mut Written) + use<> {
+    let endpoint = endpoint.to_owned();
+    move |s: &mut Written| {
+        s.tracing.enabled = true;
+        s.tracing.endpoint = endpoint;
+        s.tracing.service_name = "edge-rls".into();
+        s.tracing.sampling_ratio = ratio;
+        s.tracing.batch_delay_ms = 20;
+    }
+}
+
+async fn call_with(s: &TestServer, headers: &[(&'static str, &str)]) {
+    let mut req = tonic::Request::new(single("traced", "k", "v"));
+    for (name, value) in headers {
+        req.metadata_mut().insert(*name, value.parse().unwrap());
+    }
+    s.client.clone().should_rate_limit(req).await.unwrap();
+}
+
+fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    attrs
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+fn string(attrs: &[KeyValue], key: &str) -> Option<String> {
+    match attr(attrs, key)? {
+        Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+#[tokio::test]
+async fn a_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], traced(&endpoint, 1.0)).await;
+    call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
+    let got = receiver.wait_for(1).await;
+    let Received { span, resource } = &got[0];
+    assert_eq!(span.name, "ShouldRateLimit");
+    assert_eq!(hex(&span.trace_id), TRACE);
+    assert_eq!(hex(&span.parent_span_id), PARENT);
+    assert_eq!(
+        string(&span.attributes, "ratelimit.domain").as_deref(),
+        Some("traced")
+    );
+    assert_eq!(
+        string(&span.attributes, "ratelimit.overall_code").as_deref(),
+        Some("OK")
+    );
+    assert_eq!(
+        string(&span.attributes, "ratelimit.backend").as_deref(),
+        Some("memory")
+    );
+    assert!(matches!(
+        attr(&span.attributes, "ratelimit.descriptors"),
+        Some(Value::IntValue(1))
+    ));
+    assert!(matches!(
+        attr(&span.attributes, "ratelimit.override"),
+        Some(Value::BoolValue(false))
+    ));
+    // Descriptor values stay off spans unless asked for.
+    assert!(attr(&span.attributes, "ratelimit.descriptor.0").is_none());
+    assert_eq!(
+        string(resource, "service.name").as_deref(),
+        Some("edge-rls")
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn b3_single_and_multi_header_join_the_callers_trace() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], |w| {
+        traced(&endpoint, 0.0)(w);
+        w.tracing.descriptor_values = true;
+        w.tracing.max_value_bytes = 1;
+    })
+    .await;
+    call_with(
+        &s,
+        &[("b3", "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1")],
+    )
+    .await;
+    call_with(
+        &s,
+        &[
+            ("x-b3-traceid", "463ac35c9f6413ad48485a3953bb6124"),
+            ("x-b3-spanid", "a2fb4a1d1a96d312"),
+            ("x-b3-sampled", "1"),
+        ],
+    )
+    .await;
+    let got = receiver.wait_for(2).await;
+    let ids: Vec<(String, String)> = got
+        .iter()
+        .map(|r| (hex(&r.span.trace_id), hex(&r.span.parent_span_id)))
+        .collect();
+    assert!(
+        ids.contains(&(
+            "80f198ee56343ba864fe8b2a57d3eff7".into(),
+            "e457b5a2e4d86bd1".into()
+        )),
+        "{ids:?}"
+    );
+    assert!(
+        ids.contains(&(
+            "463ac35c9f6413ad48485a3953bb6124".into(),
+            "a2fb4a1d1a96d312".into()
+        )),
+        "{ids:?}"
+    );
+    // With descriptor values on, each value is cut at max_value_bytes.
+    assert_eq!(
+        string(&got[0].span.attributes, "ratelimit.descriptor.0").as_deref(),
+        Some("k=v")
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ratio_0_samples_no_new_trace_but_follows_a_sampled_parent() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], traced(&endpoint, 0.0)).await;
+    for _ in 0..5 {
+        call_with(&s, &[]).await;
+    }
+    // An unsampled parent is not followed either.
+    call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-00"))]).await;
+    call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
+    let got = receiver.wait_for(1).await;
+    // The sampled call came last; what was sampled before it has been sent with it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(receiver.spans().len(), 1, "{got:?}");
+    assert_eq!(hex(&got[0].span.trace_id), TRACE);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ratio_1_sends_one_span_per_call() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], traced(&endpoint, 1.0)).await;
+    for _ in 0..20 {
+        call_with(&s, &[]).await;
+    }
+    let got = receiver.wait_for(20).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(receiver.spans().len(), 20);
+    let traces: std::collections::HashSet<_> =
+        got.iter().map(|r| r.span.trace_id.clone()).collect();
+    assert_eq!(
+        traces.len(),
+        20,
+        "untraced calls are each a trace of their own"
+    );
+    let exported = metric(s.admin, "sluice_tracing_spans_exported_total").await;
+    assert_eq!(exported, Some(20.0));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_collector_delays_no_answer_and_its_drops_are_counted() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], |w| {
+        traced(&dead, 1.0)(w);
+        w.tracing.queue_size = 8;
+        w.tracing.batch_size = 4;
+        w.tracing.export_timeout_ms = 200;
+        w.tracing.shutdown_timeout_ms = 300;
+    })
+    .await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..300 {
+        let start = Instant::now();
+        let answer = s
+            .client
+            .clone()
+            .should_rate_limit(single("traced", "k", "v"))
+            .await;
+        slowest = slowest.max(start.elapsed());
+        assert!(answer.is_ok());
+    }
+    assert!(
+        slowest < Duration::from_millis(500),
+        "slowest call took {slowest:?}"
+    );
+    let counted = eventually(Duration::from_secs(10), || async {
+        let full = metric(
+            s.admin,
+            "sluice_tracing_spans_dropped_total{reason=\"queue_full\"}",
+        )
+        .await;
+        let failed = metric(
+            s.admin,
+            "sluice_tracing_spans_dropped_total{reason=\"export_failed\"}",
+        )
+        .await;
+        full.unwrap_or(0.0) > 0.0 && failed.unwrap_or(0.0) > 0.0
+    })
+    .await;
+    assert!(
+        counted,
+        "{}",
+        crate::helpers::http_get(s.admin, "/metrics").await.1
+    );
+    let stopping = Instant::now();
+    s.stop().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "stop took {:?}",
+        stopping.elapsed()
+    );
+}
