@@ -17,8 +17,6 @@
 //! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
 //!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
 //!   converted to and from the decision layer.
-//! - [`traces`]: OpenTelemetry spans of the calls, the caller's context (W3C, B3), sampling and
-//!   the OTLP export with its bounded queue; built only when `tracing.enabled`.
 //! - [`traces`]: OpenTelemetry spans of calls, joined to the caller's trace, exported over OTLP
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
