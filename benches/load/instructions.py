@@ -14,6 +14,12 @@ script starts (redis-server on a free loopback port), on a counter offered far a
 instructions per decision, and who answered.
 
     python3 benches/load/instructions.py --loadgen LOADGEN --leased NAME=BIN
+
+--traced compares, for each build, tracing off with tracing on at ratio 1 and at 0.01, the spans
+exported over OTLP/gRPC to a receiver the script serves (it needs grpcio and
+opentelemetry-proto, e.g. in tests/interop's virtualenv), on the hot key.
+
+    python3 benches/load/instructions.py --loadgen LOADGEN --traced NAME=BIN
 """
 
 import argparse
@@ -85,6 +91,8 @@ def main():
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--leased", action="store_true",
                     help="memory against leased counting on a counter offered above its rate")
+    ap.add_argument("--traced", action="store_true",
+                    help="tracing off against tracing on at ratio 1 and 0.01, on the hot key")
     ap.add_argument("builds", nargs="+", metavar="NAME=BIN")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
@@ -101,6 +109,9 @@ def main():
     if args.leased:
         leased(args, work, hot)
         return
+    if args.traced:
+        traced(args, policies, work, hot)
+        return
 
     def many(s):
         out = subprocess.run(
@@ -115,6 +126,43 @@ def main():
             per_call, calls = measure(binary, policies, drive, work)
             print(f"{name:<8} {scenario:<28} {per_call:>9,.0f} instructions/call over {calls:,.0f} calls",
                   flush=True)
+
+
+def traced(args, policies, work, hot):
+    import grpc
+    from concurrent import futures
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received = [0]
+
+    class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            received[0] += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    receiver = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), receiver)
+    port = receiver.add_insecure_port("127.0.0.1:0")
+    receiver.start()
+    on = {"SLUICE_TRACING__ENABLED": "true", "SLUICE_TRACING__PROTOCOL": "grpc",
+          "SLUICE_TRACING__ENDPOINT": f"http://127.0.0.1:{port}"}
+    modes = [("off", {}),
+             ("ratio 1", {**on, "SLUICE_TRACING__SAMPLING_RATIO": "1"}),
+             ("ratio 0.01", {**on, "SLUICE_TRACING__SAMPLING_RATIO": "0.01"})]
+    try:
+        for spec in args.builds:
+            name, binary = spec.split("=", 1)
+            per = {}
+            for mode, env in modes:
+                before = received[0]
+                per[mode], calls = measure(binary, policies, hot, work, (), env)
+                # The server flushes its queue when it stops: every span has arrived by now.
+                print(f"{name:<8} {mode:<10} {per[mode]:>9,.0f} instructions/call over {calls:,.0f}"
+                      f" calls, {received[0] - before:,} spans received", flush=True)
+            for mode in ("ratio 1", "ratio 0.01"):
+                print(f"{name:<8} {mode} / off: {per[mode] / per['off']:.3f}", flush=True)
+    finally:
+        receiver.stop(None)
 
 
 def leased(args, work, hot):

@@ -233,6 +233,7 @@ mod tests {
                 body: Vec::new(),
                 dynamic_metadata: None,
                 answered_by: crate::decision::AnsweredBy::None,
+                redis_round_trip: None,
             };
             let e = extras(&d, &legacy, 0.0);
             e.headers

@@ -11,7 +11,7 @@ mod plan;
 mod request;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,9 @@ pub struct Options {
     pub dynamic_metadata: bool,
     /// Response headers and bodies to add.
     pub headers: HeaderOptions,
+    /// Note when a decision waited on a Redis round trip ([`Decision::redis_round_trip`]), for
+    /// the trace of the call.
+    pub time_round_trips: bool,
 }
 
 /// OK or over the limit.
@@ -119,6 +122,9 @@ pub struct Decision {
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Who answered its counters.
     pub answered_by: AnsweredBy,
+    /// When the decision began and ended waiting on a Redis round trip, with
+    /// [`Options::time_round_trips`] on.
+    pub redis_round_trip: Option<(SystemTime, SystemTime)>,
 }
 
 /// The answer for one descriptor.
@@ -253,8 +259,13 @@ impl Decider {
             self.options.shadow_mode,
             self.options.quota_mode,
         );
+        let waiting = self.options.time_round_trips.then(SystemTime::now);
+        let mut redis_round_trip = None;
         let (batch, answered_by) = match self.backend.count_from(&plan.ops).await {
             Ok((b, source)) => {
+                if let (Some(start), Source::Redis) = (waiting, source) {
+                    redis_round_trip = Some((start, SystemTime::now()));
+                }
                 // A request without ops never reached the backend: it says nothing of Redis.
                 if !plan.ops.is_empty() {
                     self.answered();
@@ -262,7 +273,7 @@ impl Decider {
                 let by = match source {
                     Source::None => AnsweredBy::None,
                     Source::Memory => AnsweredBy::Memory,
-                    Source::Redis => AnsweredBy::Redis,
+                    Source::Redis | Source::RedisCache => AnsweredBy::Redis,
                     Source::Lease => AnsweredBy::Lease,
                 };
                 (b, by)
@@ -290,6 +301,7 @@ impl Decider {
         let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
         let mut decision = self.respond(overall, statuses);
         decision.answered_by = answered_by;
+        decision.redis_round_trip = redis_round_trip;
         if self.options.dynamic_metadata {
             let passed =
                 plan.descriptors
@@ -343,6 +355,7 @@ impl Decider {
             body: Vec::new(),
             dynamic_metadata: None,
             answered_by: AnsweredBy::None,
+            redis_round_trip: None,
         };
         headers::add(&mut decision, &self.options.headers);
         decision

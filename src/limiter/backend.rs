@@ -7,26 +7,13 @@
 
 use std::sync::Arc;
 
-use crate::limiter::batch::{Batch, Op};
+use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::BackendError;
 use crate::limiter::figures::{Stats, StoreStats};
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::lease::LeasedStore;
 use crate::limiter::store::MemoryStore;
-
-/// Which store answered a request's ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// No store: the request had no ops.
-    None,
-    /// This process's memory.
-    Memory,
-    /// Redis (its over-limit cache included).
-    Redis,
-    /// This node's leases of hot counters, without a round trip.
-    Lease,
-}
 
 /// Where counters live.
 #[derive(Debug, Clone)]
@@ -80,16 +67,12 @@ impl Backend {
             }
             // Boxed, so that the futures of every decision, memory ones included, are not
             // sized for a Redis round trip's state.
-            Self::Redis(redis) => Box::pin(redis.count_batch(ops))
-                .await
-                .map(|b| (b, Source::Redis)),
+            Self::Redis(redis) => Box::pin(redis.count_batch_from(ops)).await,
             // A lease answers in place; only a request sent to Redis pays for the box (a round
             // trip's state, which would otherwise be moved to the heap on every call).
             Self::Leased(leased) => match leased.answer_from_leases(ops) {
                 Some(batch) => Ok((batch, Source::Lease)),
-                None => Box::pin(leased.count_in_redis(ops))
-                    .await
-                    .map(|b| (b, Source::Redis)),
+                None => Box::pin(leased.count_in_redis(ops)).await,
             },
         }
     }

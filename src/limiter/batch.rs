@@ -102,3 +102,18 @@ impl Batch {
         }
     }
 }
+
+/// Which store answered a request's ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// No store: the request had no ops.
+    None,
+    /// This process's memory.
+    Memory,
+    /// Redis, in a round trip.
+    Redis,
+    /// This node's cache of Redis's over-limit answers, without a round trip.
+    RedisCache,
+    /// This node's leases of hot counters, without a round trip.
+    Lease,
+}

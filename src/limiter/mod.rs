@@ -18,8 +18,8 @@ pub mod key;
 pub mod redis;
 pub mod store;
 
-pub use backend::{Backend, Source};
-pub use batch::{Batch, Mode, Op};
+pub use backend::Backend;
+pub use batch::{Batch, Mode, Op, Source};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use error::{BackendError, ErrorKind};
 pub use fallback::{BackendMode, LocalFallback, LocalFigures};

@@ -10,8 +10,10 @@ mod propagation;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
-use opentelemetry::{KeyValue, Value};
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, Span};
@@ -225,18 +227,25 @@ impl CallTracer {
             .span_builder(method)
             .with_kind(SpanKind::Server)
             .start_with_context(&self.tracer, &parent);
+        let tracer = span.is_recording().then(|| self.tracer.clone());
         CallSpan {
             span,
             values: self.values,
+            tracer,
         }
     }
 }
+
+/// The name of the child span of a call's wait on a Redis round trip.
+pub const REDIS_ROUND_TRIP: &str = "Redis round trip";
 
 /// One call's span; it ends when dropped.
 #[derive(Debug)]
 pub struct CallSpan {
     span: Span,
     values: Option<usize>,
+    /// For the child spans of a sampled call.
+    tracer: Option<SdkTracer>,
 }
 
 impl CallSpan {
@@ -281,6 +290,16 @@ impl CallSpan {
             KeyValue::new("ratelimit.overall_code", code),
             KeyValue::new("ratelimit.backend", decision.answered_by.as_str()),
         ]);
+        if let (Some(tracer), Some((start, end))) = (&self.tracer, decision.redis_round_trip) {
+            let parent = Context::new().with_remote_span_context(self.span.span_context().clone());
+            let mut child = tracer
+                .span_builder(REDIS_ROUND_TRIP)
+                .with_kind(SpanKind::Client)
+                .with_start_time(start)
+                .with_attributes([KeyValue::new("db.system", "redis")])
+                .start_with_context(tracer, &parent);
+            child.end_with_timestamp(end);
+        }
     }
 
     /// Records a call that got no decision.

@@ -1,7 +1,7 @@
 //! Traces against a real OTLP receiver (the collector's `TraceService`, served by tonic on
 //! 127.0.0.1:0): a span per call joined to the caller's W3C or B3 trace, its attributes and
-//! resource, parent-based sampling at ratios 0 and 1, and a dead collector that delays no
-//! answer while its drops are counted.
+//! resource, a child span for a call's wait on a Redis round trip, parent-based sampling at
+//! ratios 0 and 1, and a dead collector that delays no answer while its drops are counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,9 +15,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use sluice::settings::Written;
+use sluice::settings::{BackendKind, Written};
 
-use crate::helpers::{TestServer, eventually, free_port, metric, single};
+use crate::helpers::redis::RedisProcess;
+use crate::helpers::{TestServer, eventually, free_port, metric, redis_missing, single};
 
 const POLICY: &str = r#"
 domain: traced
@@ -311,4 +312,62 @@ async fn a_dead_collector_delays_no_answer_and_its_drops_are_counted() {
         "stop took {:?}",
         stopping.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_call_that_waits_on_redis_has_a_child_span_for_the_round_trip() {
+    if redis_missing("a_call_that_waits_on_redis_has_a_child_span_for_the_round_trip") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let trace = traced(&endpoint, 1.0);
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], move |w| {
+        trace(w);
+        w.backend = BackendKind::Redis;
+        w.redis.url = url;
+    })
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let call = s.call(single("traced", "k", "warm-up"));
+            async move { call.await.is_ok() }
+        })
+        .await,
+        "redis never connected"
+    );
+    call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
+    let ours = || -> Vec<Span> {
+        receiver
+            .spans()
+            .into_iter()
+            .map(|r| r.span)
+            .filter(|span| hex(&span.trace_id) == TRACE)
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async { ours().len() >= 2 }).await,
+        "{:?}",
+        ours()
+    );
+    let spans = ours();
+    let call = spans.iter().find(|s| s.name == "ShouldRateLimit").unwrap();
+    let trip = spans.iter().find(|s| s.name == "Redis round trip").unwrap();
+    assert_eq!(hex(&call.parent_span_id), PARENT);
+    assert_eq!(trip.parent_span_id, call.span_id);
+    assert_eq!(
+        string(&trip.attributes, "db.system").as_deref(),
+        Some("redis")
+    );
+    assert_eq!(
+        string(&call.attributes, "ratelimit.backend").as_deref(),
+        Some("redis")
+    );
+    // The wait lies within the call.
+    assert!(call.start_time_unix_nano <= trip.start_time_unix_nano);
+    assert!(trip.start_time_unix_nano <= trip.end_time_unix_nano);
+    assert!(trip.end_time_unix_nano <= call.end_time_unix_nano);
+    s.stop().await.unwrap();
 }

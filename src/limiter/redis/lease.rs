@@ -16,7 +16,7 @@ use dashmap::DashMap;
 use redis::{Script, Value};
 use smallvec::{SmallVec, smallvec};
 
-use crate::limiter::batch::{Batch, Op};
+use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::LeaseFigures;
@@ -232,7 +232,7 @@ impl LeasedStore {
     pub async fn count_batch(self: &Arc<Self>, ops: &[Op]) -> Result<Batch, BackendError> {
         match self.answer_from_leases(ops) {
             Some(batch) => Ok(batch),
-            None => self.count_in_redis(ops).await,
+            None => self.count_in_redis(ops).await.map(|(batch, _)| batch),
         }
     }
 
@@ -245,14 +245,15 @@ impl LeasedStore {
         Some(batch)
     }
 
-    /// The exact path: the request decided in Redis.
+    /// The exact path: the request decided in Redis (or its over-limit cache, as the source
+    /// says).
     ///
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot decide.
-    pub async fn count_in_redis(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+    pub async fn count_in_redis(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
         self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
-        self.redis.count_batch(ops).await
+        self.redis.count_batch_from(ops).await
     }
 
     /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain

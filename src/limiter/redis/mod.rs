@@ -28,7 +28,7 @@ use redis::Script;
 use redis::cluster_async::ClusterConnection;
 
 pub use crate::histogram::LatencySnapshot;
-use crate::limiter::batch::{Batch, Op};
+use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 pub use crate::limiter::error::ConnectError;
 use crate::limiter::error::{BackendError, ErrorKind};
@@ -222,10 +222,20 @@ impl RedisStore {
     ///
     /// [`BackendError`] when Redis cannot decide; nothing is known to be charged then.
     pub async fn count_batch(&self, ops: &[Op]) -> Result<Batch, BackendError> {
+        self.count_batch_from(ops).await.map(|(batch, _)| batch)
+    }
+
+    /// As [`RedisStore::count_batch`], with where the answer came from: a round trip, or the
+    /// over-limit cache.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStore::count_batch`].
+    pub async fn count_batch_from(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
         let local_now = self.clock.now();
         if let Some(batch) = self.cache.answer(ops, local_now) {
             self.stats.cache_hit();
-            return Ok(batch);
+            return Ok((batch, Source::RedisCache));
         }
         if !self.breaker.allow() {
             self.set_answering(false);
@@ -246,7 +256,7 @@ impl RedisStore {
             Ok(batch) => {
                 self.breaker.success();
                 self.cache.learn(ops, &batch, local_now);
-                Ok(batch)
+                Ok((batch, Source::Redis))
             }
             // Not connected yet: the call failed at once, so there is nothing for the breaker
             // to save; the connection loop is already retrying.
