@@ -89,7 +89,7 @@ impl ShouldRateLimit {
             let request = read_request(req, self.max_request_bytes)
                 .await
                 .inspect_err(|_| self.handler.count_malformed())?;
-            encode(&self.handler.answer(request, span.as_mut()).await?)
+            encode(&self.handler.answer(request, span.as_deref_mut()).await?)
         };
         let answered = answered.await;
         if let Some(span) = &mut span {

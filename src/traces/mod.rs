@@ -215,12 +215,13 @@ pub struct CallTracer {
 
 impl CallTracer {
     /// A server span named `method`, child of the caller's span as `header` (a lookup of the
-    /// request's headers by lowercase name) names it.
+    /// request's headers by lowercase name) names it. Boxed: a call's future holds it, and
+    /// with tracing off holds only the empty pointer.
     pub fn start<'a>(
         &self,
         method: &'static str,
         header: impl Fn(&str) -> Option<&'a str>,
-    ) -> CallSpan {
+    ) -> Box<CallSpan> {
         let parent = propagation::parent(&header);
         let span = self
             .tracer
@@ -228,11 +229,11 @@ impl CallTracer {
             .with_kind(SpanKind::Server)
             .start_with_context(&self.tracer, &parent);
         let tracer = span.is_recording().then(|| self.tracer.clone());
-        CallSpan {
+        Box::new(CallSpan {
             span,
             values: self.values,
             tracer,
-        }
+        })
     }
 }
 
