@@ -1,7 +1,7 @@
 //! Traces against a real OTLP receiver (the collector's `TraceService`, served by tonic on
-//! 127.0.0.1:0): a span per call joined to the caller's W3C or B3 trace, its attributes and
-//! resource, parent-based sampling at ratios 0 and 1, and a dead collector that delays no
-//! answer while its drops are counted.
+//! 127.0.0.1:0): a span per gRPC and `/json` call joined to the caller's W3C or B3 trace, its
+//! attributes and resource, parent-based sampling at ratios 0 and 1, and a dead collector that
+//! delays no answer while its drops are counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,9 +15,11 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use sluice::settings::Written;
 
-use crate::helpers::{TestServer, eventually, free_port, metric, single};
+use crate::helpers::{TestServer, eventually, free_port, http_raw_with, metric, single};
 
 const POLICY: &str = r#"
 domain: traced
@@ -162,6 +164,57 @@ async fn a_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
     assert_eq!(
         string(resource, "service.name").as_deref(),
         Some("edge-rls")
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_json_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], traced(&endpoint, 0.0)).await;
+    let parent = format!("00-{TRACE}-{PARENT}-01");
+    let body = r#"{"domain":"traced","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let answer = http_raw_with(s.admin, "POST", "/json", &[("traceparent", &parent)], body).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // A body that is not a request: a span all the same, its status the error.
+    let answer = http_raw_with(s.admin, "POST", "/json", &[("traceparent", &parent)], "{").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let got = receiver.wait_for(2).await;
+    for Received { span, .. } in &got {
+        assert_eq!(span.name, "POST /json");
+        assert_eq!(hex(&span.trace_id), TRACE);
+        assert_eq!(hex(&span.parent_span_id), PARENT);
+        assert_eq!(span.kind, SpanKind::Server as i32);
+    }
+    let (decided, refused): (Vec<_>, Vec<_>) = got.iter().map(|r| &r.span).partition(|span| {
+        span.status
+            .as_ref()
+            .is_none_or(|st| st.code != StatusCode::Error as i32)
+    });
+    let ([decided], [refused]) = (&decided[..], &refused[..]) else {
+        panic!("one decided and one refused span: {got:?}");
+    };
+    assert_eq!(
+        string(&decided.attributes, "ratelimit.domain").as_deref(),
+        Some("traced")
+    );
+    assert_eq!(
+        string(&decided.attributes, "ratelimit.overall_code").as_deref(),
+        Some("OK")
+    );
+    assert_eq!(
+        string(&decided.attributes, "ratelimit.backend").as_deref(),
+        Some("memory")
+    );
+    assert!(matches!(
+        attr(&decided.attributes, "ratelimit.descriptors"),
+        Some(Value::IntValue(1))
+    ));
+    assert!(attr(&refused.attributes, "ratelimit.overall_code").is_none());
+    assert!(
+        !refused.status.as_ref().unwrap().message.is_empty(),
+        "{refused:?}"
     );
     s.stop().await.unwrap();
 }
