@@ -1,7 +1,8 @@
 //! Traces against a real OTLP receiver (the collector's `TraceService`, served by tonic on
 //! 127.0.0.1:0): a span per gRPC and `/json` call joined to the caller's W3C or B3 trace, its
-//! attributes and resource, parent-based sampling at ratios 0 and 1, and a dead collector that
-//! delays no answer while its drops are counted.
+//! attributes and resource, parent-based sampling at ratios 0 and 1, the reference's
+//! `TRACING_*` variables on the real binary, and a dead collector that delays no answer while
+//! its drops are counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -217,6 +218,82 @@ async fn a_json_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
         "{refused:?}"
     );
     s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_references_tracing_variables_send_spans_with_its_resource() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let current = dir.path().join("current");
+    let config = current.join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("traced"), POLICY).unwrap();
+    let server = crate::compat::spawn(&[
+        ("SLUICE_COMPAT", "envoy-ratelimit"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("LOG_FORMAT", "json"),
+        ("RUNTIME_ROOT", current.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("USE_STATSD", "false"),
+        ("SLUICE_BACKEND", "memory"),
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("TRACING_SERVICE_NAME", "edge-rls"),
+        ("TRACING_SERVICE_NAMESPACE", "edge"),
+        ("TRACING_SERVICE_INSTANCE_ID", "pod 7"),
+        ("TRACING_SAMPLING_RATE", "0"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+    ]);
+    let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", server.grpc),
+    )
+    .await
+    .unwrap();
+    // Sampling rate 0: only a sampled caller's span is followed.
+    client
+        .should_rate_limit(single("traced", "k", "v"))
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(single("traced", "k", "v"));
+    let parent = format!("00-{TRACE}-{PARENT}-01");
+    req.metadata_mut()
+        .insert("traceparent", parent.parse().unwrap());
+    client.should_rate_limit(req).await.unwrap();
+    let got = receiver.wait_for(1).await;
+    let Received { span, resource } = &got[0];
+    assert_eq!(span.name, "ShouldRateLimit");
+    assert_eq!(hex(&span.trace_id), TRACE);
+    assert_eq!(
+        string(&span.attributes, "ratelimit.domain").as_deref(),
+        Some("traced")
+    );
+    assert_eq!(
+        string(resource, "service.name").as_deref(),
+        Some("edge-rls")
+    );
+    assert_eq!(
+        string(resource, "service.namespace").as_deref(),
+        Some("edge")
+    );
+    assert_eq!(
+        string(resource, "service.instance.id").as_deref(),
+        Some("pod 7")
+    );
+    // The unsampled call came first; what was sampled before the sampled one went with it.
+    assert_eq!(receiver.spans().len(), 1, "{got:?}");
+    let exported = eventually(Duration::from_secs(10), || async {
+        metric(server.admin, "sluice_tracing_spans_exported_total").await == Some(1.0)
+    })
+    .await;
+    assert!(
+        exported,
+        "{}",
+        crate::helpers::http_get(server.admin, "/metrics").await.1
+    );
 }
 
 #[tokio::test]
