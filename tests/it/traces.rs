@@ -1,8 +1,8 @@
 //! Traces against a real OTLP receiver (the collector's `TraceService`, served by tonic on
-//! 127.0.0.1:0): a span per gRPC and `/json` call joined to the caller's W3C or B3 trace, its
-//! attributes and resource, parent-based sampling at ratios 0 and 1, the reference's
-//! `TRACING_*` variables on the real binary, and a dead collector that delays no answer while
-//! its drops are counted.
+//! 127.0.0.1:0, or its OTLP/HTTP route `POST /v1/traces`, served by axum): a span per gRPC and
+//! `/json` call joined to the caller's W3C or B3 trace, its attributes and resource,
+//! parent-based sampling at ratios 0 and 1, the reference's `TRACING_*` variables on the real
+//! binary, and a dead collector that delays no answer while its drops are counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,8 +45,15 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.record(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl Receiver {
+    fn record(&self, request: ExportTraceServiceRequest) {
         let mut spans = self.0.lock().unwrap();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let resource = rs.resource.map(|r| r.attributes).unwrap_or_default();
             for ss in rs.scope_spans {
                 for span in ss.spans {
@@ -57,11 +64,46 @@ impl TraceService for Receiver {
                 }
             }
         }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
-}
 
-impl Receiver {
+    /// Serves OTLP/HTTP (`POST /v1/traces`, protobuf bodies) on 127.0.0.1:0; returns its URL.
+    async fn start_http(&self) -> String {
+        use axum::http::{StatusCode, header};
+        use prost::Message as _;
+        async fn export(
+            axum::extract::State(receiver): axum::extract::State<Receiver>,
+            headers: axum::http::HeaderMap,
+            body: axum::body::Bytes,
+        ) -> (StatusCode, [(header::HeaderName, &'static str); 1], Vec<u8>) {
+            let protobuf = headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v == "application/x-protobuf");
+            match ExportTraceServiceRequest::decode(body) {
+                Ok(request) if protobuf => {
+                    receiver.record(request);
+                    let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                    (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/x-protobuf")],
+                        answer,
+                    )
+                }
+                _ => (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONTENT_TYPE, "text/plain")],
+                    Vec::new(),
+                ),
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(export))
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
     /// Serves on 127.0.0.1:0; returns its URL.
     async fn start(&self) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -294,6 +336,41 @@ async fn the_references_tracing_variables_send_spans_with_its_resource() {
         "{}",
         crate::helpers::http_get(server.admin, "/metrics").await.1
     );
+}
+
+#[tokio::test]
+async fn http_protobuf_export_reaches_an_otlp_http_receiver() {
+    let receiver = Receiver::default();
+    let endpoint = receiver.start_http().await;
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], |w| {
+        traced(&endpoint, 1.0)(w);
+        w.tracing.protocol = sluice::traces::Protocol::Http;
+    })
+    .await;
+    call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
+    let got = receiver.wait_for(1).await;
+    let Received { span, resource } = &got[0];
+    assert_eq!(span.name, "ShouldRateLimit");
+    assert_eq!(hex(&span.trace_id), TRACE);
+    assert_eq!(hex(&span.parent_span_id), PARENT);
+    assert_eq!(
+        string(&span.attributes, "ratelimit.overall_code").as_deref(),
+        Some("OK")
+    );
+    assert_eq!(
+        string(resource, "service.name").as_deref(),
+        Some("edge-rls")
+    );
+    let exported = eventually(Duration::from_secs(10), || async {
+        metric(s.admin, "sluice_tracing_spans_exported_total").await == Some(1.0)
+    })
+    .await;
+    assert!(
+        exported,
+        "{}",
+        crate::helpers::http_get(s.admin, "/metrics").await.1
+    );
+    s.stop().await.unwrap();
 }
 
 #[tokio::test]
