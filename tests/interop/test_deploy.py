@@ -1,7 +1,8 @@
 """Checks of deploy/ that need no Docker, Kubernetes or Envoy binary.
 
-- deploy/envoy/envoy.yaml parses strictly into Envoy's Bootstrap proto (xds-protos), and the
-  descriptors its routes produce are ones config/policies/edge.yaml limits.
+- deploy/envoy/envoy.yaml parses strictly into Envoy's Bootstrap proto (xds-protos), the
+  descriptors its routes produce are ones config/policies/edge.yaml limits, and its traces go to
+  the collector the Compose file's sluice sends its own to.
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
 - Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
@@ -24,6 +25,7 @@ from google.protobuf import json_format
 
 # Importing the typed_config messages registers them for Any resolution.
 from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.config.trace.v3 import opentelemetry_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401
 from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
@@ -66,6 +68,28 @@ class Envoy(unittest.TestCase):
         cluster = next(c for c in self.config["static_resources"]["clusters"] if c["name"] == "ratelimit")
         options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
         self.assertIn("http2_protocol_options", options["explicit_http_config"])
+
+    def test_envoy_and_sluice_trace_to_the_same_collector(self):
+        hcm = self.config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        provider = hcm["tracing"]["provider"]
+        self.assertEqual(provider["name"], "envoy.tracers.opentelemetry")
+        cluster_name = provider["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+        cluster = next(c for c in self.config["static_resources"]["clusters"] if c["name"] == cluster_name)
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        self.assertIn("http2_protocol_options", options["explicit_http_config"])
+        address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        address = address["socket_address"]
+        (compose,) = load_yaml_docs("deploy", "docker-compose.yaml")
+        sluice = compose["services"]["sluice"]["environment"]
+        self.assertEqual(sluice["SLUICE_TRACING__ENABLED"], "true")
+        self.assertEqual(
+            sluice["SLUICE_TRACING__ENDPOINT"], f"http://{address['address']}:{address['port_value']}"
+        )
+        self.assertIn(address["address"], compose["services"])
+        (collector,) = load_yaml_docs("deploy", "otel-collector", "config.yaml")
+        grpc = collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+        self.assertTrue(grpc.endswith(f":{address['port_value']}"), grpc)
+        self.assertIn("otlp", collector["service"]["pipelines"]["traces"]["receivers"])
 
     def test_descriptors_match_the_shipped_policies(self):
         with open(path("config", "policies", "edge.yaml")) as f:
@@ -115,7 +139,9 @@ class Manifests(unittest.TestCase):
         (prom,) = load_yaml_docs("deploy", "prometheus", "prometheus.yml")
         self.assertIn("sluice", [j["job_name"] for j in prom["scrape_configs"]])
         (compose,) = load_yaml_docs("deploy", "docker-compose.yaml")
-        self.assertEqual(set(compose["services"]), {"envoy", "backend", "sluice", "redis", "prometheus"})
+        self.assertEqual(
+            set(compose["services"]), {"envoy", "backend", "sluice", "redis", "prometheus", "otel-collector"}
+        )
 
 
 def container_of(docs, kind="Deployment"):

@@ -23,10 +23,10 @@ const FIXTURE: &str = concat!(
 const SWAP_WITHIN: Duration = Duration::from_secs(10);
 
 /// A sluice process, killed when dropped.
-struct Process {
+pub(crate) struct Process {
     child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
+    pub(crate) grpc: SocketAddr,
+    pub(crate) admin: SocketAddr,
 }
 
 impl Drop for Process {
@@ -38,7 +38,7 @@ impl Drop for Process {
 
 /// Starts `sluice serve` with exactly `vars` as its environment; the addresses come from its
 /// "serving" log line (JSON, as `LOG_FORMAT=json` or `SLUICE_LOG_FORMAT=json` asks).
-fn spawn(vars: &[(&str, &str)]) -> Process {
+pub(crate) fn spawn(vars: &[(&str, &str)]) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("serve")
         .env_clear()

@@ -190,10 +190,25 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
 
 /// A plain HTTP/1.1 request on the admin port: the whole response, headers included.
 pub async fn http_raw(addr: SocketAddr, method: &str, path: &str, body: &str) -> String {
+    http_raw_with(addr, method, path, &[], body).await
+}
+
+/// As [`http_raw`], with more request headers.
+pub async fn http_raw_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let more: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{more}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");
