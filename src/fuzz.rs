@@ -70,7 +70,7 @@ impl Rls {
     /// When the in-memory decision waits, which it never does.
     pub fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         self.handler
-            .answer(request)
+            .answer(request, None)
             .now_or_never()
             .expect("the in-memory decision completes without waiting")
     }
