@@ -232,8 +232,7 @@ mod tests {
                 headers: Vec::new(),
                 body: Vec::new(),
                 dynamic_metadata: None,
-                answered_by: crate::decision::AnsweredBy::None,
-                redis_round_trip: None,
+                trace: None,
             };
             let e = extras(&d, &legacy, 0.0);
             e.headers

@@ -54,9 +54,8 @@ pub struct Options {
     pub dynamic_metadata: bool,
     /// Response headers and bodies to add.
     pub headers: HeaderOptions,
-    /// Note when a decision waited on a Redis round trip ([`Decision::redis_round_trip`]), for
-    /// the trace of the call.
-    pub time_round_trips: bool,
+    /// Fill [`Decision::trace`], for the trace of the call.
+    pub traced: bool,
 }
 
 /// OK or over the limit.
@@ -120,10 +119,17 @@ pub struct Decision {
     /// when not 0, and `metadata`, the merged `metadata` of the rules whose descriptors passed
     /// (first value wins), when not empty. `None` when off.
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// With [`Options::traced`]: what the call's trace says of the decision. Boxed, so that
+    /// an untraced decision, moved on every call, stays small.
+    pub trace: Option<Box<DecisionTrace>>,
+}
+
+/// What a call's trace says of its decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionTrace {
     /// Who answered its counters.
     pub answered_by: AnsweredBy,
-    /// When the decision began and ended waiting on a Redis round trip, with
-    /// [`Options::time_round_trips`] on.
+    /// When the decision began and ended waiting on a Redis round trip.
     pub redis_round_trip: Option<(SystemTime, SystemTime)>,
 }
 
@@ -259,7 +265,7 @@ impl Decider {
             self.options.shadow_mode,
             self.options.quota_mode,
         );
-        let waiting = self.options.time_round_trips.then(SystemTime::now);
+        let waiting = self.options.traced.then(SystemTime::now);
         let mut redis_round_trip = None;
         let (batch, answered_by) = match self.backend.count_from(&plan.ops).await {
             Ok((b, source)) => {
@@ -300,8 +306,12 @@ impl Decider {
         };
         let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
         let mut decision = self.respond(overall, statuses);
-        decision.answered_by = answered_by;
-        decision.redis_round_trip = redis_round_trip;
+        if self.options.traced {
+            decision.trace = Some(Box::new(DecisionTrace {
+                answered_by,
+                redis_round_trip,
+            }));
+        }
         if self.options.dynamic_metadata {
             let passed =
                 plan.descriptors
@@ -354,8 +364,7 @@ impl Decider {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: None,
-            answered_by: AnsweredBy::None,
-            redis_round_trip: None,
+            trace: None,
         };
         headers::add(&mut decision, &self.options.headers);
         decision

@@ -147,7 +147,7 @@ impl Written {
                     retry_after_jitter_seconds: self.retry_after_jitter_seconds,
                     problem_body: self.problem_body,
                 },
-                time_round_trips: tracing.is_some(),
+                traced: tracing.is_some(),
             },
             max_request_bytes: r.max_request_bytes,
             backend,

@@ -287,11 +287,16 @@ impl CallSpan {
             Code::Ok => "OK",
             Code::OverLimit => "OVER_LIMIT",
         };
-        self.span.set_attributes([
-            KeyValue::new("ratelimit.overall_code", code),
-            KeyValue::new("ratelimit.backend", decision.answered_by.as_str()),
-        ]);
-        if let (Some(tracer), Some((start, end))) = (&self.tracer, decision.redis_round_trip) {
+        self.span
+            .set_attributes([KeyValue::new("ratelimit.overall_code", code)]);
+        let Some(trace) = &decision.trace else {
+            return;
+        };
+        self.span.set_attribute(KeyValue::new(
+            "ratelimit.backend",
+            trace.answered_by.as_str(),
+        ));
+        if let (Some(tracer), Some((start, end))) = (&self.tracer, trace.redis_round_trip) {
             let parent = Context::new().with_remote_span_context(self.span.span_context().clone());
             let mut child = tracer
                 .span_builder(REDIS_ROUND_TRIP)

@@ -248,8 +248,7 @@ mod tests {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: None,
-            answered_by: crate::decision::AnsweredBy::None,
-            redis_round_trip: None,
+            trace: None,
         };
         assert_eq!(render(&d), json!({"overallCode": "OK", "statuses": []}));
         d.dynamic_metadata = json!({"domain": "d", "descriptors": []})

@@ -164,8 +164,7 @@ mod tests {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: map.as_object().cloned(),
-            answered_by: crate::decision::AnsweredBy::None,
-            redis_round_trip: None,
+            trace: None,
         };
         let s = to_pb(decision).dynamic_metadata.unwrap();
         let kind = |v: &prost_types::Value| v.kind.clone().unwrap();
@@ -193,8 +192,7 @@ mod tests {
             headers: Vec::new(),
             body: Vec::new(),
             dynamic_metadata: None,
-            answered_by: crate::decision::AnsweredBy::None,
-            redis_round_trip: None,
+            trace: None,
         };
         assert_eq!(to_pb(off).dynamic_metadata, None);
     }
