@@ -175,6 +175,13 @@ fn hex(bytes: &[u8]) -> String {
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
+/// A `ShouldRateLimit` span in the trace of the caller's `traceparent`, its span the parent.
+fn assert_is_the_callers_call(span: &Span) {
+    assert_eq!(span.name, "ShouldRateLimit");
+    assert_eq!(hex(&span.trace_id), TRACE);
+    assert_eq!(hex(&span.parent_span_id), PARENT);
+}
+
 #[tokio::test]
 async fn a_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
     let receiver = Receiver::default();
@@ -183,9 +190,7 @@ async fn a_call_with_a_traceparent_is_a_span_of_the_callers_trace() {
     call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
     let got = receiver.wait_for(1).await;
     let Received { span, resource } = &got[0];
-    assert_eq!(span.name, "ShouldRateLimit");
-    assert_eq!(hex(&span.trace_id), TRACE);
-    assert_eq!(hex(&span.parent_span_id), PARENT);
+    assert_is_the_callers_call(span);
     assert_eq!(
         string(&span.attributes, "ratelimit.domain").as_deref(),
         Some("traced")
@@ -354,9 +359,7 @@ async fn http_protobuf_export_reaches_an_otlp_http_receiver() {
     call_with(&s, &[("traceparent", &format!("00-{TRACE}-{PARENT}-01"))]).await;
     let got = receiver.wait_for(1).await;
     let Received { span, resource } = &got[0];
-    assert_eq!(span.name, "ShouldRateLimit");
-    assert_eq!(hex(&span.trace_id), TRACE);
-    assert_eq!(hex(&span.parent_span_id), PARENT);
+    assert_is_the_callers_call(span);
     assert_eq!(
         string(&span.attributes, "ratelimit.overall_code").as_deref(),
         Some("OK")
