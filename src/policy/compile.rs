@@ -719,6 +719,19 @@ mod tests {
     use crate::policy::testing::{problems, set};
     use crate::policy::{Limit, Unit};
 
+    /// `found` holds exactly one problem per entry of `expect`, each containing its entry.
+    fn exactly_these(found: &[Problem], expect: &[&str]) {
+        let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+        for e in expect {
+            assert!(
+                shown.iter().any(|s| s.contains(e)),
+                "missing {e:?} in:\n{}",
+                shown.join("\n")
+            );
+        }
+        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+    }
+
     #[test]
     fn rule_identity_survives_a_reload_and_ignores_the_rate() {
         let a = set(
@@ -927,7 +940,6 @@ descriptors:
     rate_limit: {name: "a\"b", unit: second, requests_per_unit: 1}
 "#,
         );
-        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
         let expect = [
             r#"bad.yaml:4:24: descriptors[0].rate_limit.unit: invalid rate limit unit "minutes""#,
             "bad.yaml:5:5: descriptors[1]: duplicate descriptor `a` (already at descriptors[0])",
@@ -941,14 +953,7 @@ descriptors:
             "descriptors[7].share_threshold: share_threshold needs a value with a `*` wildcard",
             "descriptors[8].rate_limit.name: name must not contain '\"'",
         ];
-        for e in expect {
-            assert!(
-                shown.iter().any(|s| s.contains(e)),
-                "missing {e:?} in:\n{}",
-                shown.join("\n")
-            );
-        }
-        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+        exactly_these(&p, &expect);
     }
 
     #[test]
@@ -1010,7 +1015,6 @@ descriptors:
     rate_limits: {unit: second}
 ",
         );
-        let shown: Vec<String> = p.iter().map(ToString::to_string).collect();
         let expect = [
             "bad.yaml:5:18: descriptors[0].rate_limits: rate_limit and rate_limits cannot both be given",
             "bad.yaml:7:18: descriptors[1].rate_limits: rate_limits must not be empty",
@@ -1022,14 +1026,7 @@ descriptors:
             "bad.yaml:29:11: descriptors[5].cost: cost needs an ancestor descriptor with a rate_limit",
             "bad.yaml:31:18: descriptors[6].rate_limits: expected a list, found a map",
         ];
-        for e in expect {
-            assert!(
-                shown.iter().any(|s| s.contains(e)),
-                "missing {e:?} in:\n{}",
-                shown.join("\n")
-            );
-        }
-        assert_eq!(shown.len(), expect.len(), "{}", shown.join("\n"));
+        exactly_these(&p, &expect);
     }
 
     #[test]
