@@ -36,6 +36,23 @@ impl Drop for Process {
     }
 }
 
+/// The reference's environment for a server on free loopback ports, in JSON logs, counting in
+/// memory, its policies in `current`'s `ratelimit` directory.
+pub(crate) fn reference_env(current: &Path) -> Vec<(&'static str, &str)> {
+    vec![
+        ("SLUICE_COMPAT", "envoy-ratelimit"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("LOG_FORMAT", "json"),
+        ("RUNTIME_ROOT", current.to_str().expect("a UTF-8 path")),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("USE_STATSD", "false"),
+        ("SLUICE_BACKEND", "memory"),
+    ]
+}
+
 /// Starts `sluice serve` with exactly `vars` as its environment; the addresses come from its
 /// "serving" log line (JSON, as `LOG_FORMAT=json` or `SLUICE_LOG_FORMAT=json` asks).
 pub(crate) fn spawn(vars: &[(&str, &str)]) -> Process {
@@ -274,18 +291,7 @@ fn split_domain(root: &Path) -> std::path::PathBuf {
 async fn merge_domain_config_and_response_dynamic_metadata_from_the_reference_environment() {
     let dir = tempfile::tempdir().unwrap();
     let current = split_domain(dir.path());
-    let mut vars = vec![
-        ("SLUICE_COMPAT", "envoy-ratelimit"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("LOG_FORMAT", "json"),
-        ("RUNTIME_ROOT", current.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("USE_STATSD", "false"),
-        ("SLUICE_BACKEND", "memory"),
-    ];
+    let mut vars = reference_env(&current);
     // Without MERGE_DOMAIN_CONFIG the second file is refused, by `sluice check` and `serve`.
     for command in ["check", "serve"] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

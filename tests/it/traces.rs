@@ -280,17 +280,8 @@ async fn the_references_tracing_variables_send_spans_with_its_resource() {
     let config = current.join("ratelimit").join("config");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("traced"), POLICY).unwrap();
-    let server = crate::compat::spawn(&[
-        ("SLUICE_COMPAT", "envoy-ratelimit"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("LOG_FORMAT", "json"),
-        ("RUNTIME_ROOT", current.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("USE_STATSD", "false"),
-        ("SLUICE_BACKEND", "memory"),
+    let mut vars = crate::compat::reference_env(&current);
+    vars.extend([
         ("TRACING_ENABLED", "true"),
         ("TRACING_EXPORTER_PROTOCOL", "grpc"),
         ("TRACING_SERVICE_NAME", "edge-rls"),
@@ -299,6 +290,7 @@ async fn the_references_tracing_variables_send_spans_with_its_resource() {
         ("TRACING_SAMPLING_RATE", "0"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
     ]);
+    let server = crate::compat::spawn(&vars);
     let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
         format!("http://{}", server.grpc),
     )
