@@ -160,26 +160,18 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
     let root = dir.path().join("runtime");
     runtime(&root);
     let current = root.join("current");
-    let reference = spawn(&[
-        ("SLUICE_COMPAT", "envoy-ratelimit"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("LOG_FORMAT", "json"),
+    let mut vars = reference_env(&current);
+    vars.extend([
         ("LOG_LEVEL", "info"),
-        ("RUNTIME_ROOT", current.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),
         ("RUNTIME_WATCH_ROOT", "true"),
-        ("USE_STATSD", "false"),
         ("USE_PROMETHEUS", "true"),
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
         ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
         ("NEAR_LIMIT_RATIO", "0.5"),
         ("SHADOW_MODE", "false"),
-        ("SLUICE_BACKEND", "memory"),
     ]);
+    let reference = spawn(&vars);
     let policies = current.join("ratelimit").join("config");
     let native = spawn(&[
         ("SLUICE_GRPC_ADDR", "127.0.0.1:0"),
