@@ -183,11 +183,15 @@ impl App {
             }
         };
         let local = matches!(backend, Backend::Redis(_) | Backend::Leased(_)).then(|| {
-            Arc::new(LocalFallback::new(
+            let local = LocalFallback::new(
                 MemoryStore::with_max_keys(settings.local.max_keys),
                 clock,
                 settings.local.fleet_size,
-            ))
+            );
+            Arc::new(match &backend {
+                Backend::Leased(leased) => local.with_shares(Arc::clone(leased.shares())),
+                _ => local,
+            })
         });
         let traces = settings.tracing.as_ref().map(Traces::start).transpose()?;
         if let Some(t) = &settings.tracing {

@@ -48,6 +48,8 @@ pub const STORE_EVICTIONS: &str = "sluice_store_evictions_total";
 pub const POLICY_RELOADS: &str = "sluice_policy_reloads_total";
 /// Script calls sent to Redis.
 pub const REDIS_ROUND_TRIPS: &str = "sluice_redis_round_trips_total";
+/// The same round trips by purpose: count, take, give or renew.
+pub const REDIS_ROUND_TRIPS_BY_PURPOSE: &str = "sluice_redis_round_trips_by_purpose_total";
 /// Requests sent to Redis, alone or coalesced with others in one call.
 pub const REDIS_REQUESTS: &str = "sluice_redis_requests_total";
 /// Failed Redis calls by kind.
@@ -70,6 +72,10 @@ pub const LEASE_TOKENS_TAKEN: &str = "sluice_lease_tokens_taken_total";
 pub const LEASE_TOKENS_RETURNED: &str = "sluice_lease_tokens_returned_total";
 /// Counters this node holds a lease of.
 pub const LEASES: &str = "sluice_leases";
+/// Shares of contended counters this node holds.
+pub const LEASE_SHARES: &str = "sluice_lease_shares";
+/// Share renewals Redis answered.
+pub const LEASE_SHARE_RENEWALS: &str = "sluice_lease_share_renewals_total";
 /// Which counter answers this node's decisions: shared, leased or local.
 pub const BACKEND_MODE: &str = "sluice_backend_mode";
 /// Decisions by who answered them: Redis, this node's leases, or the local store.
@@ -106,7 +112,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 33] = [
+const FAMILIES: [(&str, Kind, &str); 36] = [
     (
         TRACING_EXPORTED,
         Kind::Counter,
@@ -172,6 +178,11 @@ const FAMILIES: [(&str, Kind, &str); 33] = [
         "Script calls sent to Redis.",
     ),
     (
+        REDIS_ROUND_TRIPS_BY_PURPOSE,
+        Kind::Counter,
+        "Round trips to Redis by purpose: count (requests on the exact path, with any lease calls beside them), take (a lease's slice), give (unused tokens back) or renew (a share's renewal).",
+    ),
+    (
         REDIS_REQUESTS,
         Kind::Counter,
         "Requests sent to Redis; per round trip, more than one when coalesced.",
@@ -219,6 +230,16 @@ const FAMILIES: [(&str, Kind, &str); 33] = [
         "Unused leased tokens given back to the shared buckets.",
     ),
     (LEASES, Kind::Gauge, "Counters this node holds a lease of."),
+    (
+        LEASE_SHARES,
+        Kind::Gauge,
+        "Shares of contended counters this node holds (a rate and burst renewed every L / 4).",
+    ),
+    (
+        LEASE_SHARE_RENEWALS,
+        Kind::Counter,
+        "Share renewals Redis answered.",
+    ),
     (
         BACKEND_MODE,
         Kind::Gauge,
@@ -659,6 +680,12 @@ fn render_store(out: &mut String, store: &StoreStats) {
 
 fn render_redis(out: &mut String, redis: &RedisFigures) {
     family(out, REDIS_ROUND_TRIPS, &plain(redis.round_trips));
+    let purposes: Vec<(String, String)> = redis
+        .round_trips_by_purpose
+        .iter()
+        .map(|(p, n)| (format!("{{purpose=\"{}\"}}", p.as_str()), n.to_string()))
+        .collect();
+    family(out, REDIS_ROUND_TRIPS_BY_PURPOSE, &purposes);
     family(out, REDIS_REQUESTS, &plain(redis.requests));
     let errors: Vec<(String, String)> = redis
         .errors
@@ -691,6 +718,8 @@ fn render_lease(out: &mut String, lease: &LeaseFigures) {
     family(out, LEASE_TOKENS_TAKEN, &plain(lease.tokens_taken));
     family(out, LEASE_TOKENS_RETURNED, &plain(lease.tokens_returned));
     family(out, LEASES, &plain(lease.leases));
+    family(out, LEASE_SHARES, &plain(lease.shares));
+    family(out, LEASE_SHARE_RENEWALS, &plain(lease.share_renewals));
 }
 
 /// `sluice_backend_mode` and `sluice_backend_decisions_total` of a Redis backend: `by_redis`

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::limiter::batch::{Batch, Op};
 use crate::limiter::clock::Clock;
 use crate::limiter::gcra::Quota;
+use crate::limiter::share::ShareBook;
 use crate::limiter::store::MemoryStore;
 
 /// Which counter answers this node's decisions.
@@ -73,6 +74,8 @@ pub struct LocalFallback {
     local: AtomicBool,
     by_redis: AtomicU64,
     by_local: AtomicU64,
+    /// The shares this node held of contended counters, counted at instead of rate/N.
+    shares: Option<Arc<ShareBook>>,
 }
 
 impl LocalFallback {
@@ -88,7 +91,17 @@ impl LocalFallback {
             local: AtomicBool::new(false),
             by_redis: AtomicU64::new(0),
             by_local: AtomicU64::new(0),
+            shares: None,
         }
+    }
+
+    /// This fallback, counting a counter this node held a share of at that share (rate r_i,
+    /// burst b_i) instead of at rate/N. The shares of a counter were consistent when Redis
+    /// went away (their rates add up to at most R), so the fleet stays within R for it.
+    #[must_use]
+    pub fn with_shares(mut self, shares: Arc<ShareBook>) -> Self {
+        self.shares = Some(shares);
+        self
     }
 
     /// N: the configured fleet size, else the live nodes last seen, at least 1.
@@ -145,7 +158,7 @@ impl LocalFallback {
         let scaled: Vec<Op> = ops
             .iter()
             .map(|op| Op {
-                quota: op.quota.scaled(n),
+                quota: self.quota_of(op, n),
                 ..*op
             })
             .collect();
@@ -173,10 +186,20 @@ impl LocalFallback {
         }
     }
 
-    /// The quota a counter of `quota` is decided with in local mode now.
+    /// The quota a counter of `quota` is decided with in local mode now, when it holds no
+    /// share.
     #[must_use]
     pub fn local_quota(&self, quota: &Quota) -> Quota {
         quota.scaled(self.fleet_size())
+    }
+
+    /// The quota `op`'s counter is decided with in local mode: its share when this node held
+    /// one, else rate/`n`.
+    fn quota_of(&self, op: &Op, n: u64) -> Quota {
+        self.shares
+            .as_ref()
+            .and_then(|book| book.share(op.key, &op.quota))
+            .unwrap_or_else(|| op.quota.scaled(n))
     }
 }
 
@@ -248,5 +271,33 @@ mod tests {
         );
         clock.advance(10 * SEC);
         assert_eq!(f.sweep(), 1, "a full bucket is swept");
+    }
+
+    #[test]
+    fn a_counter_this_node_held_a_share_of_is_counted_at_that_share() {
+        let clock = Arc::new(ManualClock::new(1_000 * SEC));
+        let q = Quota::new(SEC, 100, 20).unwrap();
+        let book = Arc::new(ShareBook::new());
+        // Three quarters of the rate and of the burst, where rate/2 would give half.
+        let share = q.portion(750_000, 15);
+        book.hold(1, crate::limiter::share::Grant { quota: q, share });
+        let f = LocalFallback::new(MemoryStore::new(), clock.clone(), Some(2))
+            .with_shares(Arc::clone(&book));
+        let admitted = |key: u128| (0..40).filter(|_| !f.count(&[op(key, q)]).blocked).count();
+        assert_eq!(admitted(1), 15, "the share's burst");
+        assert_eq!(admitted(2), 10, "no share: ceil(20 / 2)");
+        clock.advance(SEC / 10);
+        assert_eq!(
+            admitted(1),
+            7,
+            "75 a second at the share's rate: 7.5 in 100 ms"
+        );
+        assert_eq!(admitted(2), 5, "50 a second at rate/2");
+        let other_rule = Quota::new(SEC, 50, 20).unwrap();
+        assert_eq!(
+            f.count(&[op(3, other_rule)]).outcomes[0].remaining,
+            9,
+            "a share is for the rule it was granted under"
+        );
     }
 }

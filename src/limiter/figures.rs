@@ -32,6 +32,8 @@ pub struct StoreStats {
 pub struct RedisFigures {
     /// Script calls sent.
     pub round_trips: u64,
+    /// The same round trips by what each was for (its first call's purpose).
+    pub round_trips_by_purpose: [(Purpose, u64); Purpose::ALL.len()],
     /// Requests those calls decided (more than one per call when coalesced).
     pub requests: u64,
     /// Requests refused from the local over-limit cache.
@@ -49,6 +51,41 @@ pub struct RedisFigures {
     pub latency: LatencySnapshot,
 }
 
+/// What a round trip to Redis is for: the purpose of its first call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Requests counted on the exact path (a GCRA script), with any lease calls beside them.
+    Count,
+    /// A lease's take of a slice.
+    Take,
+    /// Unused leased tokens given back.
+    Give,
+    /// A share's renewal.
+    Renew,
+}
+
+impl Purpose {
+    /// Every purpose, in the order metrics list them.
+    pub const ALL: [Self; 4] = [Self::Count, Self::Take, Self::Give, Self::Renew];
+
+    /// The metric label.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Take => "take",
+            Self::Give => "give",
+            Self::Renew => "renew",
+        }
+    }
+
+    /// Its index in [`Purpose::ALL`].
+    #[must_use]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Leasing's figures at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeaseFigures {
@@ -64,6 +101,10 @@ pub struct LeaseFigures {
     pub by_redis: u64,
     /// Counters with a lease now.
     pub leases: usize,
+    /// Shares of contended counters this node holds now.
+    pub shares: usize,
+    /// Share renewals answered by Redis.
+    pub share_renewals: u64,
 }
 
 /// What the breaker currently does with calls.

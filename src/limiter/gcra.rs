@@ -133,6 +133,28 @@ impl Quota {
         }
     }
 
+    /// This quota's part for a holder of `millionths` of its rate (at most 1,000,000) and
+    /// `burst` of its tokens: emission interval `ceil(T × 10⁶ / millionths)`, so never faster
+    /// than that part, and burst `burst` (at least 1, and cut where `T·B` would pass
+    /// [`MAX_TOLERANCE`]). A part of no rate, or of a ban, is a ban.
+    #[must_use]
+    pub fn portion(&self, millionths: u64, burst: u64) -> Self {
+        if self.is_ban() || millionths == 0 {
+            return Self::ban(self.period);
+        }
+        let scaled = u128::from(self.interval) * 1_000_000;
+        let interval = u64::try_from(scaled.div_ceil(u128::from(millionths.min(1_000_000))))
+            .unwrap_or(u64::MAX)
+            .min(MAX_TOLERANCE);
+        let burst = burst.min(MAX_TOLERANCE / interval).max(1);
+        Self {
+            interval,
+            burst,
+            tolerance: interval * burst,
+            period: self.period,
+        }
+    }
+
     /// Whole requests available at `now` for a key whose TAT is `tat`: `floor((B·T − debt) / T)`.
     #[must_use]
     pub fn remaining(&self, tat: u64, now: u64) -> u64 {
@@ -256,6 +278,28 @@ mod tests {
         let year = 365 * 86_400 * SEC;
         assert_eq!(Quota::new(year, 1, 1_000), Err(QuotaError::TooLong));
         assert!(Quota::new(year, u64::from(u32::MAX), u64::from(u32::MAX)).is_ok());
+    }
+
+    #[test]
+    fn a_portion_is_never_faster_than_its_part() {
+        let q = Quota::new(SEC, 200, 200).unwrap(); // T = 5 ms
+        let quarter = q.portion(250_000, 50);
+        assert_eq!((quarter.interval(), quarter.burst()), (20_000_000, 50));
+        let third = q.portion(333_333, 0);
+        assert_eq!(third.burst(), 1, "a burst of at least 1");
+        assert!(
+            third.interval() * 333_333 >= q.interval() * 1_000_000,
+            "rounded up"
+        );
+        assert!(q.portion(0, 10).is_ban(), "no rate is a ban");
+        assert!(Quota::ban(SEC).portion(500_000, 10).is_ban());
+        assert_eq!(
+            q.portion(5_000_000, 200),
+            q,
+            "more than the whole is the whole"
+        );
+        let tiny = q.portion(1, u64::MAX);
+        assert!(tiny.tolerance() <= MAX_TOLERANCE);
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod redis;
 mod redis_sentinel;
 mod redis_tls;
 mod service;
+mod shares;
 mod tls;
 mod traces;
 mod wire;

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::limiter::batch::{Batch, Mode, Op};
 use crate::limiter::error::BackendError;
+use crate::limiter::figures::Purpose;
 use crate::limiter::gcra::{CounterOutcome, Quota};
 use crate::limiter::key::Key;
 
@@ -36,6 +37,8 @@ pub(super) struct LeaseCall {
     pub(super) cmd: redis::Cmd,
     /// Its script, loaded again when Redis answers `NOSCRIPT`.
     pub(super) script: &'static Script,
+    /// What its round trip is for, when it goes first.
+    pub(super) purpose: Purpose,
     pub(super) reply: oneshot::Sender<Result<Value, BackendError>>,
 }
 
@@ -134,10 +137,17 @@ pub(super) fn lease_args(quota: &Quota, ask: LeaseAsk, n: u64, now: Option<u64>)
     (time, verb, quota.interval(), quota.tolerance(), n, horizon)
 }
 
-/// `script` on `key` with `args` as one `EVALSHA` command, to ride in a pipeline.
-pub(super) fn evalsha(script: &Script, key: String, args: &LeaseArgs) -> redis::Cmd {
+/// `script` on `keys` with `args` as one `EVALSHA` command, to ride in a pipeline.
+pub(super) fn evalsha<A: redis::ToRedisArgs>(
+    script: &Script,
+    keys: &[String],
+    args: &A,
+) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key).arg(args);
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
     cmd
 }
 

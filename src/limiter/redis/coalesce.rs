@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::limiter::batch::Batch;
 use crate::limiter::error::BackendError;
+use crate::limiter::figures::Purpose;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::{
     Call, CountCall, LeaseCall, classify, lean_batch, no_script, parse_lean,
@@ -119,7 +120,11 @@ impl RedisStore {
         for l in leases {
             pipe.add_command(l.cmd.clone());
         }
-        let trip = self.stats.round_trip();
+        let purpose = match leases.first() {
+            Some(l) if batch.is_empty() => l.purpose,
+            _ => Purpose::Count,
+        };
+        let trip = self.stats.round_trip(purpose);
         let replies = pipe
             .query_async::<Vec<redis::RedisResult<Value>>>(&mut c)
             .await;
@@ -159,7 +164,7 @@ impl RedisStore {
             .load_async(&mut c)
             .await
             .map_err(|e| classify(e, timeout))?;
-        let _trip = self.stats.round_trip();
+        let _trip = self.stats.round_trip(l.purpose);
         l.cmd
             .query_async(&mut c)
             .await
@@ -173,7 +178,7 @@ impl RedisStore {
         let mut c = self.single()?;
         let mut sizes = Vec::with_capacity(batch.len());
         let call = lean_batch(&self.lean, &self.config.key_prefix, batch, &mut sizes);
-        let trip = self.stats.round_trip();
+        let trip = self.stats.round_trip(Purpose::Count);
         let reply = call.invoke_async::<Vec<u8>>(&mut c).await;
         drop(trip);
         let reply = reply.map_err(|e| classify(e, self.config.timeout))?;

@@ -65,7 +65,7 @@ impl Heartbeat {
 
 /// 128 random bits in hex, from the standard library's randomly seeded hasher, the process id
 /// and the time: unique enough to tell the nodes of one fleet apart.
-fn random_id() -> String {
+pub(super) fn random_id() -> String {
     let seed = std::collections::hash_map::RandomState::new();
     let mut a = seed.build_hasher();
     a.write_u32(std::process::id());

@@ -19,7 +19,7 @@ use smallvec::{SmallVec, smallvec};
 use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::{BackendError, ErrorKind};
-use crate::limiter::figures::LeaseFigures;
+use crate::limiter::figures::{LeaseFigures, Purpose};
 use crate::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, Quota};
 use crate::limiter::key::{Key, KeyHash};
 use crate::limiter::redis::RedisStore;
@@ -28,7 +28,10 @@ use crate::limiter::redis::call::{
 };
 use crate::limiter::redis::config::RedisTime;
 use crate::limiter::redis::connect::RedisConn;
-use crate::limiter::redis::lease::ledger::{Lease, Slice, signed};
+use crate::limiter::redis::heartbeat::random_id;
+use crate::limiter::redis::lease::ledger::{Lease, Share, Slice, signed};
+use crate::limiter::redis::share::{ShareRenewal, ShareReply};
+use crate::limiter::share::{Demand, Grant, ShareBook};
 
 /// `lease.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(super::scripts::LEASE));
@@ -69,6 +72,13 @@ impl LeaseConfig {
             .max(1)
     }
 
+    /// P: how often a share is renewed, L / 4 (at least 1 ns). A share's tokens for one period
+    /// are all due within H + P of its renewal, so within L.
+    #[must_use]
+    pub fn renewal_period(&self) -> u64 {
+        (self.max_age_nanos() / 4).max(1)
+    }
+
     /// H: how far past a counter's tolerance a take may reserve, L / 2, so every reserved
     /// token is due well within its slice's life. Each node reserves no more than its own
     /// slices, so H binds only when many hot nodes queue on one counter at once.
@@ -97,6 +107,7 @@ struct LeaseStats {
     tokens_returned: AtomicU64,
     by_lease: AtomicU64,
     by_redis: AtomicU64,
+    share_renewals: AtomicU64,
 }
 
 /// One distinct counter of a request: its key, its rate on this node, its lease if any.
@@ -155,6 +166,10 @@ pub struct LeasedStore {
     /// Takes in flight (SeqCst: shutdown waits for it to reach 0 after setting `closed`).
     in_flight: AtomicUsize,
     stats: LeaseStats,
+    /// This node's id in share tables.
+    node: String,
+    /// The shares this node holds, for the local fallback.
+    book: Arc<ShareBook>,
 }
 
 impl std::fmt::Debug for LeasedStore {
@@ -184,7 +199,16 @@ impl LeasedStore {
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             stats: LeaseStats::default(),
+            node: random_id(),
+            book: Arc::new(ShareBook::new()),
         })
+    }
+
+    /// The shares of contended counters this node holds, which the local fallback counts at
+    /// while Redis cannot decide.
+    #[must_use]
+    pub fn shares(&self) -> &Arc<ShareBook> {
+        &self.book
     }
 
     /// The Redis store underneath.
@@ -210,6 +234,8 @@ impl LeasedStore {
             by_lease: s.by_lease.load(Ordering::Relaxed),
             by_redis: s.by_redis.load(Ordering::Relaxed),
             leases: self.leases.len(),
+            shares: self.book.len(),
+            share_renewals: s.share_renewals.load(Ordering::Relaxed),
         }
     }
 
@@ -253,7 +279,37 @@ impl LeasedStore {
     /// [`BackendError`] when Redis cannot decide.
     pub async fn count_in_redis(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
         self.stats.by_redis.fetch_add(1, Ordering::Relaxed);
-        self.redis.count_batch_from(ops).await
+        let answer = self.redis.count_batch_from(ops).await?;
+        if !self.leases.is_empty() {
+            self.learn_debts(ops, &answer.0);
+        }
+        Ok(answer)
+    }
+
+    /// Notes, on the shared counters among `ops`, the debt Redis reported, so that their
+    /// requests overflow to the exact path only while the bucket has room.
+    fn learn_debts(&self, ops: &[Op], batch: &Batch) {
+        let now = self.clock.now();
+        for (op, out) in ops.iter().zip(&batch.outcomes) {
+            if op.refund {
+                continue;
+            }
+            let Some(lease) = self.leases.get(&op.key).map(|l| Arc::clone(&l)) else {
+                continue;
+            };
+            let mut l = lock(&lease);
+            if l.share.is_none() || l.quota != op.quota {
+                continue;
+            }
+            // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T.
+            let debt = if out.admitted {
+                out.wait
+            } else {
+                (out.wait + op.quota.tolerance())
+                    .saturating_sub(op.cost.saturating_mul(op.quota.interval()))
+            };
+            l.full_at = now.saturating_add(debt);
+        }
     }
 
     /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain
@@ -333,6 +389,12 @@ impl LeasedStore {
             g.expire(now, max_age);
         }
         let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
+        // A shared counter's demand: every hit offered here, whatever the answer.
+        for op in ops.iter().filter(|op| !op.refund) {
+            if let Some(share) = guards[at(op.key)].share.as_mut() {
+                share.demand.hit(op.cost);
+            }
+        }
         let mut refunded: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
         let mut charged: SmallVec<[u64; 4]> = smallvec![0; guards.len()];
         let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
@@ -401,6 +463,13 @@ impl LeasedStore {
                         wait: (l.denied_until - now).saturating_add(extra),
                         ..CounterOutcome::NONE
                     };
+                } else if let Some(wait) = l.share_wait(op.cost, now) {
+                    // This node's share is spent until its next renewal, and the bucket holds
+                    // nothing past the shares (else the request takes the exact path).
+                    *out = CounterOutcome {
+                        wait,
+                        ..CounterOutcome::NONE
+                    };
                 } else {
                     fits = false;
                     break;
@@ -428,14 +497,18 @@ impl LeasedStore {
                 }
             }
         }
-        // Low water: the next slice before this one runs out.
+        // Low water: the next slice before this one runs out; a share, when its renewal is due.
         for (i, g) in guards.iter_mut().enumerate() {
             let (key, rate, _) = &counters[i];
+            if g.share.is_some() {
+                self.start_renewal(*key, g, now);
+                continue;
+            }
             let low = g.low_water(self.config.low_water);
             if g.unused() <= low && *rate >= self.config.min_rate {
                 // Sized only when a take is due: the size is a 128-bit division.
                 let ask = self.config.slice(&g.quota, *rate);
-                self.start_take(*key, g, ask, now);
+                self.start_take(*key, g, (ask, *rate), now);
             }
         }
         Some(Batch { blocked, outcomes })
@@ -465,17 +538,28 @@ impl LeasedStore {
                 l.quota = op.quota;
             }
             l.expire(now, self.config.max_age_nanos());
+            if l.share.is_some() {
+                self.start_renewal(*key, &mut l, now);
+                continue;
+            }
             let low = l.low_water(self.config.low_water);
             if l.unused() <= low {
                 let ask = self.config.slice(&op.quota, *rate);
-                self.start_take(*key, &mut l, ask, now);
+                self.start_take(*key, &mut l, (ask, *rate), now);
             }
         }
     }
 
-    /// Sends a take of `ask` tokens for `key` in the background, unless one is in flight, the
-    /// shared bucket is known empty, or a failed take is being backed off.
-    fn start_take(self: &Arc<Self>, key: Key, lease: &mut Lease, ask: u64, now: u64) {
+    /// Sends a take of `ask` tokens for `key`, used at `rate` hits a second here, in the
+    /// background, unless one is in flight, the shared bucket is known empty, or a failed take
+    /// is being backed off.
+    fn start_take(
+        self: &Arc<Self>,
+        key: Key,
+        lease: &mut Lease,
+        (ask, rate): (u64, u64),
+        now: u64,
+    ) {
         if lease.taking
             || now < lease.retry_at
             || now < lease.denied_until
@@ -489,13 +573,129 @@ impl LeasedStore {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            this.take(key, quota, ask, now).await;
+            this.take(key, quota, (ask, rate), now).await;
             this.in_flight.fetch_sub(1, Ordering::SeqCst);
         });
     }
 
+    /// Sends the renewal of `key`'s share in the background when it is due, unless a call is
+    /// in flight or a failed one is being backed off.
+    fn start_renewal(self: &Arc<Self>, key: Key, lease: &mut Lease, now: u64) {
+        let Some(share) = lease.share.as_mut() else {
+            return;
+        };
+        if lease.taking
+            || now < share.next
+            || now < lease.retry_at
+            || self.closed.load(Ordering::SeqCst)
+        {
+            return;
+        }
+        lease.taking = true;
+        let demand = share.demand.renew(now);
+        let (quota, held) = (lease.quota, lease.available(now));
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            this.renew(key, quota, (demand, held), now).await;
+            this.in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    /// The renewal of one share, as a [`ShareRenewal`] of this node.
+    fn renewal(&self, demand: f64, held: u64, leave: bool) -> ShareRenewal<'_> {
+        ShareRenewal {
+            holder: &self.node,
+            demand,
+            held,
+            period: Duration::from_nanos(self.config.renewal_period()),
+            lifetime: self.config.max_age,
+            horizon: self.config.horizon(),
+            leave,
+        }
+    }
+
+    /// One renewal: this node's demand sent, its share and the share's tokens for the next
+    /// period received. A counter no longer contended goes back to slices; a failed renewal
+    /// drops the share too, so that the next request meets the failure on the exact path (and
+    /// the local fallback, which keeps the share in the book).
+    async fn renew(&self, key: Key, quota: Quota, (demand, held): (f64, u64), sent: u64) {
+        let renewal = self.renewal(demand, held, false);
+        let result = self.redis.share_call(key, &quota, &renewal, sent).await;
+        let Some(lease) = self.leases.get(&key).map(|l| Arc::clone(&l)) else {
+            if let Ok(r) = result {
+                self.give_back(key, &quota, r.granted).await;
+            }
+            return;
+        };
+        let received = self.clock.now();
+        let mut l = lock(&lease);
+        l.taking = false;
+        let r: ShareReply = match result {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "share renewal failed");
+                l.share = None;
+                l.retry_at = received.saturating_add(self.config.max_age_nanos());
+                return;
+            }
+        };
+        self.stats.share_renewals.fetch_add(1, Ordering::Relaxed);
+        match (r.shared && l.quota == quota, l.share.as_mut()) {
+            (true, Some(share)) => {
+                share.next = sent.saturating_add(self.config.renewal_period());
+                share.millionths = r.millionths;
+                self.book.hold(
+                    key,
+                    Grant {
+                        quota,
+                        share: quota.portion(r.millionths, r.burst),
+                    },
+                );
+            }
+            _ => {
+                l.share = None;
+                self.book.release(key);
+            }
+        }
+        self.received(&mut l, quota, (r.granted, r.debt), (sent, received));
+    }
+
+    /// Records what a take or renewal of a counter of `quota`, sent at `sent`, granted: a slice
+    /// of `granted` tokens (to go back at once when the rule changed meanwhile), and the
+    /// bucket's debt after the call.
+    fn received(
+        &self,
+        l: &mut Lease,
+        quota: Quota,
+        (granted, debt): (u64, u64),
+        (sent, received): (u64, u64),
+    ) {
+        if granted > 0 {
+            self.stats.slices.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .tokens_taken
+                .fetch_add(granted, Ordering::Relaxed);
+        }
+        if l.quota != quota {
+            l.to_return += granted;
+        } else if granted > 0 {
+            let before = debt.saturating_sub(granted.saturating_mul(quota.interval()));
+            let slice = Slice {
+                size: granted,
+                used: 0,
+                taken_at: sent,
+                received,
+                lead: signed(quota.tolerance()) - signed(before),
+            };
+            l.ahead = slice.due_by(received, quota.interval()) < granted;
+            l.slices.push_back(slice);
+        }
+        l.full_at = sent.saturating_add(debt);
+    }
+
     /// One take: charges up to `ask` tokens in Redis and adds what was granted to the lease.
-    async fn take(&self, key: Key, quota: Quota, ask: u64, sent: u64) {
+    async fn take(&self, key: Key, quota: Quota, (ask, rate): (u64, u64), sent: u64) {
         let result = self
             .redis
             .lease_call(
@@ -518,31 +718,24 @@ impl LeasedStore {
         l.taking = false;
         match result {
             Ok((granted, debt, wait)) => {
+                self.received(&mut l, quota, (granted, debt), (sent, received));
                 if granted > 0 {
-                    self.stats.slices.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .tokens_taken
-                        .fetch_add(granted, Ordering::Relaxed);
-                    if l.quota == quota {
-                        let before = debt.saturating_sub(granted.saturating_mul(quota.interval()));
-                        let slice = Slice {
-                            size: granted,
-                            used: 0,
-                            taken_at: sent,
-                            received,
-                            lead: signed(quota.tolerance()) - signed(before),
-                        };
-                        l.ahead = slice.due_by(received, quota.interval()) < granted;
-                        l.slices.push_back(slice);
-                    } else {
-                        l.to_return += granted;
-                    }
                     l.denied_until = 0;
                 } else {
                     // Dated from when the take was sent: never later than Redis's instant.
                     l.denied_until = sent.saturating_add(wait);
                 }
-                l.full_at = sent.saturating_add(debt);
+                // Demand above the rate: the take got less than it asked for even reserving
+                // up to H ahead, so the counter is contended, and this node asks for a share.
+                if granted < ask && l.share.is_none() && l.quota == quota {
+                    // Precision intended: a rate.
+                    l.share = Some(Share {
+                        demand: Demand::new(rate as f64, received),
+                        next: received,
+                        millionths: 0,
+                    });
+                    l.denied_until = 0;
+                }
             }
             Err(e) => {
                 tracing::debug!(error = %e, "lease take failed");
@@ -589,8 +782,13 @@ impl LeasedStore {
             }
         }
         // Held by a request right now (another reference) or busy: kept.
+        let max_age_now = self.config.max_age_nanos();
         self.leases
-            .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now));
+            .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now, max_age_now));
+        // A share outlives its lease only while Redis is away, for the local fallback.
+        if self.redis.answering() {
+            self.book.retain(|key| self.leases.contains_key(key));
+        }
         for (key, quota, n) in back {
             self.give_back(key, &quota, n).await;
         }
@@ -610,6 +808,23 @@ impl LeasedStore {
         self.closed.store(true, Ordering::SeqCst);
         self.settle(self.redis.config.timeout * 2 + Duration::from_millis(50))
             .await;
+        // Shares are given up at once, so that their rate goes to the others now, not in L.
+        let shared: Vec<(Key, Quota)> = self
+            .leases
+            .iter()
+            .filter_map(|e| {
+                let mut l = lock(e.value());
+                l.share.take().map(|_| (*e.key(), l.quota))
+            })
+            .collect();
+        for (key, quota) in shared {
+            let leave = self.renewal(0.0, 0, true);
+            let now = self.clock.now();
+            if let Err(e) = self.redis.share_call(key, &quota, &leave, now).await {
+                tracing::debug!(error = %e, "share not given up; it ends within L");
+            }
+            self.book.release(key);
+        }
         self.give_back_where(0).await;
     }
 
@@ -657,6 +872,43 @@ impl RedisStore {
         n: u64,
         now: u64,
     ) -> Result<(u64, u64, u64), BackendError> {
+        let args = lease_args(quota, ask, n, self.time_arg(now));
+        let purpose = match ask {
+            LeaseAsk::Take(_) => Purpose::Take,
+            LeaseAsk::Give => Purpose::Give,
+        };
+        let r = self
+            .script_call(&SCRIPT, &[self.key(key)], &args, purpose, |v| {
+                parse_lease(v).map(|r| (r, r.repaired))
+            })
+            .await?;
+        Ok((r.granted, r.debt, r.wait))
+    }
+
+    /// The time a leasing script is given: `now` with [`RedisTime::Clock`], else none (Redis
+    /// `TIME`).
+    pub(super) fn time_arg(&self, now: u64) -> Option<u64> {
+        match self.time {
+            RedisTime::Server => None,
+            RedisTime::Clock => Some(now),
+        }
+    }
+
+    /// One call of a leasing script (`lease.lua`, `share.lua`) on `keys` with `args`, its reply
+    /// read by `parse` into a value and whether a key was repaired: on a single node beside the
+    /// next coalesced call, in its round trip; on a cluster alone. The breaker, the deadline
+    /// and the failure counts apply as to every call.
+    pub(super) async fn script_call<A, R>(
+        &self,
+        script: &'static Script,
+        keys: &[String],
+        args: &A,
+        purpose: Purpose,
+        parse: impl FnOnce(&[Value]) -> Result<(R, bool), BackendError>,
+    ) -> Result<R, BackendError>
+    where
+        A: redis::ToRedisArgs,
+    {
         if !self.breaker.allow() {
             self.stats.error(ErrorKind::BreakerOpen);
             return Err(BackendError::BreakerOpen);
@@ -664,11 +916,6 @@ impl RedisStore {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
-        let time = match self.time {
-            RedisTime::Server => None,
-            RedisTime::Clock => Some(now),
-        };
-        let args = lease_args(quota, ask, n, time);
         let timeout = self.config.timeout;
         let sent = async {
             match &*conn {
@@ -676,8 +923,9 @@ impl RedisStore {
                     // Beside the next coalesced call, in its round trip (`coalesce`).
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let call = LeaseCall {
-                        cmd: evalsha(&SCRIPT, self.key(key), &args),
-                        script: &SCRIPT,
+                        cmd: evalsha(script, keys, args),
+                        script,
+                        purpose,
                         reply,
                     };
                     self.queue
@@ -689,10 +937,13 @@ impl RedisStore {
                     }
                 }
                 RedisConn::Cluster(c) => {
-                    let _trip = self.stats.round_trip();
-                    SCRIPT
-                        .key(self.key(key))
-                        .arg(&args)
+                    let _trip = self.stats.round_trip(purpose);
+                    let mut invocation = script.prepare_invoke();
+                    for k in keys {
+                        invocation.key(k);
+                    }
+                    invocation
+                        .arg(args)
                         .invoke_async(&mut c.clone())
                         .await
                         .map_err(|e| classify(e, timeout))
@@ -704,13 +955,15 @@ impl RedisStore {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };
-        match reply.and_then(|r| parse_lease(&r)) {
-            Ok(r) => {
-                self.stats.repaired(u64::from(r.repaired));
+        match reply.and_then(|r| parse(&r)) {
+            Ok((r, repaired)) => {
+                self.stats.repaired(u64::from(repaired));
                 self.breaker.success();
-                Ok((r.granted, r.debt, r.wait))
+                self.set_answering(true);
+                Ok(r)
             }
             Err(e) => {
+                self.set_answering(false);
                 self.failed(&e, self.clock.now());
                 Err(e)
             }

@@ -1,7 +1,8 @@
 //! The Redis backend: the same GCRA as the memory store, run inside Redis by Lua scripts, so
 //! several sluice nodes share one budget. [`RedisStore`] owns the connection, the deadline, the
 //! circuit breaker and the over-limit cache, and sends what `call` assembles; `coalesce` batches
-//! a single node's requests, `lease` answers hot counters locally, `connect` and `sentinel` open
+//! a single node's requests, `lease` answers hot counters locally, `share` renews a node's share of
+//! a contended counter, `connect` and `sentinel` open
 //! and follow connections, `config` holds the settings.
 //!
 //! It is async I/O by nature, yet knows nothing of policies, protobuf or the server.
@@ -17,6 +18,7 @@ pub mod lease;
 pub mod redact;
 mod scripts;
 pub mod sentinel;
+pub mod share;
 mod slot;
 mod stats;
 
@@ -32,7 +34,7 @@ use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 pub use crate::limiter::error::ConnectError;
 use crate::limiter::error::{BackendError, ErrorKind};
-use crate::limiter::figures::RedisFigures;
+use crate::limiter::figures::{Purpose, RedisFigures};
 use crate::limiter::gcra::CounterOutcome;
 use crate::limiter::key::Key;
 use crate::limiter::redis::breaker::Breaker;
@@ -48,6 +50,7 @@ pub use crate::limiter::redis::heartbeat::Heartbeat;
 pub use crate::limiter::redis::lease::{LeaseConfig, LeasedStore};
 pub use crate::limiter::redis::redact::{redact, redact_all};
 pub use crate::limiter::redis::sentinel::SentinelError;
+pub use crate::limiter::redis::share::{ShareRenewal, ShareReply};
 use crate::limiter::redis::slot::group_by_slot;
 use crate::limiter::redis::stats::RedisStats;
 
@@ -201,7 +204,7 @@ impl RedisStore {
 
     /// Records whether Redis answered, writing only on a change (the flag is read far more
     /// often than it changes, and every request passes here).
-    fn set_answering(&self, answered: bool) {
+    pub(super) fn set_answering(&self, answered: bool) {
         use std::sync::atomic::Ordering::Relaxed;
         if self.answering.load(Relaxed) != answered {
             self.answering.store(answered, Relaxed);
@@ -331,7 +334,7 @@ impl RedisStore {
     ) -> Result<Batch, BackendError> {
         let prefix = &self.config.key_prefix;
         let (call, lean) = count_call(&self.lean, &self.script, prefix, (ops, idx), whole, now);
-        let trip = self.stats.round_trip();
+        let trip = self.stats.round_trip(Purpose::Count);
         let reply = call.invoke_async(conn).await;
         drop(trip);
         let reply = reply.map_err(|e| classify(e, self.config.timeout))?;

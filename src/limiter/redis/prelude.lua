@@ -34,11 +34,12 @@ end
 
 -- A call of one key reads it here, by GET: its reply is a string, nil (false) or, for a key of
 -- another type, a table with `err` (indexing a string with `err` gives nil). `one` is then its
--- debt, false when it is absent. A call of several keys reads them itself.
+-- debt, false when it is absent. A share call (ARGV[2] "share") reads its first key here too:
+-- its second is the counter's share table. Any other call of several keys reads them itself.
 local nk = #keys
 local one = false
 local repaired = 0
-if nk == 1 then
+if nk == 1 or argv[2] == 'share' then
   local key = keys[1]
   local v = pcall_('GET', key)
   if v then

@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use crate::histogram::LatencyHistogram;
 use crate::limiter::error::ErrorKind;
-use crate::limiter::figures::{BreakerState, RedisFigures};
+use crate::limiter::figures::{BreakerState, Purpose, RedisFigures};
 
 /// Relaxed everywhere: independent statistics, read at scrape time.
 #[derive(Debug, Default)]
 pub(super) struct RedisStats {
     round_trips: AtomicU64,
+    by_purpose: [AtomicU64; Purpose::ALL.len()],
     requests: AtomicU64,
     cache_hits: AtomicU64,
     repairs: AtomicU64,
@@ -22,10 +23,11 @@ pub(super) struct RedisStats {
 }
 
 impl RedisStats {
-    /// A round trip begins: counted now, its duration observed when the guard drops (when
-    /// the reply is read, or when the call is given up at its deadline).
-    pub(super) fn round_trip(&self) -> RoundTrip<'_> {
+    /// A round trip for `purpose` begins: counted now, its duration observed when the guard
+    /// drops (when the reply is read, or when the call is given up at its deadline).
+    pub(super) fn round_trip(&self, purpose: Purpose) -> RoundTrip<'_> {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.by_purpose[purpose.index()].fetch_add(1, Ordering::Relaxed);
         RoundTrip {
             stats: self,
             started: Instant::now(),
@@ -76,6 +78,8 @@ impl RedisStats {
     pub(super) fn figures(&self, connected: bool, breaker: BreakerState) -> RedisFigures {
         RedisFigures {
             round_trips: self.round_trips.load(Ordering::Relaxed),
+            round_trips_by_purpose: Purpose::ALL
+                .map(|p| (p, self.by_purpose[p.index()].load(Ordering::Relaxed))),
             requests: self.requests.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
             counter_repairs: self.repairs.load(Ordering::Relaxed),

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::limiter::gcra::Quota;
+use crate::limiter::share::Demand;
 
 /// Tokens taken in one call.
 #[derive(Debug)]
@@ -52,6 +53,18 @@ impl Slice {
     }
 }
 
+/// A lease of a contended counter holds a share: its tokens come from a renewal every period,
+/// sized by this node's part of the rate, instead of from takes as the lease runs low.
+#[derive(Debug)]
+pub(super) struct Share {
+    /// This node's demand for the counter, sent with each renewal.
+    pub(super) demand: Demand,
+    /// When the next renewal is due (local clock).
+    pub(super) next: u64,
+    /// This node's part of the rate at the last renewal, in millionths (0 before the first).
+    pub(super) millionths: u64,
+}
+
 /// One counter's lease on this node.
 #[derive(Debug)]
 pub(super) struct Lease {
@@ -65,7 +78,8 @@ pub(super) struct Lease {
     pub(super) to_return: u64,
     /// Until this local instant the shared bucket has no token (the last take got none).
     pub(super) denied_until: u64,
-    /// When the shared bucket is full again, as of this node's last call (a hint for waits).
+    /// When the shared bucket is full again, as of this node's last call (a hint for waits,
+    /// and for a shared counter, whether the bucket has room past the shares).
     pub(super) full_at: u64,
     /// A take is in flight.
     pub(super) taking: bool,
@@ -77,6 +91,8 @@ pub(super) struct Lease {
     pub(super) ahead: bool,
     /// No take before this instant (after a failed one).
     pub(super) retry_at: u64,
+    /// Set while the counter is contended: renewals replace takes.
+    pub(super) share: Option<Share>,
 }
 
 impl Lease {
@@ -92,6 +108,7 @@ impl Lease {
             last_ask: 1,
             ahead: false,
             retry_at: 0,
+            share: None,
         }
     }
 
@@ -209,8 +226,36 @@ impl Lease {
         (self.last_ask as f64 * fraction) as u64
     }
 
-    pub(super) fn idle(&self, now: u64) -> bool {
-        self.slices.is_empty() && !self.taking && self.to_return == 0 && self.denied_until <= now
+    /// Whether the lease can be dropped: nothing held, nothing in flight, no denial standing,
+    /// and no share whose renewal was due more than `max_age` ago (a share with no traffic).
+    pub(super) fn idle(&self, now: u64, max_age: u64) -> bool {
+        self.slices.is_empty()
+            && !self.taking
+            && self.to_return == 0
+            && self.denied_until <= now
+            && self
+                .share
+                .as_ref()
+                .is_none_or(|s| s.next.saturating_add(max_age) <= now)
+    }
+
+    /// While a share is held and the lease cannot cover a request of `cost`: the wait to
+    /// report, until the next renewal's tokens and at least one interval of the share's rate;
+    /// `None` when, as of the last reply from Redis, the bucket held `cost` tokens past what the
+    /// shares took (demand near the rate: the exact path may admit it).
+    pub(super) fn share_wait(&self, cost: u64, now: u64) -> Option<u64> {
+        let s = self.share.as_ref()?;
+        let t = self.quota.interval();
+        let debt = self.full_at.saturating_sub(now);
+        if debt.saturating_add(cost.saturating_mul(t)) <= self.quota.tolerance() {
+            return None;
+        }
+        let share_t = if s.millionths == 0 {
+            t
+        } else {
+            u64::try_from(u128::from(t) * 1_000_000 / u128::from(s.millionths)).unwrap_or(u64::MAX)
+        };
+        Some(s.next.saturating_sub(now).max(share_t))
     }
 }
 

@@ -1,0 +1,104 @@
+-- sluice: a node's share of a contended counter, after prelude.lua and slice.lua. The counter's
+-- share table holds one entry per node that shares it; a call renews this node's entry with its
+-- demand, works out its share of the rate and of the burst, and takes the share's tokens for the
+-- next renewal period from the counter, as a lease take does (so the counter's TAT stays the one
+-- account of what the fleet may admit).
+--
+-- KEYS[1]  the counter
+-- KEYS[2]  its share table, a hash: node id -> "demand rate burst expiry", the demand in
+--          thousandths of a hit per second, the rate in millionths of the counter's, the burst
+--          in tokens, the expiry in milliseconds of the script's clock
+-- ARGV[1]  "now" (prelude.lua)
+-- ARGV[2]  "share"
+-- ARGV[3]  T (ns)
+-- ARGV[4]  B*T (ns)
+-- ARGV[5]  H (ns): how far past the bucket's tolerance a take may reserve
+-- ARGV[6]  this node's id
+-- ARGV[7]  this node's demand: hits offered per second, admitted and refused, in thousandths
+-- ARGV[8]  tokens this node holds due and unused (those reserved ahead are not counted)
+-- ARGV[9]  P (ns): the renewal period
+-- ARGV[10] L (ms): how long an entry lives unrenewed
+-- ARGV[11] "leave" to give the share up, else ""
+--
+-- Entries past their expiry, and entries that do not parse, are deleted first; a table that is not
+-- a hash is deleted whole (counted as a repair, as a counter that holds no TAT is).
+-- The share: with D the live entries' demand (this node's included) and R the counter's rate, a
+-- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
+-- more than it asks for. It is granted that much of what the other live entries leave, so the
+-- rates in the table never add up past R, nor the bursts past B (burst: floor(B * d / D)).
+-- The take: ceil(rate * P) tokens, less what the node holds due and unused past that, at most what is due by
+-- now + H, charged on the counter as lease.lua's take charges them.
+-- The counter stays shared while its bucket is less than half full (a debt past half the
+-- tolerance), and, once no reservation stands (a debt within the tolerance), while D is at least
+-- 90 % of R. Past that demand is below the rate, and slices, which can spend the burst, serve it
+-- better (they reserve nothing then, so the counter is not shared again at once): this node's
+-- entry is deleted and nothing is taken, as on "leave".
+--
+-- Returns {tokens taken, debt after (ns), wait until one token can be reserved when none was
+-- taken though some were wanted (ns), rate (millionths), burst, D (thousandths), 1 while shared
+-- else 0}, and an eighth value 1 when a counter or table was repaired.
+
+local T, tol, H = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5])
+local me, mine, held = argv[6], tonumber(argv[7]), tonumber(argv[8])
+local P, L = tonumber(argv[9]), tonumber(argv[10])
+local tkey = keys[2]
+local now_ms = now_s * 1000 + floor(now_ns / 1000000)
+local MILLION = 1000000
+
+local function reply(g, debt, wait, rate, burst, total, shared)
+  if repaired > 0 then return { g, debt, wait, rate, burst, total, shared, 1 } end
+  return { g, debt, wait, rate, burst, total, shared }
+end
+
+local entries = pcall_('HGETALL', tkey)
+if entries.err then
+  call('DEL', tkey)
+  entries, repaired = {}, 1
+end
+local demand, rates, bursts = 0, 0, 0
+for i = 1, #entries, 2 do
+  local id = entries[i]
+  local ed, er, eb, ee = string.match(entries[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
+  ed, er, eb, ee = tonumber(ed), tonumber(er), tonumber(eb), tonumber(ee)
+  if not ee or ee <= now_ms or er > MILLION or ed > 1e15 or eb > 1e15 then
+    call('HDEL', tkey, id)
+    if not ee then repaired = 1 end
+  elseif id ~= me then
+    demand, rates, bursts = demand + ed, rates + er, bursts + eb
+  end
+end
+demand = demand + mine
+
+local R = 1e12 / T
+local B = floor(tol / T + 0.5)
+if argv[11] == 'leave' or d <= tol / 2 or (demand < 0.9 * R and d <= tol) then
+  call('HDEL', tkey, me)
+  return reply(0, d, 0, 0, 0, demand, 0)
+end
+
+local rate, burst = 0, 0
+if demand > 0 then
+  local due = R * mine / demand
+  if due > 1.25 * mine then due = 1.25 * mine end
+  rate = floor(MILLION * due / R)
+  if rate > MILLION - rates then rate = MILLION - rates end
+  if rate < 0 then rate = 0 end
+  burst = floor(B * mine / demand)
+  if burst > B - bursts then burst = B - bursts end
+  if burst < 0 then burst = 0 end
+end
+call('HSET', tkey, me, format('%d %d %d %d', mine, rate, burst, now_ms + L))
+if not injected then call('PEXPIRE', tkey, L) end
+
+-- ceil(rate * P / T) tokens for the period, less what is held past them.
+local want = math.ceil(rate * P / (MILLION * T))
+if held > want then want = 2 * want - held end
+local g = takeable(T, tol, H)
+if want < g then g = want end
+if g <= 0 then
+  local wait = 0
+  if want > 0 then wait = d + T - tol - H end
+  return reply(0, d, wait, rate, burst, demand, 1)
+end
+write(d + g * T)
+return reply(g, d + g * T, 0, rate, burst, demand, 1)

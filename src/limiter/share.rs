@@ -1,0 +1,205 @@
+//! Shares of a contended counter, as pure values: the demand a node measures for a counter, the
+//! division of a rate among demanders by demand, and the book of the shares this node holds,
+//! which degraded local mode counts at while Redis is away. No clock, Redis or runtime:
+//! `redis::share` keeps the fleet's share tables, and leasing renews them.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
+use crate::limiter::key::Key;
+
+/// The most a share may be of what its holder asks for: 1.25 times its demand, so a demand that
+/// grows between renewals is not cut at once, and the rest goes to the others.
+pub const HEADROOM: f64 = 1.25;
+
+/// A holder's part of a rate of `capacity` when the holders ask for `demands` (any unit, the
+/// same for all): `min(capacity × d / Σd, HEADROOM × d)` each. Proportional to demand,
+/// water-filled: when the holders ask for less than the capacity, each gets a little more than it
+/// asks and the surplus stays undivided. The parts never add up past `capacity`.
+#[must_use]
+pub fn divide(demands: &[f64], capacity: f64) -> Vec<f64> {
+    let total: f64 = demands.iter().filter(|d| d.is_finite() && **d > 0.0).sum();
+    demands
+        .iter()
+        .map(|&d| {
+            if total <= 0.0 || !d.is_finite() || d <= 0.0 {
+                0.0
+            } else {
+                (capacity * d / total).min(HEADROOM * d)
+            }
+        })
+        .collect()
+}
+
+/// One counter's demand on this node: hits offered, admitted and refused, since the last
+/// renewal, and the rate they came at over the last two renewal periods (so a demand that
+/// falls is seen within two renewals, and one period's noise weighs half).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Demand {
+    /// Hits per second over the period before the current one.
+    last: f64,
+    /// Hits per second over the last two periods.
+    rate: f64,
+    /// Hits since `since`.
+    hits: u64,
+    /// When the current count began (clock nanoseconds).
+    since: u64,
+}
+
+impl Demand {
+    /// A demand first seen at `rate` hits per second, counted from `now`.
+    #[must_use]
+    pub fn new(rate: f64, now: u64) -> Self {
+        Self {
+            last: rate,
+            rate,
+            hits: 0,
+            since: now,
+        }
+    }
+
+    /// Counts `n` hits offered.
+    pub fn hit(&mut self, n: u64) {
+        self.hits = self.hits.saturating_add(n);
+    }
+
+    /// Ends the current count at `now`: the rate over it and the period before, in hits per
+    /// second.
+    pub fn renew(&mut self, now: u64) -> f64 {
+        let elapsed = now.saturating_sub(self.since);
+        if elapsed > 0 {
+            // Precision intended: a rate, not a count.
+            let current = self.hits as f64 * NANOS_PER_SEC as f64 / elapsed as f64;
+            self.rate = 0.5 * (self.last + current);
+            self.last = current;
+            self.hits = 0;
+            self.since = now;
+        }
+        self.rate
+    }
+
+    /// The rate as of the last renewal.
+    #[must_use]
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+}
+
+/// What a node was granted of one counter at its last renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The counter's quota, as the rule gives it.
+    pub quota: Quota,
+    /// This node's part of it: rate r_i and burst b_i.
+    pub share: Quota,
+}
+
+/// The shares this node holds, by counter. Leasing records each grant and drops it when the
+/// counter is no longer shared; the local fallback counts a shared counter at its share instead
+/// of at rate/N, so that the fleet stays within the rate while Redis is away.
+#[derive(Debug, Default)]
+pub struct ShareBook {
+    held: Mutex<HashMap<Key, Grant>>,
+}
+
+impl ShareBook {
+    /// An empty book.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Grant>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the grant of counter `key`.
+    pub fn hold(&self, key: Key, grant: Grant) {
+        self.held().insert(key, grant);
+    }
+
+    /// Forgets counter `key`'s share.
+    pub fn release(&self, key: Key) {
+        self.held().remove(&key);
+    }
+
+    /// The share held of counter `key` under `quota`: `None` without one, or when the rule
+    /// changed since it was granted.
+    #[must_use]
+    pub fn share(&self, key: Key, quota: &Quota) -> Option<Quota> {
+        self.held()
+            .get(&key)
+            .filter(|g| g.quota == *quota)
+            .map(|g| g.share)
+    }
+
+    /// Keeps only the shares of the counters `keep` says yes to.
+    pub fn retain(&self, mut keep: impl FnMut(&Key) -> bool) {
+        self.held().retain(|k, _| keep(k));
+    }
+
+    /// Shares held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.held().len()
+    }
+
+    /// Whether no share is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_follow_demand_and_never_pass_the_capacity() {
+        // Over the capacity: proportional, all of it handed out.
+        let parts = divide(&[300.0, 100.0], 200.0);
+        assert_eq!(parts, vec![150.0, 50.0]);
+        // Under it: a little more than each asks, the rest undivided.
+        let parts = divide(&[40.0, 20.0], 200.0);
+        assert_eq!(parts, vec![50.0, 25.0]);
+        // A holder that asks nothing gets nothing; bad numbers count as nothing.
+        assert_eq!(divide(&[0.0, 100.0, f64::NAN], 50.0), vec![0.0, 50.0, 0.0]);
+        assert_eq!(divide(&[], 10.0), Vec::<f64>::new());
+        for demands in [[1.0, 2.0, 3.0], [1e9, 1.0, 0.5], [7.0, 7.0, 7.0]] {
+            let sum: f64 = divide(&demands, 100.0).iter().sum();
+            assert!(sum <= 100.0 + 1e-9, "{demands:?}: {sum}");
+        }
+    }
+
+    #[test]
+    fn demand_is_the_rate_over_the_last_two_renewals() {
+        let s = NANOS_PER_SEC;
+        let mut d = Demand::new(100.0, 0);
+        d.hit(50);
+        assert_eq!(d.renew(s / 4), 150.0, "half of 100, half of 200");
+        assert_eq!(d.renew(s / 2), 100.0, "half of 200, half of 0");
+        assert_eq!(d.renew(s / 2), 100.0, "no time passed: unchanged");
+        assert_eq!(
+            d.renew(3 * s / 4),
+            0.0,
+            "a demand that stops is gone in two renewals"
+        );
+        assert_eq!(d.rate(), 0.0);
+    }
+
+    #[test]
+    fn the_book_answers_only_for_the_rule_it_was_granted_under() {
+        let q = Quota::new(NANOS_PER_SEC, 200, 200).unwrap();
+        let book = ShareBook::new();
+        let share = q.portion(500_000, 100);
+        book.hold(7, Grant { quota: q, share });
+        assert_eq!(book.share(7, &q), Some(share));
+        let reloaded = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
+        assert_eq!(book.share(7, &reloaded), None);
+        assert_eq!(book.len(), 1);
+        book.release(7);
+        assert!(book.is_empty());
+    }
+}
