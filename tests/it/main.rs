@@ -4,6 +4,7 @@ mod check;
 mod client;
 mod compat;
 mod conn;
+mod docs;
 mod gcra;
 mod headers;
 mod helpers;
