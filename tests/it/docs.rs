@@ -1,8 +1,14 @@
-//! The book under `docs/src` and the pages at the top of the repository: every relative link
-//! and `#anchor` resolves, and every page is in `SUMMARY.md`.
+//! The book under `docs/src` and the pages at the top of the repository, held to the code: every
+//! relative link and `#anchor` resolves, every page is in `SUMMARY.md`, the settings table has
+//! one row per field of [`Written`] with the code's default, flag and environment variable, and
+//! the metrics tables name exactly the metrics the code registers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+use sluice::settings::Written;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -178,4 +184,223 @@ fn every_page_of_the_book_is_in_its_summary() {
         .filter(|p| !p.ends_with("SUMMARY.md") && !listed.contains(p))
         .collect();
     assert!(orphans.is_empty(), "pages not in SUMMARY.md: {orphans:?}");
+}
+
+/// The cells of the rows of every table on a page whose header row starts with `first`.
+fn table_rows(text: &str, first: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for (_, line) in prose(text) {
+        let line = line.trim();
+        if !line.starts_with('|') {
+            inside = false;
+            continue;
+        }
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect();
+        if cells[0] == first {
+            inside = true;
+        } else if inside && !cells[0].starts_with("---") {
+            rows.push(cells);
+        }
+    }
+    rows
+}
+
+/// A cell's text inside backticks: `` `x` `` reads as `x`.
+fn code(cell: &str) -> &str {
+    cell.trim().trim_matches('`')
+}
+
+/// Every setting's dotted name and default, as the code has them.
+fn settings_in_the_code() -> BTreeMap<String, serde_json::Value> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let name = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&name, v, out);
+                }
+            }
+            leaf => {
+                out.insert(prefix.to_string(), leaf.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(
+        "",
+        &serde_json::to_value(Written::default()).unwrap(),
+        &mut out,
+    );
+    out
+}
+
+/// How the settings page writes a default: the value as the settings file would, `""` for an
+/// empty text, `unset` for none.
+fn written_default(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "unset".into(),
+        serde_json::Value::String(s) if s.is_empty() => "\"\"".into(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Every long flag `sluice serve --help` lists, but `--config` and `--help`.
+fn serve_flags() -> BTreeSet<String> {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .filter(|w| w.starts_with("--"))
+        .map(|w| w.trim_end_matches(',').to_string())
+        .filter(|w| w != "--config" && w != "--help")
+        .collect()
+}
+
+#[test]
+fn the_settings_page_has_every_setting_with_its_default_flag_and_variable() {
+    let page = read(&repo().join("docs/src/operate/settings.md"));
+    let settings = settings_in_the_code();
+    let flags = serve_flags();
+    let mut problems = Vec::new();
+    let mut rows: BTreeMap<String, usize> = BTreeMap::new();
+    let mut flags_seen = BTreeSet::new();
+    for cells in table_rows(&page, "setting") {
+        let [name, default, flag, env, meaning] = &cells[..] else {
+            problems.push(format!("not five cells: {cells:?}"));
+            continue;
+        };
+        let name = code(name);
+        *rows.entry(name.to_string()).or_default() += 1;
+        let Some(value) = settings.get(name) else {
+            problems.push(format!("{name}: no such setting"));
+            continue;
+        };
+        if code(default) != written_default(value) {
+            problems.push(format!(
+                "{name}: the page says {default}, the code {}",
+                written_default(value)
+            ));
+        }
+        let variable = format!("SLUICE_{}", name.to_uppercase().replace('.', "__"));
+        if code(env) != variable {
+            problems.push(format!("{name}: the variable is {variable}, not {env}"));
+        }
+        if !flag.is_empty() {
+            if !flags.contains(code(flag)) {
+                problems.push(format!("{name}: `sluice serve` has no flag {flag}"));
+            }
+            flags_seen.insert(code(flag).to_string());
+        }
+        if meaning.is_empty() {
+            problems.push(format!("{name}: no meaning"));
+        }
+    }
+    for name in settings.keys() {
+        match rows.get(name) {
+            None => problems.push(format!("{name}: no row")),
+            Some(1) => {}
+            Some(n) => problems.push(format!("{name}: {n} rows")),
+        }
+    }
+    for flag in flags.difference(&flags_seen) {
+        problems.push(format!(
+            "{flag}: a flag of `sluice serve` that no row names"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The metric names the code registers: every string literal in `src/` that is a whole
+/// metric name of ours or of envoyproxy/ratelimit's Prometheus mapping.
+fn metrics_in_the_code() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for file in files_under(&repo().join("src"), ".rs") {
+        let text = read(&file);
+        for prefix in ["\"sluice_", "\"ratelimit_service_"] {
+            for (i, _) in text.match_indices(prefix) {
+                let literal = text[i + 1..].split('"').next().unwrap();
+                if literal
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                {
+                    out.insert(literal.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_metrics_page_names_exactly_the_metrics_of_the_code() {
+    let page = read(&repo().join("docs/src/operate/metrics.md"));
+    let documented: BTreeSet<String> = table_rows(&page, "metric")
+        .iter()
+        .map(|cells| code(&cells[0]).to_string())
+        .collect();
+    let registered = metrics_in_the_code();
+    assert!(!registered.is_empty(), "no metric found in src/");
+    let missing: Vec<_> = registered.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&registered).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "metrics with no row: {missing:?}; rows naming no metric of the code: {unknown:?}"
+    );
+}
+
+/// The dotted names of the values written in a YAML mapping.
+fn yaml_leaves(prefix: &str, yaml: &yaml_rust2::Yaml, out: &mut BTreeSet<String>) {
+    match yaml.as_hash() {
+        Some(map) => {
+            for (k, v) in map {
+                let k = k.as_str().expect("a settings key is text");
+                let name = if prefix.is_empty() {
+                    k.to_string()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                yaml_leaves(&name, v, out);
+            }
+        }
+        None => {
+            out.insert(prefix.to_string());
+        }
+    }
+}
+
+/// `config/sluice.yaml` writes out every setting (its values are the defaults: the settings
+/// module's own test loads it and compares). A setting unset by default may stand there as a
+/// comment, `# name: example`.
+#[test]
+fn the_settings_file_writes_out_every_setting() {
+    let text = read(&repo().join("config/sluice.yaml"));
+    let docs = yaml_rust2::YamlLoader::load_from_str(&text).unwrap();
+    let mut written = BTreeSet::new();
+    yaml_leaves("", &docs[0], &mut written);
+    let missing: Vec<_> = settings_in_the_code()
+        .into_iter()
+        .filter(|(name, default)| {
+            let last = name.rsplit('.').next().unwrap();
+            let commented = default.is_null() && text.contains(&format!("# {last}:"));
+            !written.contains(name) && !commented
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "settings not written out in config/sluice.yaml: {missing:?}"
+    );
 }
