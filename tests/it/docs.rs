@@ -404,3 +404,38 @@ fn the_settings_file_writes_out_every_setting() {
         "settings not written out in config/sluice.yaml: {missing:?}"
     );
 }
+
+/// `1234567` as the log writes it: `1,234,567`.
+fn with_commas(n: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in n.chars().enumerate() {
+        if i > 0 && (n.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The plot draws recorded figures only: every number of `benches/load/figures.csv`, and its
+/// commit, is in the benchmark log.
+#[test]
+fn the_plotted_figures_are_in_the_benchmark_log() {
+    let log = read(&repo().join("docs/src/benchmarks/log.md"));
+    let csv = read(&repo().join("benches/load/figures.csv"));
+    let mut problems = Vec::new();
+    for line in csv.lines().skip(1) {
+        // "scenario",floor,sluice,commit,date,"source"
+        let rest = line.split_once("\",").map_or(line, |(_, after)| after);
+        let fields: Vec<&str> = rest.split(',').collect();
+        for figure in fields[..2].iter().filter(|f| !f.is_empty()) {
+            if !log.contains(&with_commas(figure)) {
+                problems.push(format!("{figure} is not in the log ({line})"));
+            }
+        }
+        if !log.contains(&format!("`{}`", fields[2])) {
+            problems.push(format!("commit {} is not in the log", fields[2]));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
