@@ -10,16 +10,16 @@ use sluice::settings::Written;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
-fn repo() -> &'static Path {
+pub(crate) fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Every file under `dir` whose name ends with `ext`, sorted.
-fn files_under(dir: &Path, ext: &str) -> Vec<PathBuf> {
+pub(crate) fn files_under(dir: &Path, ext: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
     while let Some(d) = dirs.pop() {
@@ -37,7 +37,7 @@ fn files_under(dir: &Path, ext: &str) -> Vec<PathBuf> {
 }
 
 /// The book's pages and the Markdown files a reader opens at the top of the repository.
-fn pages() -> Vec<PathBuf> {
+pub(crate) fn pages() -> Vec<PathBuf> {
     let mut pages = files_under(&repo().join("docs/src"), ".md");
     for top in ["README.md", "BENCHMARKS.md", "CHANGELOG.md"] {
         if repo().join(top).exists() {

@@ -5,6 +5,7 @@ mod client;
 mod compat;
 mod conn;
 mod docs;
+mod docs_examples;
 mod gcra;
 mod headers;
 mod helpers;
