@@ -215,18 +215,22 @@ fn code(cell: &str) -> &str {
     cell.trim().trim_matches('`')
 }
 
+/// A setting's dotted name: `key` under `prefix` (`redis` and `url` give `redis.url`).
+fn dotted(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
 /// Every setting's dotted name and default, as the code has them.
 fn settings_in_the_code() -> BTreeMap<String, serde_json::Value> {
     fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
         match v {
             serde_json::Value::Object(map) => {
                 for (k, v) in map {
-                    let name = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&name, v, out);
+                    walk(&dotted(prefix, k), v, out);
                 }
             }
             leaf => {
@@ -367,12 +371,7 @@ fn yaml_leaves(prefix: &str, yaml: &yaml_rust2::Yaml, out: &mut BTreeSet<String>
         Some(map) => {
             for (k, v) in map {
                 let k = k.as_str().expect("a settings key is text");
-                let name = if prefix.is_empty() {
-                    k.to_string()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                yaml_leaves(&name, v, out);
+                yaml_leaves(&dotted(prefix, k), v, out);
             }
         }
         None => {
