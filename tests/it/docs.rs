@@ -438,3 +438,12 @@ fn the_plotted_figures_are_in_the_benchmark_log() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The pages at the top of the repository stay a front door: the manual is the book.
+#[test]
+fn the_readme_and_benchmarks_pages_stay_short() {
+    for (page, most) in [("README.md", 200), ("BENCHMARKS.md", 150)] {
+        let lines = read(&repo().join(page)).lines().count();
+        assert!(lines <= most, "{page} has {lines} lines, more than {most}");
+    }
+}

@@ -14,6 +14,10 @@ use crate::helpers::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// The quick start's server command, after `cargo run --release --`; the examples that call
+/// `localhost:8080` run against it.
+const QUICK_START_SERVE: [&str; 3] = ["serve", "--config", "config/sluice.yaml"];
+
 /// A fenced block: where it opens, its language, the prose line just above it, and its lines.
 struct Block {
     at: String,
@@ -131,7 +135,7 @@ impl Server {
         let admin = format!("127.0.0.1:{}", free_port());
         let grpc = format!("127.0.0.1:{}", free_port());
         let child = Command::new(BIN)
-            .args(["serve", "--config", "config/sluice.yaml"])
+            .args(QUICK_START_SERVE)
             .args(["--grpc-addr", &grpc, "--admin-addr", &admin])
             .current_dir(repo())
             .stdout(Stdio::null())
@@ -262,6 +266,18 @@ fn the_client_example_is_the_doc_test_of_the_layer() {
             found,
             "{}: not the doc test of src/client/layer.rs line for line",
             block.at
+        );
+    }
+}
+
+#[test]
+fn the_quick_start_serves_as_the_examples_server_does() {
+    let command = format!("cargo run --release -- {}\n", QUICK_START_SERVE.join(" "));
+    for page in ["README.md", "docs/src/get-started/index.md"] {
+        assert!(
+            read(&repo().join(page)).contains(&command),
+            "{page}: the quick start no longer runs `{}`",
+            command.trim()
         );
     }
 }
