@@ -4,7 +4,7 @@
 //! `benches/memory.rs` so that it measures what the server runs.
 //!
 //! Why mimalloc: its thread-local free lists make the many small frees of each call (nearly all
-//! in h2, hyper and tonic) cheap (BENCHMARKS.md, the tuning log). The memory store keeps its
+//! in h2, hyper and tonic) cheap (docs/src/benchmarks/log.md, the tuning log). The memory store keeps its
 //! tables on the system allocator (see `limiter::store`), which gives them back to the kernel.
 
 /// The global allocator's type.

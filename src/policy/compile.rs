@@ -1,6 +1,6 @@
 //! Validation and compilation: raw model → [`Domain`] with the lookup tables matching needs.
 //!
-//! Every semantic check of a policy file (README, "Policies") lives here and every problem is
+//! Every semantic check of a policy file (docs/src/policies/index.md) lives here and every problem is
 //! collected, so an operator fixes a file in one pass. The output is immutable; matching never
 //! parses, allocates or compiles anything.
 

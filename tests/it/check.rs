@@ -315,7 +315,7 @@ fn shipped_config_is_valid() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Each limited rule's guarantee, then the one-line summary: each entry of a rate_limits is a
-    // rule, and cost nodes are counted apart. README shows this.
+    // rule, and cost nodes are counted apart. docs/src/lab/check.md shows this.
     let summary = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         summary,

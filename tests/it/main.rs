@@ -4,6 +4,8 @@ mod check;
 mod client;
 mod compat;
 mod conn;
+mod docs;
+mod docs_examples;
 mod gcra;
 mod headers;
 mod helpers;

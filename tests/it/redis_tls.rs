@@ -365,7 +365,7 @@ async fn a_tls_cluster_decides() {
 }
 
 /// A server whose `default` user is off and whose `sluice` user has a password, with only the
-/// keys and the commands sluice needs (as the README lists them).
+/// keys and the commands sluice needs (as docs/src/fleet/redis.md lists them).
 fn acl_server() -> RedisProcess {
     plain(&[
         "--user",
