@@ -11,6 +11,7 @@
 #   LOADBENCH_BIN=... LOADBENCH_FLOOR_BIN=... LOADBENCH_LOADGEN_BIN=... benches/load.sh   # no build
 #   COMPARE=/path/to/older/sluice benches/load.sh   # only old against new, alternated in each round
 #   LEASED=1 benches/load.sh             # only two leased nodes on one Redis against memory
+#   CONTENDED=1 benches/load.sh          # only three nodes sharing one key offered ten times its rate
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,4 +32,4 @@ else
 fi
 
 python3 benches/load/run.py --bin "$bins/sluice" --floor "$bins/sluice-floor" --loadgen "$bins/loadgen" \
-    ${COMPARE:+--compare "$COMPARE"} ${LEASED:+--leased}
+    ${COMPARE:+--compare "$COMPARE"} ${LEASED:+--leased} ${CONTENDED:+--contended}

@@ -217,7 +217,7 @@ const FAMILIES: [(&str, Kind, &str); 36] = [
     (
         LEASE_SLICES,
         Kind::Counter,
-        "Slices of hot counters taken from Redis (takes granted at least one token).",
+        "Slices of hot counters taken from Redis (takes, and share renewals, granted at least one token).",
     ),
     (
         LEASE_TOKENS_TAKEN,

@@ -10,6 +10,7 @@ alternating with the real server, and the summary compares medians of the rounds
 """
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 
 RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 HOT_RATE, HOT_BURST = 10_000, 1_000  # benches/load/bench.yaml, rule "hot"
+CONTENDED_RATE, CONTENDED_BURST = 3_000, 300  # rule "contended"
 
 
 def varint(v):
@@ -59,7 +61,7 @@ def metrics(admin):
     text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
-        m = re.match(r'^(sluice_decisions_total\{result="(\w+)"\}|sluice_redis_round_trips_total|sluice_redis_requests_total|sluice_store_keys|sluice_lease_slices_total)\s+(\S+)$', line)
+        m = re.match(r'^(sluice_decisions_total\{result="(\w+)"\}|sluice_redis_round_trips_total|sluice_redis_requests_total|sluice_store_keys|sluice_lease_slices_total|sluice_lease_share_renewals_total)\s+(\S+)$', line)
         if m:
             out[m.group(2) or m.group(1)] = float(m.group(3))
         m = re.match(r'^sluice_backend_decisions_total\{by="(\w+)"\}\s+(\S+)$', line)
@@ -244,6 +246,10 @@ def main():
                     help="only run two --bin nodes with leased counting on one Redis, the hot key"
                          " driven 10 x 10 on each at once, beside one node counting in memory:"
                          " round trips per decision, throughput, admitted against the bound")
+    ap.add_argument("--contended", action="store_true",
+                    help="only run three --bin nodes with leased counting on one Redis, a key whose"
+                         " limit is about a tenth of what they are offered (its counter shared),"
+                         " beside three nodes counting in memory")
     ap.add_argument("--lease-max-age-ms", type=int, default=1000,
                     help="redis.lease.max_age_ms (L) for --leased")
     ap.add_argument("--compare", metavar="OLD_BIN",
@@ -256,7 +262,8 @@ def main():
     LOAD_CORE = args.load_core
     work = tempfile.mkdtemp(prefix="sluice-load-")
     try:
-        mode = (leased if args.leased else redis_vs_memory if args.redis_vs_memory
+        mode = (leased if args.leased else contended if args.contended
+                else redis_vs_memory if args.redis_vs_memory
                 else compare if args.compare else run)
         mode(args, work)
     finally:
@@ -270,6 +277,7 @@ def setup(work):
     shutil.copy(Path(__file__).with_name("bench.yaml"), policies)
     bodies = {
         "hot": framed_request([[("hot", "x")]]),
+        "contended": framed_request([[("contended", "x")]]),
         "one": framed_request([[("d", "0")]]),
         "ten": framed_request([[("d", str(i))] for i in range(10)]),
     }
@@ -375,10 +383,21 @@ def side_by_side(nodes, body, c, m, duration, work):
 
 
 def leased(args, work):
-    """Two nodes on one Redis with leased counting, the hot key offered 10 x 10 on each at once,
-    then two nodes counting in memory under the same load: per node the throughput against memory
-    and the Redis round trips per decision; for the fleet the admitted count against the stated
-    bound B + (W + L) / T and the exact B + W / T."""
+    """Two nodes on one Redis with leased counting, the hot key offered 10 x 10 on each at once."""
+    fleet(args, work, 2, "hot", HOT_RATE, HOT_BURST)
+
+
+def contended(args, work):
+    """Three nodes on one Redis with leased counting, a key whose limit is about a tenth of what
+    the three are offered: the counter is shared, and each node renews its share every L / 4."""
+    fleet(args, work, 3, "contended", CONTENDED_RATE, CONTENDED_BURST)
+
+
+def fleet(args, work, n, key, rate, burst):
+    """`n` nodes on one Redis with leased counting, the key offered 10 x 10 on each at once, then
+    `n` nodes counting in memory under the same load: per node the throughput against memory and
+    the Redis round trips per decision and per second; for the fleet the admitted count against
+    the stated bound B + (W + L) / T and the exact B + W / T."""
     policies, body = setup(work)
     b = Bench()
     D, (c, m), L = args.duration, (10, 10), args.lease_max_age_ms / 1000
@@ -389,30 +408,32 @@ def leased(args, work):
     redis_args = ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"]
     env = {"SLUICE_REDIS__TIMEOUT_MS": "100", "SLUICE_REDIS__LEASE__ENABLED": "true",
            "SLUICE_REDIS__LEASE__MAX_AGE_MS": str(args.lease_max_age_ms)}
-    print(f"== leased: {args.rounds} rounds, {D} s each; two nodes on one Redis, L = {L:g} s,"
-          f" hot key c={c} x m={m} on each; servers on core 0, redis-server and the load on core 1")
+    print(f"== {key}: {args.rounds} rounds, {D} s each; {n} nodes on one Redis, L = {L:g} s,"
+          f" key \"{key}\" ({rate:,}/s, burst {burst:,}) c={c} x m={m} on each; servers on core 0,"
+          " redis-server and the load on core 1")
+    names = [f"leased, node {i + 1}" for i in range(n)]
     try:
         time.sleep(0.5)
         for r in range(args.rounds):
-            # The baseline in the same placement: two memory nodes side by side on core 0, each
-            # counting alone (a node on a core of its own would be twice as fast for both).
-            with serving(args.bin, str(policies)) as n1, serving(args.bin, str(policies)) as n2:
-                nodes = [n1, n2]
-                run = lambda: side_by_side(nodes, body("hot"), c, m, D, work)
+            # The baseline in the same placement: n memory nodes side by side on core 0, each
+            # counting alone (a node on a core of its own would be n times as fast).
+            with contextlib.ExitStack() as stack:
+                nodes = [stack.enter_context(serving(args.bin, str(policies))) for _ in range(n)]
+                run = lambda: side_by_side(nodes, body(key), c, m, D, work)
                 for i, res in enumerate(cpu_per_decision(nodes, run)):
-                    b.results.setdefault("memory, two nodes", []).append(res)
-                    print(f"{f'memory, node {i + 1} of two, hot key':<44} {res['rate']:>9,.0f}/s"
+                    b.results.setdefault("memory", []).append(res)
+                    print(f"{f'memory, node {i + 1} of {n}, {key} key':<44} {res['rate']:>9,.0f}/s"
                           f"  p50 {res['p50']:.3f} ms  p99 {res['p99']:.3f} ms"
                           f"  CPU {res['cpu_us']:.1f} µs per decision", flush=True)
             subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True, check=True)
-            with serving(args.bin, str(policies), redis_args, env=env) as n1, \
-                    serving(args.bin, str(policies), redis_args, env=env) as n2:
+            with contextlib.ExitStack() as stack:
+                nodes = [stack.enter_context(serving(args.bin, str(policies), redis_args, env=env))
+                         for _ in range(n)]
                 time.sleep(1)
-                nodes = [n1, n2]
-                run = lambda: side_by_side(nodes, body("hot"), c, m, D, work)
+                run = lambda: side_by_side(nodes, body(key), c, m, D, work)
                 results = cpu_per_decision(nodes, run)
-                # The exposure W: from the first request to the last answer of either driver, read
-                # from h2load's own log rather than the wall time around the two processes, which
+                # The exposure W: from the first request to the last answer of any driver, read
+                # from h2load's own log rather than the wall time around the processes, which
                 # also counts their start and the writing of their logs (tenths of a second).
                 first = min(res["span_us"][0] for res in results)
                 last = max(res["span_us"][1] for res in results)
@@ -425,46 +446,52 @@ def leased(args, work):
                     res.update(ok=int(delta.get("ok", 0)), over=int(delta.get("over_limit", 0)),
                                errors=int(delta.get("invalid", 0) + delta.get("backend_error", 0)),
                                round_trips=int(trips), trips_per_decision=trips / max(decided, 1),
+                               trips_per_second=trips / elapsed,
                                by_lease=int(delta.get("by_lease", 0)), by_redis=int(delta.get("by_redis", 0)),
-                               slices=int(delta.get("sluice_lease_slices_total", 0)))
-                    b.results.setdefault(f"leased, node {i + 1}", []).append(res)
+                               slices=int(delta.get("sluice_lease_slices_total", 0)),
+                               renewals=int(delta.get("sluice_lease_share_renewals_total", 0)))
+                    b.results.setdefault(names[i], []).append(res)
                     total_ok += res["ok"]
                     offered += res["rate"]
-                    print(f"{f'leased, node {i + 1}, hot key':<44} {res['rate']:>9,.0f}/s  p50 {res['p50']:.3f} ms"
+                    print(f"{f'leased, node {i + 1}, {key} key':<44} {res['rate']:>9,.0f}/s  p50 {res['p50']:.3f} ms"
                           f"  p99 {res['p99']:.3f} ms  ok {res['ok']} over_limit {res['over']}"
                           f"  {res['round_trips']:,} round trips = {res['trips_per_decision']:.4f} per decision"
-                          f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices)"
-                          f"  CPU {res['cpu_us']:.1f} µs per decision",
+                          f" = {res['trips_per_second']:.1f}/s"
+                          f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices,"
+                          f" {res['renewals']:,} share renewals)  CPU {res['cpu_us']:.1f} µs per decision",
                           flush=True)
                     if res["http_errors"] or res["errors"]:
                         print(f"{'':<44} !! {res['http_errors']} failed calls, {res['errors']} gRPC errors")
                         b.failed = True
                 # The counters span the whole exposure (h2load's warm-up second included).
-                exact = HOT_BURST + HOT_RATE * elapsed
-                bound = HOT_BURST + HOT_RATE * (elapsed + L)
+                exact = burst + rate * elapsed
+                bound = burst + rate * (elapsed + L)
                 print(f"{'fleet':<44} admitted {total_ok:,} in {elapsed:.1f} s: bound {bound:,.0f},"
-                      f" exact {exact:,.0f} ({total_ok / exact:.1%} of it)", flush=True)
-                b.results.setdefault("leased, fleet", []).append({"rate": total_ok / exact})
+                      f" exact {exact:,.0f} ({total_ok / exact:.1%} of it); offered {offered / rate:.1f}x"
+                      " the rate", flush=True)
+                b.results.setdefault("fleet", []).append({"rate": total_ok / exact})
                 if total_ok > bound:
                     print(f"{'':<44} !! over the stated bound")
                     b.failed = True
-                if offered > 1.2 * HOT_RATE and total_ok < 0.95 * HOT_RATE * (elapsed - 1.5):
+                if offered > 1.2 * rate and total_ok < 0.95 * rate * (elapsed - 1.5):
                     print(f"{'':<44} !! offered {offered:,.0f}/s, yet under 95 % of the exact count")
                     b.failed = True
     finally:
         redis.terminate()
         redis.wait()
     print("== medians")
-    mem = b.median("memory, two nodes")
-    mem_cpu = b.median("memory, two nodes", "cpu_us")
-    for i in (1, 2):
-        rate = b.median(f"leased, node {i}")
-        trips = b.median(f"leased, node {i}", "trips_per_decision")
-        cpu = b.median(f"leased, node {i}", "cpu_us")
-        print(f"leased node {i}: {rate:>9,.0f}/s = {rate / mem:.2f}x a memory node's {mem:,.0f}/s"
-              f" in the same placement (target 0.9x); round trips per decision {trips:.4f} (target 0.05);"
-              f" CPU per decision {cpu:.1f} µs = {cpu / mem_cpu:.2f}x memory's {mem_cpu:.1f} µs")
-    print(f"fleet admitted: {b.median('leased, fleet'):.1%} of the exact count (target 95 %, at most the bound)")
+    mem = b.median("memory")
+    mem_cpu = b.median("memory", "cpu_us")
+    for i, name in enumerate(names):
+        node_rate = b.median(name)
+        trips = b.median(name, "trips_per_decision")
+        per_second = b.median(name, "trips_per_second")
+        cpu = b.median(name, "cpu_us")
+        print(f"leased node {i + 1}: {node_rate:>9,.0f}/s = {node_rate / mem:.2f}x a memory node's {mem:,.0f}/s"
+              f" in the same placement (target 0.9x); round trips {trips:.4f} per decision,"
+              f" {per_second:.1f}/s (4 / L = {4 / L:g}/s); CPU per decision {cpu:.1f} µs ="
+              f" {cpu / mem_cpu:.2f}x memory's {mem_cpu:.1f} µs")
+    print(f"fleet admitted: {b.median('fleet'):.1%} of the exact count (target 95 %, at most the bound)")
     if b.failed:
         sys.exit("load: some run's answers were not the decisions expected (see !! above)")
 

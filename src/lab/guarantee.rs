@@ -184,7 +184,7 @@ impl Guarantee {
         if let Some(l) = &self.leased {
             let _ = write!(
                 out,
-                "  leased (L = {}): at most {} in any second (exact {})",
+                "  leased, in slices or shares (L = {}): at most {} in any second (exact {})",
                 duration(l.max_age_ns),
                 l.worst_second,
                 self.worst_second

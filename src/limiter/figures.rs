@@ -89,7 +89,7 @@ impl Purpose {
 /// Leasing's figures at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeaseFigures {
-    /// Slices taken (takes granted at least one token).
+    /// Slices taken (takes, and share renewals, granted at least one token).
     pub slices: u64,
     /// Tokens those slices took from the shared buckets.
     pub tokens_taken: u64,

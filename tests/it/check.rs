@@ -353,7 +353,9 @@ fn check_shows_the_leased_bound_under_the_configured_l() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
-        stdout.contains("  leased (L = 250ms): at most 145 in any second (exact 120)\n"),
+        stdout.contains(
+            "  leased, in slices or shares (L = 250ms): at most 145 in any second (exact 120)\n"
+        ),
         "{stdout}"
     );
     let out = check(&[policies]);

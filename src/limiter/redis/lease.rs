@@ -289,7 +289,6 @@ impl LeasedStore {
     /// Notes, on the shared counters among `ops`, the debt Redis reported, so that their
     /// requests overflow to the exact path only while the bucket has room.
     fn learn_debts(&self, ops: &[Op], batch: &Batch) {
-        let now = self.clock.now();
         for (op, out) in ops.iter().zip(&batch.outcomes) {
             if op.refund {
                 continue;
@@ -298,17 +297,19 @@ impl LeasedStore {
                 continue;
             };
             let mut l = lock(&lease);
-            if l.share.is_none() || l.quota != op.quota {
+            if l.quota != op.quota {
                 continue;
             }
+            let Some(share) = l.share.as_mut() else {
+                continue;
+            };
             // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T.
-            let debt = if out.admitted {
+            share.debt = if out.admitted {
                 out.wait
             } else {
                 (out.wait + op.quota.tolerance())
                     .saturating_sub(op.cost.saturating_mul(op.quota.interval()))
             };
-            l.full_at = now.saturating_add(debt);
         }
     }
 
@@ -645,6 +646,7 @@ impl LeasedStore {
             (true, Some(share)) => {
                 share.next = sent.saturating_add(self.config.renewal_period());
                 share.millionths = r.millionths;
+                share.debt = r.debt;
                 self.book.hold(
                     key,
                     Grant {
@@ -725,14 +727,16 @@ impl LeasedStore {
                     // Dated from when the take was sent: never later than Redis's instant.
                     l.denied_until = sent.saturating_add(wait);
                 }
-                // Demand above the rate: the take got less than it asked for even reserving
-                // up to H ahead, so the counter is contended, and this node asks for a share.
-                if granted < ask && l.share.is_none() && l.quota == quota {
+                // Demand above the rate: the take had to reserve past the bucket, or got less
+                // than it asked for even so. The counter is contended, and this node asks for a
+                // share.
+                if (l.ahead || granted < ask) && l.share.is_none() && l.quota == quota {
                     // Precision intended: a rate.
                     l.share = Some(Share {
                         demand: Demand::new(rate as f64, received),
                         next: received,
                         millionths: 0,
+                        debt,
                     });
                     l.denied_until = 0;
                 }

@@ -26,8 +26,9 @@
 -- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
 -- more than it asks for. It is granted that much of what the other live entries leave, so the
 -- rates in the table never add up past R, nor the bursts past B (burst: floor(B * d / D)).
--- The take: ceil(rate * P) tokens, less what the node holds due and unused past that, at most what is due by
--- now + H, charged on the counter as lease.lua's take charges them.
+-- The take: ceil(rate * P) tokens, less what the node holds due and unused past that, plus its
+-- part (d / D) of the tokens the bucket holds now, at most what is due by now + H, charged on the
+-- counter as lease.lua's take charges them.
 -- The counter stays shared while its bucket is less than half full (a debt past half the
 -- tolerance), and, once no reservation stands (a debt within the tolerance), while D is at least
 -- 90 % of R. Past that demand is below the rate, and slices, which can spend the burst, serve it
@@ -93,6 +94,12 @@ if not injected then call('PEXPIRE', tkey, L) end
 -- ceil(rate * P / T) tokens for the period, less what is held past them.
 local want = math.ceil(rate * P / (MILLION * T))
 if held > want then want = 2 * want - held end
+-- Tokens the bucket holds now, past every reservation, are the shares' too: this node takes its
+-- part of them by demand, so that none is left for requests to reach one at a time.
+if d < tol and demand > 0 then
+  local spare = floor(floor((tol - d) / T) * mine / demand)
+  if spare > 0 and want >= 0 then want = want + spare end
+end
 local g = takeable(T, tol, H)
 if want < g then g = want end
 if g <= 0 then

@@ -63,6 +63,10 @@ pub(super) struct Share {
     pub(super) next: u64,
     /// This node's part of the rate at the last renewal, in millionths (0 before the first).
     pub(super) millionths: u64,
+    /// The counter's debt (ns) Redis last reported, at a renewal or on the exact path. While the
+    /// counter is shared the shares take its refill, so the debt does not fall with time: it is
+    /// read as it was reported.
+    pub(super) debt: u64,
 }
 
 /// One counter's lease on this node.
@@ -78,8 +82,7 @@ pub(super) struct Lease {
     pub(super) to_return: u64,
     /// Until this local instant the shared bucket has no token (the last take got none).
     pub(super) denied_until: u64,
-    /// When the shared bucket is full again, as of this node's last call (a hint for waits,
-    /// and for a shared counter, whether the bucket has room past the shares).
+    /// When the shared bucket is full again, as of this node's last call (a hint for waits).
     pub(super) full_at: u64,
     /// A take is in flight.
     pub(super) taking: bool,
@@ -241,13 +244,16 @@ impl Lease {
 
     /// While a share is held and the lease cannot cover a request of `cost`: the wait to
     /// report, until the next renewal's tokens and at least one interval of the share's rate;
-    /// `None` when, as of the last reply from Redis, the bucket held `cost` tokens past what the
-    /// shares took (demand near the rate: the exact path may admit it).
+    /// `None` when, at the last reply from Redis, the bucket held `cost` tokens and a quarter of
+    /// its burst past what the shares took (demand under the rate: the exact path may admit
+    /// it). The quarter keeps the requests that go there few while demand is near the rate.
     pub(super) fn share_wait(&self, cost: u64, now: u64) -> Option<u64> {
         let s = self.share.as_ref()?;
         let t = self.quota.interval();
-        let debt = self.full_at.saturating_sub(now);
-        if debt.saturating_add(cost.saturating_mul(t)) <= self.quota.tolerance() {
+        let room = cost
+            .saturating_add(self.quota.burst() / 4)
+            .saturating_mul(t);
+        if s.debt.saturating_add(room) <= self.quota.tolerance() {
             return None;
         }
         let share_t = if s.millionths == 0 {
@@ -407,6 +413,47 @@ mod tests {
         assert_eq!(l.slices[0].used, 3, "only what is due is used");
         assert_eq!(l.due_at(1, at + t), Some(at + 2 * t));
         assert_eq!(l.available(at + 10 * t), 2, "never more than the slice");
+    }
+
+    #[test]
+    fn a_spent_share_refuses_until_its_renewal_unless_the_bucket_has_room() {
+        // 200 a second, burst 200: T = 5 ms, B·T = 1 s.
+        let q = Quota::new(NANOS_PER_SEC, 200, 200).unwrap();
+        let ms = 1_000_000;
+        let mut l = Lease::new(q);
+        assert_eq!(l.share_wait(1, 0), None, "no share: the exact path");
+        l.share = Some(Share {
+            demand: Demand::new(100.0, 0),
+            next: 100 * ms,
+            millionths: 250_000,
+            debt: q.tolerance(),
+        });
+        // A quarter of the rate: 20 ms a token; the renewal 100 ms away.
+        assert_eq!(l.share_wait(1, 0), Some(100 * ms));
+        assert_eq!(
+            l.share_wait(1, 95 * ms),
+            Some(20 * ms),
+            "at least one interval of the share"
+        );
+        // The bucket had room for the request and a quarter of its burst past the shares.
+        l.share.as_mut().unwrap().debt = q.tolerance() - 51 * q.interval();
+        assert_eq!(l.share_wait(1, 0), None);
+        assert_eq!(l.share_wait(2, 0), Some(100 * ms), "not for a cost of 2");
+    }
+
+    #[test]
+    fn a_share_keeps_its_lease_until_its_traffic_stops() {
+        let q = Quota::new(NANOS_PER_SEC, 200, 200).unwrap();
+        let mut l = Lease::new(q);
+        assert!(l.idle(0, 100));
+        l.share = Some(Share {
+            demand: Demand::new(100.0, 0),
+            next: 50,
+            millionths: 0,
+            debt: 0,
+        });
+        assert!(!l.idle(149, 100), "a renewal due less than L ago");
+        assert!(l.idle(150, 100));
     }
 
     #[test]
