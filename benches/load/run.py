@@ -26,7 +26,7 @@ from pathlib import Path
 
 RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 HOT_RATE, HOT_BURST = 10_000, 1_000  # benches/load/bench.yaml, rule "hot"
-CONTENDED_RATE, CONTENDED_BURST = 3_000, 300  # rule "contended"
+CONTENDED_RATE, CONTENDED_BURST = 20_000, 2_000  # rule "contended"
 
 
 def varint(v):
@@ -458,7 +458,7 @@ def fleet(args, work, n, key, rate, burst):
                           f"  {res['round_trips']:,} round trips = {res['trips_per_decision']:.4f} per decision"
                           f" = {res['trips_per_second']:.1f}/s"
                           f" ({res['by_lease']:,} from leases, {res['by_redis']:,} by Redis, {res['slices']:,} slices,"
-                          f" {res['renewals']:,} share renewals)  CPU {res['cpu_us']:.1f} µs per decision",
+                          f" {res['renewals']:,} share renewals = {res['renewals'] / elapsed:.1f}/s)  CPU {res['cpu_us']:.1f} µs per decision",
                           flush=True)
                     if res["http_errors"] or res["errors"]:
                         print(f"{'':<44} !! {res['http_errors']} failed calls, {res['errors']} gRPC errors")

@@ -416,8 +416,9 @@ descriptors:
             "20 + floor(1.25 s / 10 ms)"
         );
         assert!(
-            g.render()
-                .contains("leased (L = 250ms): at most 145 in any second (exact 120)"),
+            g.render().contains(
+                "leased, in slices or shares (L = 250ms): at most 145 in any second (exact 120)"
+            ),
             "{}",
             g.render()
         );

@@ -248,6 +248,21 @@ where
 }
 
 /// A small deterministic generator, so a failing schedule can be replayed.
+/// The seeds of a randomized test: the one in environment variable `var`, to replay a run,
+/// else two from the time.
+pub fn seeds(var: &str) -> Vec<u64> {
+    match std::env::var(var) {
+        Ok(s) => vec![s.parse().expect("a seed is a number")],
+        Err(_) => {
+            let base = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64;
+            vec![base, base ^ 0x9e37_79b9_7f4a_7c15]
+        }
+    }
+}
+
 pub struct Lcg(pub u64);
 
 impl Lcg {

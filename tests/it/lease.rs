@@ -14,8 +14,8 @@ use sluice::limiter::{
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
-use crate::helpers::Lcg;
 use crate::helpers::redis::RedisProcess;
+use crate::helpers::{Lcg, seeds};
 use crate::helpers::{TestServer, descriptor, eventually, metric, redis_missing, request};
 
 const MS: u64 = 1_000_000;
@@ -101,17 +101,7 @@ async fn leased_nodes_keep_the_stated_bound_and_do_not_starve() {
         return;
     }
     let redis = RedisProcess::start();
-    let seeds: Vec<u64> = match std::env::var("LEASE_SEED") {
-        Ok(s) => vec![s.parse().expect("LEASE_SEED is a number")],
-        Err(_) => {
-            let base = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64;
-            vec![base, base ^ 0x9e37_79b9_7f4a_7c15]
-        }
-    };
-    for (run, seed) in seeds.into_iter().enumerate() {
+    for (run, seed) in seeds("LEASE_SEED").into_iter().enumerate() {
         // Mean gap 2 ms: 500 per second against a rate of 100.
         let over = schedule(&redis.url(), seed, 2 * run as u128, 4 * MS).await;
         over.check_bound(seed);

@@ -14,7 +14,7 @@ use sluice::limiter::{
 };
 
 use crate::helpers::redis::RedisProcess;
-use crate::helpers::{Lcg, redis_missing};
+use crate::helpers::{Lcg, redis_missing, seeds};
 use crate::lease::{config, node_with, op};
 
 const MS: u64 = 1_000_000;
@@ -227,17 +227,17 @@ impl Fleet {
     }
 }
 
-fn seeds(var: &str) -> Vec<u64> {
-    match std::env::var(var) {
-        Ok(s) => vec![s.parse().expect("a seed is a number")],
-        Err(_) => {
-            let base = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64;
-            vec![base, base ^ 0x9e37_79b9_7f4a_7c15]
-        }
+/// A trial's set-up: a Redis, a seed (`SHARE_SEED` to replay one) and its generator, and `n`
+/// nodes on counter `key` under the trial's rule; `None`, after a notice, without
+/// `redis-server`.
+async fn trial_fleet(test: &str, n: usize, key: u128) -> Option<(RedisProcess, u64, Lcg, Fleet)> {
+    if redis_missing(test) {
+        return None;
     }
+    let redis = RedisProcess::start();
+    let seed = seeds("SHARE_SEED")[0];
+    let fleet = Fleet::start(&redis.url(), n, key, trial()).await;
+    Some((redis, seed, Lcg(seed), fleet))
 }
 
 /// The model: three nodes on one counter through phases of random load, from under the rate
@@ -289,13 +289,15 @@ async fn shares_keep_the_bound_and_the_floor_across_switches() {
 /// and the fleet admits at least 95 % of `R × span` within the bound.
 #[tokio::test]
 async fn two_overloaded_nodes_pay_a_few_round_trips_a_second() {
-    if redis_missing("two_overloaded_nodes_pay_a_few_round_trips_a_second") {
+    let Some((_redis, seed, mut rng, mut fleet)) = trial_fleet(
+        "two_overloaded_nodes_pay_a_few_round_trips_a_second",
+        2,
+        0x5eed_1000,
+    )
+    .await
+    else {
         return;
-    }
-    let redis = RedisProcess::start();
-    let seed = seeds("SHARE_SEED")[0];
-    let mut rng = Lcg(seed);
-    let mut fleet = Fleet::start(&redis.url(), 2, 0x5eed_1000, trial()).await;
+    };
     let start = fleet.clock.now();
     let span = 8 * NANOS_PER_SEC;
     fleet.offer(&mut rng, &[900.0, 900.0], span).await;
@@ -339,13 +341,11 @@ async fn two_overloaded_nodes_pay_a_few_round_trips_a_second() {
 /// the same fraction of what it is offered.
 #[tokio::test]
 async fn shares_follow_uneven_demand() {
-    if redis_missing("shares_follow_uneven_demand") {
+    let Some((_redis, seed, mut rng, mut fleet)) =
+        trial_fleet("shares_follow_uneven_demand", 2, 0x5eed_2000).await
+    else {
         return;
-    }
-    let redis = RedisProcess::start();
-    let seed = seeds("SHARE_SEED")[0];
-    let mut rng = Lcg(seed);
-    let mut fleet = Fleet::start(&redis.url(), 2, 0x5eed_2000, trial()).await;
+    };
     fleet
         .offer(&mut rng, &[1_200.0, 400.0], 2 * NANOS_PER_SEC)
         .await;
@@ -373,13 +373,15 @@ async fn shares_follow_uneven_demand() {
 /// survivor, offered more than the rate, admits at least 85 % of it from then on.
 #[tokio::test]
 async fn a_node_that_dies_holding_a_share_frees_it_within_l() {
-    if redis_missing("a_node_that_dies_holding_a_share_frees_it_within_l") {
+    let Some((_redis, seed, mut rng, mut fleet)) = trial_fleet(
+        "a_node_that_dies_holding_a_share_frees_it_within_l",
+        2,
+        0x5eed_3000,
+    )
+    .await
+    else {
         return;
-    }
-    let redis = RedisProcess::start();
-    let seed = seeds("SHARE_SEED")[0];
-    let mut rng = Lcg(seed);
-    let mut fleet = Fleet::start(&redis.url(), 2, 0x5eed_3000, trial()).await;
+    };
     fleet
         .offer(&mut rng, &[600.0, 600.0], 2 * NANOS_PER_SEC)
         .await;
@@ -408,15 +410,12 @@ async fn a_node_that_dies_holding_a_share_frees_it_within_l() {
 /// `B + R × (5 s + L)`.
 #[tokio::test]
 async fn redis_dying_leaves_each_node_its_share() {
-    if redis_missing("redis_dying_leaves_each_node_its_share") {
+    let Some((mut redis, seed, mut rng, mut fleet)) =
+        trial_fleet("redis_dying_leaves_each_node_its_share", 2, 0x5eed_4000).await
+    else {
         return;
-    }
-    let mut redis = RedisProcess::start();
-    let seed = seeds("SHARE_SEED")[0];
-    let mut rng = Lcg(seed);
-    let (quota, mut lease) = trial();
-    lease.max_age = Duration::from_millis(500);
-    let mut fleet = Fleet::start(&redis.url(), 2, 0x5eed_4000, (quota, lease)).await;
+    };
+    let (quota, lease) = trial();
     fleet
         .offer(&mut rng, &[1_200.0, 400.0], 3 * NANOS_PER_SEC)
         .await;
