@@ -11,9 +11,10 @@ use std::time::Duration;
 use sluice::limiter::gcra::{self, NANOS_PER_SEC};
 use sluice::limiter::{
     Clock, LeaseConfig, LeasedStore, LocalFallback, ManualClock, MemoryStore, Purpose, Quota,
+    RedisConfig,
 };
 
-use crate::helpers::redis::RedisProcess;
+use crate::helpers::redis::{RedisCluster, RedisProcess};
 use crate::helpers::{Lcg, redis_missing, seeds};
 use crate::lease::{config, node_with, op};
 
@@ -58,18 +59,27 @@ struct Fleet {
 }
 
 impl Fleet {
-    async fn start(url: &str, n: usize, key: u128, (quota, lease): (Quota, LeaseConfig)) -> Self {
-        let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
-        let mut nodes = Vec::new();
-        let mut local = Vec::new();
+    async fn start(url: &str, n: usize, key: u128, rule: (Quota, LeaseConfig)) -> Self {
         // A failing Redis is given up on after three calls, for 100 ms of the clock.
-        let config = sluice::limiter::RedisConfig {
+        let config = RedisConfig {
             breaker_failures: 3,
             breaker_cooldown: Duration::from_millis(100),
             timeout: Duration::from_millis(100),
             connect_timeout: Duration::from_millis(100),
             ..config(url)
         };
+        Self::start_with(config, n, key, rule).await
+    }
+
+    async fn start_with(
+        config: RedisConfig,
+        n: usize,
+        key: u128,
+        (quota, lease): (Quota, LeaseConfig),
+    ) -> Self {
+        let clock = Arc::new(ManualClock::new(1_700_000_000 * NANOS_PER_SEC));
+        let mut nodes = Vec::new();
+        let mut local = Vec::new();
         for _ in 0..n {
             let node = node_with(config.clone(), &clock, lease).await;
             let c: Arc<dyn Clock> = clock.clone();
@@ -457,4 +467,34 @@ async fn redis_dying_leaves_each_node_its_share() {
     for n in &fleet.nodes {
         n.settle(Duration::from_secs(1)).await;
     }
+}
+
+/// On a Redis Cluster the share table lives in its counter's slot: two overloaded nodes share
+/// the counter there as on one Redis, every call answered, within the bound.
+#[tokio::test]
+async fn shares_work_on_a_cluster() {
+    if redis_missing("shares_work_on_a_cluster") {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    let config = RedisConfig {
+        urls: cluster.urls(),
+        cluster: true,
+        timeout: Duration::from_secs(2),
+        ..config("")
+    };
+    let seed = seeds("SHARE_SEED")[0];
+    let mut rng = Lcg(seed);
+    let mut fleet = Fleet::start_with(config, 2, 0x5eed_5000, trial()).await;
+    fleet
+        .offer(&mut rng, &[900.0, 900.0], 3 * NANOS_PER_SEC)
+        .await;
+    assert!(
+        fleet.hits.iter().all(|h| !h.local),
+        "every call answered by Redis or a share"
+    );
+    assert!(fleet.trips(Purpose::Renew) > 0, "renewals on the cluster");
+    assert_eq!(fleet.nodes[0].figures().shares, 1);
+    fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
+    fleet.close().await;
 }
