@@ -498,3 +498,55 @@ async fn shares_work_on_a_cluster() {
     fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
     fleet.close().await;
 }
+
+/// A share table that holds no table (a key of another type), or entries no renewal could have
+/// written (an expiry far ahead holding the whole rate, a value that does not parse), is
+/// repaired, counted, and never stops the counter from being shared.
+#[tokio::test]
+async fn a_corrupt_share_table_is_repaired_not_obeyed() {
+    let Some((redis, seed, mut rng, mut fleet)) = trial_fleet(
+        "a_corrupt_share_table_is_repaired_not_obeyed",
+        2,
+        0x5eed_6000,
+    )
+    .await
+    else {
+        return;
+    };
+    let table = format!("{{sluice-lease:{:032x}}}:shares", fleet.key);
+    let repairs = |fleet: &Fleet| -> u64 {
+        fleet
+            .nodes
+            .iter()
+            .map(|n| n.redis().figures().counter_repairs)
+            .sum()
+    };
+    redis.cli(&["SET", &table, "not a hash"]);
+    fleet.offer(&mut rng, &[900.0, 900.0], NANOS_PER_SEC).await;
+    assert!(
+        repairs(&fleet) >= 1,
+        "the table of another type was repaired"
+    );
+    redis.cli(&["HSET", &table, "squatter", "0 1000000 200 99999999999999"]);
+    redis.cli(&["HSET", &table, "garbage", "not four numbers"]);
+    let before = repairs(&fleet);
+    let from = fleet.clock.now();
+    fleet
+        .offer(&mut rng, &[900.0, 900.0], 2 * NANOS_PER_SEC)
+        .await;
+    assert!(repairs(&fleet) > before, "the entries were repaired");
+    for entry in ["squatter", "garbage"] {
+        assert_eq!(
+            redis.cli(&["HEXISTS", &table, entry]).trim(),
+            "0",
+            "{entry}"
+        );
+    }
+    let admitted = fleet.admitted(from, fleet.clock.now()).len() as f64;
+    assert!(
+        admitted >= 0.9 * 200.0 * 2.0,
+        "SHARE_SEED={seed}: {admitted} admitted in 2 s of a rate of 200: the squatter held nothing"
+    );
+    fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
+    fleet.close().await;
+}

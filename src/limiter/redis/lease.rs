@@ -786,9 +786,9 @@ impl LeasedStore {
             }
         }
         // Held by a request right now (another reference) or busy: kept.
-        let max_age_now = self.config.max_age_nanos();
+        let lifetime = self.config.max_age_nanos();
         self.leases
-            .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now, max_age_now));
+            .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now, lifetime));
         // A share outlives its lease only while Redis is away, for the local fallback.
         if self.redis.answering() {
             self.book.retain(|key| self.leases.contains_key(key));

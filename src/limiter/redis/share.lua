@@ -20,8 +20,10 @@
 -- ARGV[10] L (ms): how long an entry lives unrenewed
 -- ARGV[11] "leave" to give the share up, else ""
 --
--- Entries past their expiry, and entries that do not parse, are deleted first; a table that is not
--- a hash is deleted whole (counted as a repair, as a counter that holds no TAT is).
+-- Entries past their expiry are deleted first, and so are entries no renewal could have written
+-- (not four numbers, an expiry more than L ahead, a rate past the whole): those count as a
+-- repair, as a counter that holds no TAT does, and so does a table that is not a hash, deleted
+-- whole.
 -- The share: with D the live entries' demand (this node's included) and R the counter's rate, a
 -- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
 -- more than it asks for. It is granted that much of what the other live entries leave, so the
@@ -61,9 +63,9 @@ for i = 1, #entries, 2 do
   local id = entries[i]
   local ed, er, eb, ee = string.match(entries[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
   ed, er, eb, ee = tonumber(ed), tonumber(er), tonumber(eb), tonumber(ee)
-  if not ee or ee <= now_ms or er > MILLION or ed > 1e15 or eb > 1e15 then
+  if not ee or ee <= now_ms or ee > now_ms + L or er > MILLION or ed > 1e15 or eb > 1e15 then
     call('HDEL', tkey, id)
-    if not ee then repaired = 1 end
+    if not ee or ee > now_ms + L or er > MILLION then repaired = 1 end
   elseif id ~= me then
     demand, rates, bursts = demand + ed, rates + er, bursts + eb
   end
