@@ -550,3 +550,45 @@ async fn a_corrupt_share_table_is_repaired_not_obeyed() {
     fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
     fleet.close().await;
 }
+
+/// A node new to a shared counter gets a share at its first renewal, not at the others' next
+/// one: two nodes overload the counter, then a third joins as busy as they are.
+#[tokio::test]
+async fn a_node_new_to_a_shared_counter_is_not_starved() {
+    let Some((_redis, seed, mut rng, mut fleet)) = trial_fleet(
+        "a_node_new_to_a_shared_counter_is_not_starved",
+        3,
+        0x5eed_7000,
+    )
+    .await
+    else {
+        return;
+    };
+    fleet
+        .offer(&mut rng, &[900.0, 900.0, 0.0], 2 * NANOS_PER_SEC)
+        .await;
+    let joined = fleet.clock.now();
+    fleet
+        .offer(&mut rng, &[900.0, 900.0, 900.0], 2 * NANOS_PER_SEC)
+        .await;
+    let period = trial().1.renewal_period();
+    // Its first two renewal periods, then a second: what it admits against the others' mean.
+    let spans = [
+        (joined, joined + 2 * period, 0.25),
+        (joined + NANOS_PER_SEC, joined + 2 * NANOS_PER_SEC, 0.75),
+    ];
+    for (from, to, least) in spans {
+        let admitted: Vec<f64> = (0..3).map(|i| fleet.on(i, from, to).1 as f64).collect();
+        let others = (admitted[0] + admitted[1]) / 2.0;
+        assert!(
+            admitted[2] >= least * others,
+            "SHARE_SEED={seed}: in the {} ms from {} ms after it joined, the new node admitted \
+             {} against the others' {others} (at least {least} of it)",
+            (to - from) / MS,
+            (from - joined) / MS,
+            admitted[2]
+        );
+    }
+    fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
+    fleet.close().await;
+}

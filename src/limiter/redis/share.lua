@@ -5,9 +5,10 @@
 -- account of what the fleet may admit).
 --
 -- KEYS[1]  the counter
--- KEYS[2]  its share table, a hash: node id -> "demand rate burst expiry", the demand in
+-- KEYS[2]  its share table, a hash: node id -> "demand rate burst expiry carry", the demand in
 --          thousandths of a hit per second, the rate in millionths of the counter's, the burst
---          in tokens, the expiry in milliseconds of the script's clock
+--          in tokens, the expiry in milliseconds of the script's clock, the fraction of a token
+--          (millionths) owed to the holder's next take
 -- ARGV[1]  "now" (prelude.lua)
 -- ARGV[2]  "share"
 -- ARGV[3]  T (ns)
@@ -28,9 +29,11 @@
 -- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
 -- more than it asks for. It is granted that much of what the other live entries leave, so the
 -- rates in the table never add up past R, nor the bursts past B (burst: floor(B * d / D)).
--- The take: ceil(rate * P) tokens, less what the node holds due and unused past that, plus its
+-- The take: due * P tokens for the part due (granted or not yet), less what the node holds
+-- due and unused past that, plus its
 -- part (d / D) of the tokens the bucket holds now, at most what is due by now + H, charged on the
--- counter as lease.lua's take charges them.
+-- counter as lease.lua's take charges them. While reservations stand the take shrinks by up to a
+-- tenth, so the debt drifts down to the tolerance.
 -- The counter stays shared while its bucket is less than half full (a debt past half the
 -- tolerance), and, once no reservation stands (a debt within the tolerance), while D is at least
 -- 90 % of R. Past that demand is below the rate, and slices, which can spend the burst, serve it
@@ -58,16 +61,18 @@ if entries.err then
   call('DEL', tkey)
   entries, repaired = {}, 1
 end
-local demand, rates, bursts = 0, 0, 0
+local demand, rates, bursts, carry = 0, 0, 0, 0
 for i = 1, #entries, 2 do
   local id = entries[i]
-  local ed, er, eb, ee = string.match(entries[i + 1], '^(%d+) (%d+) (%d+) (%d+)$')
-  ed, er, eb, ee = tonumber(ed), tonumber(er), tonumber(eb), tonumber(ee)
+  local ed, er, eb, ee, ec = string.match(entries[i + 1], '^(%d+) (%d+) (%d+) (%d+) ?(%d*)$')
+  ed, er, eb, ee, ec = tonumber(ed), tonumber(er), tonumber(eb), tonumber(ee), tonumber(ec)
   if not ee or ee <= now_ms or ee > now_ms + L or er > MILLION or ed > 1e15 or eb > 1e15 then
     call('HDEL', tkey, id)
     if not ee or ee > now_ms + L or er > MILLION then repaired = 1 end
   elseif id ~= me then
     demand, rates, bursts = demand + ed, rates + er, bursts + eb
+  elseif ec and ec < MILLION then
+    carry = ec
   end
 end
 demand = demand + mine
@@ -79,22 +84,35 @@ if argv[11] == 'leave' or d <= tol / 2 or (demand < 0.9 * R and d <= tol) then
   return reply(0, d, 0, 0, 0, demand, 0)
 end
 
-local rate, burst = 0, 0
+local due, rate, burst = 0, 0, 0
 if demand > 0 then
-  local due = R * mine / demand
-  if due > 1.25 * mine then due = 1.25 * mine end
-  rate = floor(MILLION * due / R)
+  local fair = R * mine / demand
+  if fair > 1.25 * mine then fair = 1.25 * mine end
+  due = floor(MILLION * fair / R)
+  rate = due
   if rate > MILLION - rates then rate = MILLION - rates end
   if rate < 0 then rate = 0 end
   burst = floor(B * mine / demand)
   if burst > B - bursts then burst = B - bursts end
   if burst < 0 then burst = 0 end
 end
-call('HSET', tkey, me, format('%d %d %d %d', mine, rate, burst, now_ms + L))
+-- The tokens for the period, due * P / T, less what is held past them: sized by the part due,
+-- not the part granted, so a node new to the counter is not starved until the others renew (they
+-- take less at their next renewal, and the TAT bounds what all take meanwhile). The fraction of a
+-- token left over is carried to the next renewal in the entry, so that the shares together take
+-- no more than the refill and leave the horizon free for a newcomer's first take.
+-- While reservations stand the take shrinks a little, by up to a tenth at the whole horizon, so
+-- the debt drifts down to the tolerance: tokens then come due soon after they are taken, and a
+-- node new to the counter finds room for its first take. A little, so that which node renews
+-- while the debt stands high changes its part by a few hundredths at most.
+local exact = due * P / (MILLION * T) + carry / MILLION
+if d > tol then exact = exact * (1 - 0.1 * (d - tol) / H) end
+if exact < 0 then exact = 0 end
+local want = floor(exact)
+carry = floor((exact - want) * MILLION)
+call('HSET', tkey, me, format('%d %d %d %d %d', mine, rate, burst, now_ms + L, carry))
 if not injected then call('PEXPIRE', tkey, L) end
 
--- ceil(rate * P / T) tokens for the period, less what is held past them.
-local want = math.ceil(rate * P / (MILLION * T))
 if held > want then want = 2 * want - held end
 -- Tokens the bucket holds now, past every reservation, are the shares' too: this node takes its
 -- part of them by demand, so that none is left for requests to reach one at a time.
