@@ -21,6 +21,8 @@
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
 //!   count through the backend, answer backend failures as configured, aggregate, add headers.
+//! - [`quota`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
+//!   this node's shares of each limited rule divided among the streams watching it by demand.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
@@ -51,6 +53,7 @@ pub mod metrics;
 pub mod pb;
 pub mod policy;
 pub mod probe;
+pub mod quota;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub mod settings;

@@ -240,6 +240,28 @@ impl Domain {
             values: key,
         })
     }
+
+    /// Orders an unordered set of entries (an RLQS bucket id) as a descriptor would carry them:
+    /// from the root, at each level the first entry (in key order) whose key the level names and
+    /// whose value finds a descriptor there. `None` when an entry is left that no level takes,
+    /// the case in which no descriptor of these entries would match. The order found is then
+    /// matched by [`Self::resolve`], so a bucket matches exactly the rule that descriptor would.
+    #[must_use]
+    pub fn order<'e>(&self, entries: &[(&'e str, &'e str)]) -> Option<Vec<(&'e str, &'e str)>> {
+        let mut left: Vec<(&str, &str)> = entries.to_vec();
+        left.sort_unstable();
+        let mut ordered = Vec::with_capacity(left.len());
+        let mut level = &self.root;
+        while !left.is_empty() {
+            let (at, node) = left.iter().enumerate().find_map(|(i, (k, v))| {
+                let node = level.groups.get(*k)?.find(v)?;
+                Some((i, node))
+            })?;
+            ordered.push(left.remove(at));
+            level = &self.nodes[node].children;
+        }
+        Some(ordered)
+    }
 }
 
 #[cfg(test)]
