@@ -257,7 +257,7 @@ impl App {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
         let (grpc_addr, admin_addr) = (self.grpc_addr(), self.admin_addr());
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter);
+        let health = Health::new(reporter, self.settings.rlqs.is_some());
         let stop = CancellationToken::new();
         let decider = self.decider();
         let admin_state = self.admin_state(&health, &decider);

@@ -10,10 +10,11 @@
 //! - `main.rs` and [`cli`]: the command line, one `run` per subcommand.
 //! - [`app`]: the composition root: loads policies, binds listeners, builds the backend and the
 //!   decider, runs the servers and background tasks as named steps, sequences shutdown.
-//! - `server` (internal): the gRPC port (`ShouldRateLimit`, health) and the HTTP admin port, with
-//!   their bounds on what a peer can hold. [`lab`]: `sluice check`'s guarantees and `sluice
-//!   replay`; never serves. `reload` (internal): the policy directory and SIGHUP. [`probe`]: the
-//!   load client. `client` (feature `client`): the other side of the wire; it speaks `pb` only.
+//! - `server` (internal): the gRPC port (`ShouldRateLimit`, `StreamRateLimitQuotas`, health) and
+//!   the HTTP admin port, with their bounds on what a peer can hold. [`lab`]: `sluice check`'s
+//!   guarantees and `sluice replay`; never serves. `reload` (internal): the policy directory and
+//!   SIGHUP. [`probe`]: the load client. `client` (feature `client`): the other side of the wire;
+//!   it speaks `pb` only.
 //! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
 //!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
 //!   converted to and from the decision layer.

@@ -54,6 +54,8 @@ pub(crate) struct Health {
     /// Relaxed: a lone flag; readers need no other memory ordered with it.
     serving: Arc<AtomicBool>,
     reporter: HealthReporter,
+    /// Whether the rate-limit quota service is served (its name then reports too).
+    quota: bool,
 }
 
 impl std::fmt::Debug for Health {
@@ -65,11 +67,13 @@ impl std::fmt::Debug for Health {
 }
 
 impl Health {
-    /// Health reported through `reporter`; not serving until [`Health::set`] says so.
-    pub(crate) fn new(reporter: HealthReporter) -> Self {
+    /// Health reported through `reporter`, with the quota service's name when `quota`; not
+    /// serving until [`Health::set`] says so.
+    pub(crate) fn new(reporter: HealthReporter, quota: bool) -> Self {
         Self {
             serving: Arc::new(AtomicBool::new(false)),
             reporter,
+            quota,
         }
     }
 
@@ -79,7 +83,7 @@ impl Health {
     }
 
     /// Sets the status of every name health is asked under: `""`, `ratelimit` and the
-    /// full names of the rate-limit and rate-limit quota services.
+    /// full names of the rate-limit service and, when served, the rate-limit quota service.
     pub(crate) async fn set(&self, serving: bool) {
         self.serving.store(serving, Ordering::Relaxed);
         let status = if serving {
@@ -87,12 +91,18 @@ impl Health {
         } else {
             ServingStatus::NotServing
         };
+        let quota = self
+            .quota
+            .then_some(rate_limit_quota_service_server::SERVICE_NAME);
         for name in [
-            "",
-            HEALTH_SERVICE,
-            rate_limit_service_server::SERVICE_NAME,
-            rate_limit_quota_service_server::SERVICE_NAME,
-        ] {
+            Some(""),
+            Some(HEALTH_SERVICE),
+            Some(rate_limit_service_server::SERVICE_NAME),
+            quota,
+        ]
+        .into_iter()
+        .flatten()
+        {
             self.reporter.set_service_status(name, status).await;
         }
     }

@@ -95,6 +95,14 @@ async fn opened(server: &TestServer, first: RateLimitQuotaUsageReports) -> Envoy
     open(server, first).await.expect("the stream is accepted")
 }
 
+/// The status a stream whose first message is `first` is refused with.
+async fn refused(server: &TestServer, first: RateLimitQuotaUsageReports) -> Status {
+    match open(server, first).await {
+        Ok(_) => panic!("the stream was accepted"),
+        Err(status) => status,
+    }
+}
+
 impl Envoy {
     async fn send(&self, message: RateLimitQuotaUsageReports) {
         self.tx.send(message).await.expect("stream open");
@@ -152,10 +160,7 @@ fn rate(b: &TokenBucket) -> f64 {
 #[tokio::test]
 async fn a_stream_without_a_domain_is_invalid() {
     let s = server(10_000, 100).await;
-    let refused = open(&s, reports("", &[(bucket(&[("user", "a")]), 1)]))
-        .await
-        .err()
-        .expect("refused");
+    let refused = refused(&s, reports("", &[(bucket(&[("user", "a")]), 1)])).await;
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     let counted = metric(
         s.admin,
@@ -355,4 +360,62 @@ async fn ended(envoy: &mut Envoy) -> Status {
     })
     .await
     .expect("the stream ends in time")
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_the_rule_is_pushed_with_no_report() {
+    let s = server(2_000, 100).await;
+    let id = bucket(&[("user", "reloaded")]);
+    let mut envoy = opened(&s, reports("edge", &[(id.clone(), 500)])).await;
+    assert_eq!(rate(&token_bucket(&envoy.assignment().await)), 100.0);
+    let halved = POLICY.replace("requests_per_unit: 100}", "requests_per_unit: 50}");
+    let (tmp, file) = (
+        s.dir.path().join("edge.tmp"),
+        s.dir.path().join("edge.yaml"),
+    );
+    std::fs::write(&tmp, halved).expect("write");
+    std::fs::rename(&tmp, &file).expect("rename");
+    let pushed = tokio::time::timeout(WAIT, async {
+        loop {
+            if let [(_, Kind::QuotaAssignmentAction(a))] = envoy.next().await.as_slice()
+                && rate(&token_bucket(a)) == 50.0
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(pushed.is_ok(), "the halved rule pushed within the wait");
+}
+
+#[tokio::test]
+async fn a_disabled_service_is_unimplemented() {
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| w.rlqs.enabled = false).await;
+    let refused = refused(&s, reports("edge", &[(bucket(&[("user", "a")]), 1)])).await;
+    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+    let unknown = s
+        .health()
+        .await
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.rate_limit_quota.v3.RateLimitQuotaService".into(),
+        })
+        .await
+        .expect_err("no health for a service not served");
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+}
+
+#[tokio::test]
+async fn health_answers_for_the_quota_service() {
+    let s = server(10_000, 100).await;
+    let serving = crate::helpers::eventually(WAIT, || async {
+        s.health()
+            .await
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "envoy.service.rate_limit_quota.v3.RateLimitQuotaService".into(),
+            })
+            .await
+            .is_ok_and(|r| r.into_inner().status == 1)
+    })
+    .await;
+    assert!(serving, "SERVING under the quota service's name");
 }
