@@ -23,9 +23,10 @@ use crate::limiter::{
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
+use crate::quota::QuotaTable;
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
-use crate::server::{self, Health, rls::RateLimitHandler};
+use crate::server::{self, Health, quota::QuotaService, rls::RateLimitHandler};
 use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
@@ -256,7 +257,7 @@ impl App {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
         let (grpc_addr, admin_addr) = (self.grpc_addr(), self.admin_addr());
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let health = Health::new(reporter);
+        let health = Health::new(reporter, self.settings.rlqs.is_some());
         let stop = CancellationToken::new();
         let decider = self.decider();
         let admin_state = self.admin_state(&health, &decider);
@@ -272,11 +273,14 @@ impl App {
             traces,
         } = self;
         let tracer = traces.as_ref().map(Traces::tracer);
+        let quota = settings.rlqs.map(|q| {
+            QuotaService::new(Arc::new(QuotaTable::new(q, policies.clone())), stop.clone())
+        });
         let grpc = start_grpc(
             grpc,
             &settings,
             tls.clone(),
-            (decider, tracer),
+            (decider, quota, tracer),
             health_service,
             &stop,
         );
@@ -358,13 +362,14 @@ impl Servers {
     }
 }
 
-/// Starts the gRPC server on `listener`: the rate-limit service answered by `decider` and
-/// `grpc.health.v1`, within the port's connection bounds, over TLS when it is on.
+/// Starts the gRPC server on `listener`: the rate-limit service answered by `decider`, the
+/// quota service when on, and `grpc.health.v1`, within the port's connection bounds, over TLS
+/// when it is on.
 fn start_grpc(
     listener: TcpListener,
     settings: &Settings,
     tls: Option<ServerTls>,
-    (decider, tracer): (Decider, Option<Arc<CallTracer>>),
+    (decider, quota, tracer): (Decider, Option<QuotaService>, Option<Arc<CallTracer>>),
     health: HealthServer<impl tonic_health::pb::health_server::Health>,
     stop: &CancellationToken,
 ) -> ServerTask {
@@ -373,6 +378,7 @@ fn start_grpc(
     let connections = GrpcConnections { limits, tls };
     let routes = GrpcRoutes::new(
         RateLimitHandler::new(decider),
+        quota,
         health,
         settings.max_request_bytes,
         &limits,

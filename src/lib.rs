@@ -10,10 +10,11 @@
 //! - `main.rs` and [`cli`]: the command line, one `run` per subcommand.
 //! - [`app`]: the composition root: loads policies, binds listeners, builds the backend and the
 //!   decider, runs the servers and background tasks as named steps, sequences shutdown.
-//! - `server` (internal): the gRPC port (`ShouldRateLimit`, health) and the HTTP admin port, with
-//!   their bounds on what a peer can hold. [`lab`]: `sluice check`'s guarantees and `sluice
-//!   replay`; never serves. `reload` (internal): the policy directory and SIGHUP. [`probe`]: the
-//!   load client. `client` (feature `client`): the other side of the wire; it speaks `pb` only.
+//! - `server` (internal): the gRPC port (`ShouldRateLimit`, `StreamRateLimitQuotas`, health) and
+//!   the HTTP admin port, with their bounds on what a peer can hold. [`lab`]: `sluice check`'s
+//!   guarantees and `sluice replay`; never serves. `reload` (internal): the policy directory and
+//!   SIGHUP. [`probe`]: the load client. `client` (feature `client`): the other side of the wire;
+//!   it speaks `pb` only.
 //! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
 //!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
 //!   converted to and from the decision layer.
@@ -21,6 +22,8 @@
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
 //!   count through the backend, answer backend failures as configured, aggregate, add headers.
+//! - [`quota`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
+//!   this node's shares of each limited rule divided among the streams watching it by demand.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
@@ -51,6 +54,7 @@ pub mod metrics;
 pub mod pb;
 pub mod policy;
 pub mod probe;
+pub mod quota;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub mod settings;

@@ -88,6 +88,16 @@ pub const BACKEND_LOCAL_KEYS: &str = "sluice_backend_local_keys";
 pub const TRACING_EXPORTED: &str = "sluice_tracing_spans_exported_total";
 /// Spans dropped before reaching the collector, by reason.
 pub const TRACING_DROPPED: &str = "sluice_tracing_spans_dropped_total";
+/// RLQS streams open.
+pub const RLQS_STREAMS: &str = "sluice_rlqs_streams";
+/// Buckets watched over all RLQS streams.
+pub const RLQS_BUCKETS: &str = "sluice_rlqs_buckets";
+/// Bucket usage reports received on RLQS streams.
+pub const RLQS_REPORTS: &str = "sluice_rlqs_reports_total";
+/// Bucket actions sent on RLQS streams, by strategy.
+pub const RLQS_ACTIONS: &str = "sluice_rlqs_actions_total";
+/// RLQS streams refused, by reason.
+pub const RLQS_REFUSED: &str = "sluice_rlqs_refused_streams_total";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -112,7 +122,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 36] = [
+const FAMILIES: [(&str, Kind, &str); 41] = [
     (
         TRACING_EXPORTED,
         Kind::Counter,
@@ -260,12 +270,37 @@ const FAMILIES: [(&str, Kind, &str); 36] = [
         Kind::Gauge,
         "Counters held by the local store of on_backend_error: local.",
     ),
+    (
+        RLQS_STREAMS,
+        Kind::Gauge,
+        "Rate Limit Quota Service streams open on this server.",
+    ),
+    (
+        RLQS_BUCKETS,
+        Kind::Gauge,
+        "Buckets watched over all Rate Limit Quota Service streams on this server.",
+    ),
+    (
+        RLQS_REPORTS,
+        Kind::Counter,
+        "Bucket usage reports received on Rate Limit Quota Service streams.",
+    ),
+    (
+        RLQS_ACTIONS,
+        Kind::Counter,
+        "Bucket actions sent on Rate Limit Quota Service streams, by strategy: allow_all, deny_all, token_bucket (assignments), abandon.",
+    ),
+    (
+        RLQS_REFUSED,
+        Kind::Counter,
+        "Rate Limit Quota Service streams refused, by reason: no_domain, invalid (a malformed report), too_many_streams (rlqs.max_streams).",
+    ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 12] = [
+const RECORDED: [&str; 17] = [
     TOTAL_HITS,
     OVER_LIMIT,
     NEAR_LIMIT,
@@ -278,7 +313,80 @@ const RECORDED: [&str; 12] = [
     POLICY_RELOADS,
     BUILD_INFO,
     crate::tls::NOT_AFTER_METRIC,
+    RLQS_STREAMS,
+    RLQS_BUCKETS,
+    RLQS_REPORTS,
+    RLQS_ACTIONS,
+    RLQS_REFUSED,
 ];
+
+/// Why an RLQS stream was refused, as `sluice_rlqs_refused_streams_total{reason}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    /// The first message carried no domain, or there was none.
+    NoDomain,
+    /// A usage report was malformed.
+    Invalid,
+    /// `rlqs.max_streams` streams were open.
+    TooManyStreams,
+}
+
+impl QuotaRefusal {
+    /// The label value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NoDomain => "no_domain",
+            Self::Invalid => "invalid",
+            Self::TooManyStreams => "too_many_streams",
+        }
+    }
+}
+
+/// The Rate Limit Quota Service's figures, recorded through the global recorder. Labels are
+/// fixed names, never request values.
+#[derive(Clone, Debug)]
+pub struct QuotaFigures {
+    reports: Counter,
+}
+
+impl Default for QuotaFigures {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuotaFigures {
+    /// The handles.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            reports: metrics::counter!(RLQS_REPORTS),
+        }
+    }
+
+    /// Counts `n` bucket usage reports.
+    pub fn reported(&self, n: usize) {
+        self.reports.increment(n as u64);
+    }
+
+    /// Counts one action sent, of `strategy` (`allow_all`, `deny_all`, `token_bucket`,
+    /// `abandon`).
+    pub fn sent(&self, strategy: &'static str) {
+        metrics::counter!(RLQS_ACTIONS, "strategy" => strategy).increment(1);
+    }
+
+    /// Counts one stream refused.
+    pub fn refused(&self, reason: QuotaRefusal) {
+        metrics::counter!(RLQS_REFUSED, "reason" => reason.as_str()).increment(1);
+    }
+
+    /// Sets the gauges: streams open and buckets watched.
+    pub fn gauges(&self, (streams, buckets): (usize, usize)) {
+        metrics::gauge!(RLQS_STREAMS).set(streams as f64);
+        metrics::gauge!(RLQS_BUCKETS).set(buckets as f64);
+    }
+}
 
 /// A request's result, as `sluice_decisions_total{result}` counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

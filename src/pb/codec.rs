@@ -10,7 +10,9 @@ use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 
-use super::{RateLimitRequest, RateLimitResponse};
+use super::{
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitRequest, RateLimitResponse,
+};
 
 /// A message this codec decodes, with the status its decoding errors become.
 pub trait Wire: Message + Default + Send + 'static {
@@ -27,6 +29,14 @@ impl Wire for RateLimitRequest {
 }
 
 impl Wire for RateLimitResponse {}
+
+impl Wire for RateLimitQuotaUsageReports {
+    fn decode_error(error: prost::DecodeError) -> Status {
+        Status::invalid_argument(format!("cannot decode the usage reports: {error}"))
+    }
+}
+
+impl Wire for RateLimitQuotaResponse {}
 
 /// The codec the generated service and client use (`build.rs` names it).
 #[derive(Debug, Clone, Copy)]

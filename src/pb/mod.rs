@@ -1,4 +1,4 @@
-//! Generated protobuf and gRPC code for Envoy's rate-limit API (see `proto/README.md`).
+//! Generated protobuf and gRPC code for Envoy's rate-limit and rate-limit quota APIs (see `proto/README.md`).
 //!
 //! Only the wire forms (`wire/`), the transports (`server/`), `client/` and the `probe` (the
 //! other side of the wire) and tests speak these types; the rest of the crate works on domain
@@ -13,6 +13,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }
@@ -40,7 +45,12 @@ pub mod envoy {
 }
 
 pub use envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor};
+pub use envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, rate_limit_quota_response,
+    rate_limit_quota_service_client, rate_limit_quota_service_server,
+};
 pub use envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_response, rate_limit_service_client,
     rate_limit_service_server,
 };
+pub use envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};

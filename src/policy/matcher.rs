@@ -17,6 +17,10 @@ use super::rule::{Cost, Metadata, Rule};
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use crate::limiter::{Key, KeyBuilder};
 
+/// The most entries [`Domain::order`] tries before it gives up on a bucket: its search is depth
+/// first, and a tree that names the same keys at many levels could make it long.
+const MAX_ORDER_STEPS: usize = 4_096;
+
 /// One level of the tree: sibling descriptors grouped by key.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Level {
@@ -240,6 +244,53 @@ impl Domain {
             values: key,
         })
     }
+
+    /// Orders an unordered set of entries (an RLQS bucket id) as a descriptor would carry them:
+    /// depth first from the root, at each level trying, in key order, each entry whose key the
+    /// level names and whose value finds a descriptor there, until every entry is placed. The
+    /// first order found wins; `None` when none places them all (no descriptor of these entries
+    /// would match) or the search passes 4,096 tries. The order found is then matched by
+    /// [`Self::resolve`], so a bucket matches exactly the rule that descriptor would.
+    #[must_use]
+    pub fn order<'e>(&self, entries: &[(&'e str, &'e str)]) -> Option<Vec<(&'e str, &'e str)>> {
+        let mut left: Vec<(&str, &str)> = entries.to_vec();
+        left.sort_unstable();
+        let mut placed = Vec::with_capacity(left.len());
+        let mut steps = MAX_ORDER_STEPS;
+        self.place(&self.root, &mut left, &mut placed, &mut steps)
+            .then_some(placed)
+    }
+
+    /// Places the entries `left` from `level` down, onto `placed`; whether all were.
+    fn place<'e>(
+        &self,
+        level: &Level,
+        left: &mut Vec<(&'e str, &'e str)>,
+        placed: &mut Vec<(&'e str, &'e str)>,
+        steps: &mut usize,
+    ) -> bool {
+        if left.is_empty() {
+            return true;
+        }
+        for i in 0..left.len() {
+            let Some(rest) = steps.checked_sub(1) else {
+                return false;
+            };
+            *steps = rest;
+            let (k, v) = left[i];
+            let Some(node) = level.groups.get(k).and_then(|g| g.find(v)) else {
+                continue;
+            };
+            let entry = left.remove(i);
+            placed.push(entry);
+            if self.place(&self.nodes[node].children, left, placed, steps) {
+                return true;
+            }
+            placed.pop();
+            left.insert(i, entry);
+        }
+        false
+    }
 }
 
 #[cfg(test)]
@@ -247,6 +298,38 @@ mod tests {
     use super::*;
     use crate::policy::testing::{rpu, set};
     use crate::policy::{Metadata, PolicySet};
+
+    #[test]
+    fn unordered_entries_are_ordered_as_the_tree_names_their_keys() {
+        let set = set("domain: d
+descriptors:
+  - key: user
+    descriptors:
+      - key: route
+        value: search
+        rate_limit: {unit: second, requests_per_unit: 7}
+  - key: route
+    rate_limit: {unit: second, requests_per_unit: 9}
+");
+        let d = set.domain("d").unwrap();
+        assert_eq!(
+            d.order(&[("route", "search"), ("user", "a")]),
+            Some(vec![("user", "a"), ("route", "search")]),
+            "`route` is tried first at the top, but then `user` finds no place below it"
+        );
+        assert_eq!(
+            d.order(&[("route", "search")]),
+            Some(vec![("route", "search")])
+        );
+        assert_eq!(
+            d.order(&[("user", "a"), ("route", "search")]),
+            d.order(&[("route", "search"), ("user", "a")]),
+            "the order given does not matter"
+        );
+        assert_eq!(d.order(&[("user", "a")]), Some(vec![("user", "a")]));
+        assert_eq!(d.order(&[("user", "a"), ("other", "x")]), None);
+        assert_eq!(d.order(&[]), Some(vec![]));
+    }
 
     #[test]
     fn wildcards_anywhere() {

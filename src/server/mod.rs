@@ -1,17 +1,19 @@
-//! The transport adapters: the gRPC port (rate-limit service and `grpc.health.v1`) and the HTTP
-//! admin port, and the health state both report. Each adapter reads its wire form into a
-//! decision request ([`crate::wire`]), asks the [`crate::decision::Decider`] and writes the
-//! answer back; none counts or reaches a store. The gRPC port is served without tonic's
+//! The transport adapters: the gRPC port (rate-limit service, rate-limit quota service and
+//! `grpc.health.v1`) and the HTTP admin port, and the health state both report. Each adapter
+//! reads its wire form into a decision request ([`crate::wire`]), asks the
+//! [`crate::decision::Decider`] (or, for quota streams ([`quota`]), a [`crate::quota`] table)
+//! and writes the answer back; none counts or reaches a store. The gRPC port is served without tonic's
 //! `Server`: connections accepted under a cap ([`accept`]), served by hyper's HTTP/2 builder
 //! with ages, idle cuts and a drain ([`connections`], [`idle`]), calls run in the connection's
-//! task ([`streams`]) and routed by path to `ShouldRateLimit` served by hand ([`unary`]) or the
-//! generated health service, each behind the edge ([`edge`]).
+//! task ([`streams`]) and routed by path to `ShouldRateLimit` served by hand ([`unary`]), or the
+//! generated quota and health services, each behind the edge ([`edge`]).
 
 mod accept;
 pub(crate) mod admin;
 mod connections;
 mod edge;
 mod idle;
+pub(crate) mod quota;
 pub(crate) mod rls;
 mod streams;
 mod unary;
@@ -34,10 +36,12 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthReporter;
 
-use crate::pb::rate_limit_service_server;
+use crate::pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
+use crate::pb::{rate_limit_quota_service_server, rate_limit_service_server};
 use crate::settings::GrpcLimits;
 use crate::traces::CallTracer;
 use edge::GrpcEdge;
+use quota::QuotaService;
 use rls::RateLimitHandler;
 use unary::{ShouldRateLimit, UnaryBody};
 
@@ -50,6 +54,8 @@ pub(crate) struct Health {
     /// Relaxed: a lone flag; readers need no other memory ordered with it.
     serving: Arc<AtomicBool>,
     reporter: HealthReporter,
+    /// Whether the rate-limit quota service is served (its name then reports too).
+    quota: bool,
 }
 
 impl std::fmt::Debug for Health {
@@ -61,11 +67,13 @@ impl std::fmt::Debug for Health {
 }
 
 impl Health {
-    /// Health reported through `reporter`; not serving until [`Health::set`] says so.
-    pub(crate) fn new(reporter: HealthReporter) -> Self {
+    /// Health reported through `reporter`, with the quota service's name when `quota`; not
+    /// serving until [`Health::set`] says so.
+    pub(crate) fn new(reporter: HealthReporter, quota: bool) -> Self {
         Self {
             serving: Arc::new(AtomicBool::new(false)),
             reporter,
+            quota,
         }
     }
 
@@ -75,7 +83,7 @@ impl Health {
     }
 
     /// Sets the status of every name health is asked under: `""`, `ratelimit` and the
-    /// rate-limit service's full name.
+    /// full names of the rate-limit service and, when served, the rate-limit quota service.
     pub(crate) async fn set(&self, serving: bool) {
         self.serving.store(serving, Ordering::Relaxed);
         let status = if serving {
@@ -83,7 +91,18 @@ impl Health {
         } else {
             ServingStatus::NotServing
         };
-        for name in ["", HEALTH_SERVICE, rate_limit_service_server::SERVICE_NAME] {
+        let quota = self
+            .quota
+            .then_some(rate_limit_quota_service_server::SERVICE_NAME);
+        for name in [
+            Some(""),
+            Some(HEALTH_SERVICE),
+            Some(rate_limit_service_server::SERVICE_NAME),
+            quota,
+        ]
+        .into_iter()
+        .flatten()
+        {
             self.reporter.set_service_status(name, status).await;
         }
     }
@@ -124,11 +143,14 @@ pub(crate) fn grpc_connection(
 
 /// Path prefix of the rate-limit service's methods.
 const RLS_PREFIX: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+/// Path prefix of the rate-limit quota service's methods.
+const RLQS_PREFIX: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 /// Path prefix of `grpc.health.v1`'s methods.
 const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 
 /// The gRPC port's one service: each call routed by its path to the rate-limit service
-/// (responses never compressed, as Envoy requires) or `grpc.health.v1`, both behind the edge
+/// (responses never compressed, as Envoy requires), the rate-limit quota service (when
+/// `rlqs.enabled`) or `grpc.health.v1`, all behind the edge
 /// (non-gRPC content types refused, a message over the size limit answered
 /// `RESOURCE_EXHAUSTED`, a call past the request timeout `DEADLINE_EXCEEDED`); any other path
 /// is answered `UNIMPLEMENTED` (HTTP 200, `grpc-status: 12`), as tonic's router answers it.
@@ -137,6 +159,7 @@ const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 /// reaches the reader as hyper delivers it.
 pub(crate) struct GrpcRoutes<H> {
     rls: GrpcEdge<ShouldRateLimit>,
+    quota: Option<GrpcEdge<RateLimitQuotaServiceServer<QuotaService>>>,
     health: GrpcEdge<HealthServer<H>>,
 }
 
@@ -145,6 +168,7 @@ impl<H> Clone for GrpcRoutes<H> {
     fn clone(&self) -> Self {
         Self {
             rls: self.rls.clone(),
+            quota: self.quota.clone(),
             health: self.health.clone(),
         }
     }
@@ -157,10 +181,13 @@ impl<H> std::fmt::Debug for GrpcRoutes<H> {
 }
 
 impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
-    /// The rate-limit service answered by `handler`, and `health`, with requests refused past
-    /// `max_request_bytes` and calls cut at `limits.request_timeout`.
+    /// The rate-limit service answered by `handler`, the quota service when given, and
+    /// `health`, with requests refused past `max_request_bytes` and calls cut at
+    /// `limits.request_timeout` (a quota stream's call ends when its first message is read and
+    /// its stream begins; the stream itself is not cut).
     pub(crate) fn new(
         handler: RateLimitHandler,
+        quota: Option<QuotaService>,
         health: HealthServer<H>,
         max_request_bytes: usize,
         limits: &GrpcLimits,
@@ -171,6 +198,13 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
                 ShouldRateLimit::new(handler, max_request_bytes, tracer),
                 limits.request_timeout,
             ),
+            quota: quota.map(|q| {
+                GrpcEdge::with_tonic_decoder(
+                    RateLimitQuotaServiceServer::new(q)
+                        .max_decoding_message_size(max_request_bytes),
+                    limits.request_timeout,
+                )
+            }),
             // The same cap on the health service's messages, refused by tonic's decoder (its
             // `OUT_OF_RANGE` made `RESOURCE_EXHAUSTED` by the edge).
             health: GrpcEdge::with_tonic_decoder(
@@ -194,7 +228,10 @@ impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::R
             Wrap<EdgeFuture<ShouldRateLimit>, UnaryBody>,
             Wrap<EdgeFuture<HealthServer<H>>, Body>,
         >,
-        Ready<Result<http::Response<GrpcBody>, Infallible>>,
+        Either<
+            Wrap<EdgeFuture<RateLimitQuotaServiceServer<QuotaService>>, Body>,
+            Ready<Result<http::Response<GrpcBody>, Infallible>>,
+        >,
     >;
 
     fn call(&self, req: http::Request<Incoming>) -> Self::Future {
@@ -207,9 +244,18 @@ impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::R
         } else if path.starts_with(HEALTH_PREFIX) {
             let answer: fn(_) -> _ = |r: http::Response<Body>| r.map(GrpcBody::Tonic);
             Either::Left(Either::Right(self.health.clone().call(req).map_ok(answer)))
+        } else if let Some(quota) = self
+            .quota
+            .as_ref()
+            .filter(|_| path.starts_with(RLQS_PREFIX))
+        {
+            let answer: fn(_) -> _ = |r: http::Response<Body>| r.map(GrpcBody::Tonic);
+            Either::Right(Either::Left(quota.clone().call(req).map_ok(answer)))
         } else {
             // The router's answer to a service it does not have: trailers-only, no message.
-            Either::Right(ready(Ok(Status::unimplemented("").into_http())))
+            Either::Right(Either::Right(ready(Ok(
+                Status::unimplemented("").into_http()
+            ))))
         }
     }
 }

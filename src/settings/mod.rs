@@ -84,6 +84,8 @@ pub struct Settings {
     pub grpc_tls: Option<GrpcTls>,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
+    /// Envoy's Rate Limit Quota Service; `None` when `rlqs.enabled` is false.
+    pub rlqs: Option<crate::quota::QuotaSettings>,
     /// Trace export; `None` when `tracing.enabled` is false.
     pub tracing: Option<crate::traces::Config>,
     /// Reference variables (`compat`) read but not acted on, each with why: logged at

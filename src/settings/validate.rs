@@ -37,6 +37,11 @@ impl Written {
             ("requests.max_key_bytes", r.max_key_bytes),
             ("requests.max_value_bytes", r.max_value_bytes),
             ("store.max_keys", self.store.max_keys),
+            (
+                "rlqs.max_buckets_per_stream",
+                self.rlqs.max_buckets_per_stream,
+            ),
+            ("rlqs.max_streams", self.rlqs.max_streams),
         ] {
             positive(setting, value as u64)?;
         }
@@ -89,6 +94,7 @@ impl Written {
                 });
             }
         }
+        positive("rlqs.assignment_ttl_ms", self.rlqs.assignment_ttl_ms)?;
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
         positive(
@@ -175,6 +181,11 @@ impl Written {
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
             tracing,
+            rlqs: self.rlqs.enabled.then(|| crate::quota::QuotaSettings {
+                assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
+                max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
+                max_streams: self.rlqs.max_streams,
+            }),
             compat_warnings: self.compat_warnings,
         })
     }

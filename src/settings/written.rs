@@ -84,6 +84,8 @@ pub struct Written {
     pub grpc: GrpcSection,
     /// Bounds on the admin port's connections.
     pub admin: AdminSection,
+    /// Envoy's Rate Limit Quota Service on the gRPC port.
+    pub rlqs: RlqsSection,
     /// What the `compat` variables asked for that is not acted on, for the log. Not a setting.
     #[serde(skip)]
     pub compat_warnings: Vec<String>,
@@ -214,6 +216,32 @@ pub struct StoreSection {
     pub max_keys: usize,
     /// How often keys with a full bucket (no information) are removed, in milliseconds.
     pub sweep_interval_ms: u64,
+}
+
+/// Envoy's Rate Limit Quota Service (`StreamRateLimitQuotas`) on the gRPC port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RlqsSection {
+    /// Serve it.
+    pub enabled: bool,
+    /// How long an assignment holds (`assignment_time_to_live`), in milliseconds; a bucket not
+    /// reported for this long is abandoned, and assignments are renewed at half of it.
+    pub assignment_ttl_ms: u64,
+    /// Most buckets one stream may watch; a report of one more is answered `abandon_action`.
+    pub max_buckets_per_stream: usize,
+    /// Most quota streams open at once; one more is refused `RESOURCE_EXHAUSTED`.
+    pub max_streams: usize,
+}
+
+impl Default for RlqsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            assignment_ttl_ms: 10_000,
+            max_buckets_per_stream: 1_000,
+            max_streams: 1_000,
+        }
+    }
 }
 
 /// Redis, for `backend: redis`. Its `Debug` hides the password and URL credentials.
@@ -499,6 +527,7 @@ impl Default for Written {
             shutdown_grace_ms: 10_000,
             grpc: GrpcSection::default(),
             admin: AdminSection::default(),
+            rlqs: RlqsSection::default(),
             compat_warnings: Vec::new(),
         }
     }

@@ -61,10 +61,10 @@ def descriptor(*entries, hits=None):
 class Server:
     """A sluice process on free ports; its bound addresses are read from its JSON log."""
 
-    def __init__(self, headers="none", env=None):
+    def __init__(self, headers="none", env=None, policy=POLICY):
         self.dir = tempfile.TemporaryDirectory()
         with open(os.path.join(self.dir.name, "interop.yaml"), "w") as f:
-            f.write(POLICY)
+            f.write(policy)
         self.proc = subprocess.Popen(
             [os.environ.get("SLUICE", "target/debug/sluice"), "serve",
              "--policies", self.dir.name, "--grpc-addr", "127.0.0.1:0",

@@ -19,6 +19,7 @@ mod ops;
 mod redis;
 mod redis_sentinel;
 mod redis_tls;
+mod rlqs;
 mod service;
 mod shares;
 mod tls;

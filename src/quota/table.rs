@@ -1,0 +1,446 @@
+//! This node's share table: for each limited counter, the demand of every watched bucket that
+//! matches it, one holder per (stream, bucket); and each stream's own watch list, which decides
+//! what to send and when. The table sits behind one mutex, taken once per report message or
+//! tick, never across an `.await` (there is none here). A stream's shares are freed when its
+//! [`QuotaStream`] is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::{
+    Action, ActionKind, BucketId, QuotaSettings, Report, Strategy, Target, shares, target,
+};
+use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::policy::{PolicyHandle, PolicySet};
+
+/// Why a stream is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// `rlqs.max_streams` streams are open.
+    #[error("too many quota streams open on this server (rlqs.max_streams)")]
+    TooManyStreams,
+}
+
+/// The streams of this node and the shares of the counters they watch.
+#[derive(Debug)]
+pub struct QuotaTable {
+    settings: QuotaSettings,
+    policies: PolicyHandle,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    streams: usize,
+    watched: usize,
+    next_holder: u64,
+    /// Counter → holder → demand (requests per second).
+    counters: HashMap<u128, HashMap<u64, f64>>,
+}
+
+impl Inner {
+    fn join(&mut self, counter: u128, holder: u64, demand: f64) {
+        self.counters
+            .entry(counter)
+            .or_default()
+            .insert(holder, demand);
+    }
+
+    fn leave(&mut self, counter: u128, holder: u64) {
+        if let Some(holders) = self.counters.get_mut(&counter) {
+            holders.remove(&holder);
+            if holders.is_empty() {
+                self.counters.remove(&counter);
+            }
+        }
+    }
+
+    /// `holder`'s share of `rate` on `counter`.
+    fn share(&self, counter: u128, holder: u64, rate: f64) -> f64 {
+        let Some(holders) = self.counters.get(&counter) else {
+            return 0.0;
+        };
+        let (ids, demands): (Vec<u64>, Vec<f64>) = holders.iter().map(|(h, d)| (*h, *d)).unzip();
+        let at = ids.iter().position(|h| *h == holder);
+        at.map_or(0.0, |i| shares(&demands, rate)[i])
+    }
+}
+
+impl QuotaTable {
+    /// An empty table, matching buckets against `policies`.
+    #[must_use]
+    pub fn new(settings: QuotaSettings, policies: PolicyHandle) -> Self {
+        Self {
+            settings,
+            policies,
+            inner: Mutex::default(),
+        }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn settings(&self) -> &QuotaSettings {
+        &self.settings
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Streams open, and buckets watched over all of them.
+    #[must_use]
+    pub fn figures(&self) -> (usize, usize) {
+        let inner = self.inner();
+        (inner.streams, inner.watched)
+    }
+
+    /// Opens a stream of `domain`.
+    ///
+    /// # Errors
+    ///
+    /// [`Refused::TooManyStreams`] past `max_streams`.
+    pub fn open(self: &Arc<Self>, domain: String) -> Result<QuotaStream, Refused> {
+        let mut inner = self.inner();
+        if inner.streams >= self.settings.max_streams {
+            return Err(Refused::TooManyStreams);
+        }
+        inner.streams += 1;
+        drop(inner);
+        Ok(QuotaStream {
+            table: Arc::clone(self),
+            domain,
+            seen: self.policies.load(),
+            buckets: HashMap::new(),
+            warned: false,
+        })
+    }
+}
+
+/// One bucket a stream watches.
+#[derive(Debug)]
+struct Watched {
+    holder: u64,
+    target: Target,
+    /// The last report's demand, requests per second.
+    demand: f64,
+    /// When it was last reported (clock nanoseconds).
+    reported_at: u64,
+    /// What was last sent, and when.
+    sent: Strategy,
+    sent_at: u64,
+}
+
+/// One RLQS stream: its domain and the buckets it watches. Dropping it frees its shares.
+#[derive(Debug)]
+pub struct QuotaStream {
+    table: Arc<QuotaTable>,
+    domain: String,
+    /// The policies its targets were resolved against.
+    seen: Arc<PolicySet>,
+    buckets: HashMap<BucketId, Watched>,
+    /// Whether the bucket cap was already logged for this stream.
+    warned: bool,
+}
+
+impl QuotaStream {
+    /// The stream's domain.
+    #[must_use]
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// Buckets watched.
+    #[must_use]
+    pub fn watched(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The table it is part of.
+    #[must_use]
+    pub fn table(&self) -> Arc<QuotaTable> {
+        Arc::clone(&self.table)
+    }
+
+    /// Streams open, and buckets watched over all of them, on this node.
+    #[must_use]
+    pub fn figures(&self) -> (usize, usize) {
+        self.table.figures()
+    }
+
+    /// Takes one message's reports at `now` (clock nanoseconds): records each bucket's demand,
+    /// and answers a bucket seen for the first time at once, one past the cap with
+    /// `abandon_action`, and one whose share moved by more than 10 % with its new assignment.
+    pub fn report(&mut self, now: u64, reports: Vec<Report>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let refreshed = self.refresh();
+        let table = Arc::clone(&self.table);
+        let mut inner = table.inner();
+        let mut touched = Vec::with_capacity(reports.len());
+        for report in reports {
+            let demand =
+                report.requests as f64 * NANOS_PER_SEC as f64 / report.elapsed_ns.max(1) as f64;
+            if let Some(w) = self.buckets.get_mut(&report.bucket) {
+                w.demand = demand;
+                w.reported_at = now;
+                if let Target::Shared { counter, .. } = w.target {
+                    inner.join(counter, w.holder, demand);
+                }
+                touched.push((report.bucket, false));
+                continue;
+            }
+            if self.buckets.len() >= table.settings.max_buckets_per_stream {
+                if !self.warned {
+                    self.warned = true;
+                    tracing::warn!(
+                        domain = %self.domain,
+                        max = table.settings.max_buckets_per_stream,
+                        "a quota stream reports more buckets than rlqs.max_buckets_per_stream; the rest are abandoned"
+                    );
+                }
+                actions.push(Action {
+                    bucket: report.bucket,
+                    kind: ActionKind::Abandon,
+                });
+                continue;
+            }
+            let target = target(&self.seen, &self.domain, &report.bucket);
+            let holder = inner.next_holder;
+            inner.next_holder += 1;
+            inner.watched += 1;
+            if let Target::Shared { counter, .. } = target {
+                inner.join(counter, holder, demand);
+            }
+            self.buckets.insert(
+                report.bucket.clone(),
+                Watched {
+                    holder,
+                    target,
+                    demand,
+                    reported_at: now,
+                    sent: Strategy::AllowAll,
+                    sent_at: now,
+                },
+            );
+            touched.push((report.bucket, true));
+        }
+        for (bucket, new) in touched {
+            let Some(w) = self.buckets.get_mut(&bucket) else {
+                continue;
+            };
+            let next = assignment(&inner, w);
+            if new || refreshed || w.sent.moved(&next) {
+                w.sent = next;
+                w.sent_at = now;
+                actions.push(Action {
+                    bucket,
+                    kind: ActionKind::Assign(next),
+                });
+            }
+        }
+        actions
+    }
+
+    /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
+    /// an assignment whose share moved by more than 10 % (another stream came, left or changed
+    /// its demand) or whose policies a reload replaced, and renews every other assignment, as
+    /// sent, once half its TTL has passed.
+    pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        let refreshed = self.refresh();
+        let table = Arc::clone(&self.table);
+        let ttl = u64::try_from(table.settings.assignment_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let mut inner = table.inner();
+        let mut actions = Vec::new();
+        let stale: Vec<BucketId> = self
+            .buckets
+            .iter()
+            .filter(|(_, w)| now.saturating_sub(w.reported_at) >= ttl)
+            .map(|(b, _)| b.clone())
+            .collect();
+        for bucket in stale {
+            if let Some(w) = self.buckets.remove(&bucket) {
+                forget(&mut inner, &w);
+            }
+            actions.push(Action {
+                bucket,
+                kind: ActionKind::Abandon,
+            });
+        }
+        for (bucket, w) in &mut self.buckets {
+            let next = assignment(&inner, w);
+            let send = if refreshed || w.sent.moved(&next) {
+                next
+            } else if now.saturating_sub(w.sent_at) >= ttl / 2 {
+                // A renewal repeats the strategy sent, so that Envoy extends the active
+                // assignment instead of replacing it (and refilling its token bucket).
+                w.sent
+            } else {
+                continue;
+            };
+            w.sent = send;
+            w.sent_at = now;
+            actions.push(Action {
+                bucket: bucket.clone(),
+                kind: ActionKind::Assign(send),
+            });
+        }
+        actions
+    }
+
+    /// Re-resolves every bucket when the policies changed since they were resolved; whether
+    /// they did.
+    fn refresh(&mut self) -> bool {
+        let now = self.table.policies.load();
+        if Arc::ptr_eq(&now, &self.seen) {
+            return false;
+        }
+        self.seen = now;
+        let table = Arc::clone(&self.table);
+        let mut inner = table.inner();
+        for (bucket, w) in &mut self.buckets {
+            if let Target::Shared { counter, .. } = w.target {
+                inner.leave(counter, w.holder);
+            }
+            w.target = target(&self.seen, &self.domain, bucket);
+            if let Target::Shared { counter, .. } = w.target {
+                inner.join(counter, w.holder, w.demand);
+            }
+        }
+        true
+    }
+}
+
+impl Drop for QuotaStream {
+    fn drop(&mut self) {
+        let mut inner = self.table.inner();
+        inner.streams = inner.streams.saturating_sub(1);
+        for w in self.buckets.values() {
+            forget(&mut inner, w);
+        }
+    }
+}
+
+/// Takes a watched bucket out of the table.
+fn forget(inner: &mut Inner, w: &Watched) {
+    inner.watched = inner.watched.saturating_sub(1);
+    if let Target::Shared { counter, .. } = w.target {
+        inner.leave(counter, w.holder);
+    }
+}
+
+/// What `w` is to be assigned now.
+fn assignment(inner: &Inner, w: &Watched) -> Strategy {
+    match w.target {
+        Target::Fixed(s) => s,
+        Target::Shared { counter, rate, .. } => {
+            w.target.strategy(inner.share(counter, w.holder, rate))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy;
+    use crate::quota::TokenBucket;
+
+    const POLICY: &str = "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: banned
+    rate_limit: {unit: second, requests_per_unit: 0}
+";
+
+    fn table(max_buckets: usize) -> Arc<QuotaTable> {
+        let set = policy::load_str(&[("d.yaml", POLICY)]).expect("policy");
+        Arc::new(QuotaTable::new(
+            QuotaSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: max_buckets,
+                max_streams: 2,
+            },
+            PolicyHandle::new(set),
+        ))
+    }
+
+    fn report(value: &str, per_second: u64) -> Report {
+        Report {
+            bucket: [("user".to_string(), value.to_string())].into(),
+            elapsed_ns: NANOS_PER_SEC,
+            requests: per_second,
+        }
+    }
+
+    fn rate(actions: &[Action]) -> f64 {
+        match actions {
+            [
+                Action {
+                    kind: ActionKind::Assign(Strategy::TokenBucket(b)),
+                    ..
+                },
+            ] => b.rate(),
+            other => panic!("one token bucket expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn streams_share_by_demand_and_a_closed_one_frees_its_share() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let mut b = table.open("d".into()).expect("b");
+        assert_eq!(table.open("d".into()).err(), Some(Refused::TooManyStreams));
+        assert_eq!(rate(&a.report(0, vec![report("x", 300)])), 100.0);
+        let b_rate = rate(&b.report(0, vec![report("x", 100)]));
+        let a_rate = rate(&a.report(1, vec![report("x", 300)]));
+        assert!(a_rate + b_rate <= 100.0, "{a_rate} + {b_rate}");
+        assert!((a_rate / b_rate - 3.0).abs() < 0.1, "{a_rate} : {b_rate}");
+        drop(a);
+        assert_eq!(table.figures(), (1, 1));
+        assert!(rate(&b.tick(2)) >= 99.0);
+    }
+
+    #[test]
+    fn a_ban_is_deny_all_and_past_the_cap_a_bucket_is_abandoned() {
+        let table = table(1);
+        let mut s = table.open("d".into()).expect("s");
+        let ban = Report {
+            bucket: [("banned".to_string(), "x".to_string())].into(),
+            elapsed_ns: NANOS_PER_SEC,
+            requests: 1,
+        };
+        assert_eq!(
+            s.report(0, vec![ban])[0].kind,
+            ActionKind::Assign(Strategy::DenyAll)
+        );
+        assert_eq!(
+            s.report(0, vec![report("x", 1)])[0].kind,
+            ActionKind::Abandon
+        );
+    }
+
+    #[test]
+    fn an_unreported_bucket_is_abandoned_after_a_ttl_and_others_renewed() {
+        let table = table(10);
+        let mut s = table.open("d".into()).expect("s");
+        let sec = NANOS_PER_SEC;
+        s.report(0, vec![report("x", 100)]);
+        s.report(0, vec![report("y", 100)]);
+        assert!(s.tick(sec).is_empty(), "nothing due yet");
+        s.report(9 * sec, vec![report("y", 100)]);
+        let actions = s.tick(10 * sec);
+        let abandoned: Vec<_> = actions
+            .iter()
+            .filter(|a| a.kind == ActionKind::Abandon)
+            .collect();
+        assert_eq!(abandoned.len(), 1);
+        assert_eq!(abandoned[0].bucket, report("x", 0).bucket);
+        assert!(actions.iter().any(|a| a.bucket == report("y", 0).bucket
+            && matches!(
+                a.kind,
+                ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
+            )));
+        assert_eq!(table.figures(), (1, 1));
+    }
+}
