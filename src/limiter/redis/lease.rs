@@ -303,11 +303,13 @@ impl LeasedStore {
             let Some(share) = l.share.as_mut() else {
                 continue;
             };
-            // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T.
-            share.debt = if out.admitted {
+            // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T, or,
+            // for a cost past the burst (never admitted), the debt itself.
+            share.debt = if out.admitted || op.cost > op.quota.burst() {
                 out.wait
             } else {
-                (out.wait + op.quota.tolerance())
+                out.wait
+                    .saturating_add(op.quota.tolerance())
                     .saturating_sub(op.cost.saturating_mul(op.quota.interval()))
             };
         }
@@ -377,7 +379,7 @@ impl LeasedStore {
             counters.push((op.key, rate, lease));
         }
         if !answerable {
-            self.start_takes(ops, &counters, now);
+            self.start_takes(ops, &counters, (now, false));
             return None;
         }
         counters.sort_unstable_by_key(|c| c.0);
@@ -479,7 +481,8 @@ impl LeasedStore {
         }
         if !fits {
             drop(guards);
-            self.start_takes(ops, &counters, now);
+            // The shared counters' demand was counted above.
+            self.start_takes(ops, &counters, (now, true));
             return None;
         }
         let blocked = Batch::blocked_by(ops, &outcomes);
@@ -515,8 +518,15 @@ impl LeasedStore {
         Some(Batch { blocked, outcomes })
     }
 
-    /// Starts a take for every hot counter of `ops` that has no lease, or one running low.
-    fn start_takes(self: &Arc<Self>, ops: &[Op], counters: &[RequestCounter], now: u64) {
+    /// Starts a take for every hot counter of `ops` that has no lease, or one running low, and
+    /// a renewal for a shared one that is due; counts a shared counter's hits as demand unless
+    /// the caller did (`counted`).
+    fn start_takes(
+        self: &Arc<Self>,
+        ops: &[Op],
+        counters: &[RequestCounter],
+        (now, counted): (u64, bool),
+    ) {
         for (key, rate, lease) in counters {
             if *rate < self.config.min_rate {
                 continue;
@@ -539,7 +549,11 @@ impl LeasedStore {
                 l.quota = op.quota;
             }
             l.expire(now, self.config.max_age_nanos());
-            if l.share.is_some() {
+            if let Some(share) = l.share.as_mut() {
+                if !counted {
+                    let hits = ops.iter().filter(|o| o.key == *key && !o.refund);
+                    share.demand.hit(hits.map(|o| o.cost).sum());
+                }
                 self.start_renewal(*key, &mut l, now);
                 continue;
             }
@@ -647,13 +661,19 @@ impl LeasedStore {
                 share.next = sent.saturating_add(self.config.renewal_period());
                 share.millionths = r.millionths;
                 share.debt = r.debt;
-                self.book.hold(
-                    key,
-                    Grant {
-                        quota,
-                        share: quota.portion(r.millionths, r.burst),
-                    },
-                );
+                if r.millionths == 0 {
+                    // Nothing granted yet (the others hold the rate until they renew): local
+                    // mode counts this node at rate/N, not at a ban.
+                    self.book.release(key);
+                } else {
+                    self.book.hold(
+                        key,
+                        Grant {
+                            quota,
+                            share: quota.portion(r.millionths, r.burst),
+                        },
+                    );
+                }
             }
             _ => {
                 l.share = None;
@@ -789,9 +809,17 @@ impl LeasedStore {
         let lifetime = self.config.max_age_nanos();
         self.leases
             .retain(|_, l| Arc::strong_count(l) > 1 || !lock(l).idle(now, lifetime));
-        // A share outlives its lease only while Redis is away, for the local fallback.
+        // A share outlives its lease, or a failed renewal, only while Redis is away, for the
+        // local fallback. The keys are read first: a renewal takes a lease's lock, then the
+        // book's, so the book's is never held while a lease's is taken.
         if self.redis.answering() {
-            self.book.retain(|key| self.leases.contains_key(key));
+            let shared: std::collections::HashSet<Key> = self
+                .leases
+                .iter()
+                .filter(|e| lock(e.value()).share.is_some())
+                .map(|e| *e.key())
+                .collect();
+            self.book.retain(|key| shared.contains(key));
         }
         for (key, quota, n) in back {
             self.give_back(key, &quota, n).await;

@@ -22,9 +22,9 @@
 -- ARGV[11] "leave" to give the share up, else ""
 --
 -- Entries past their expiry are deleted first, and so are entries no renewal could have written
--- (not four numbers, an expiry more than L ahead, a rate past the whole): those count as a
--- repair, as a counter that holds no TAT does, and so does a table that is not a hash, deleted
--- whole.
+-- (not four or five numbers, an expiry more than a minute or L ahead, a rate past the whole,
+-- numbers past 10^15): those count as a repair, as a counter that holds no TAT does, and so does
+-- a table that is not a hash, deleted whole.
 -- The share: with D the live entries' demand (this node's included) and R the counter's rate, a
 -- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
 -- more than it asks for. It is granted that much of what the other live entries leave, so the
@@ -49,6 +49,10 @@ local me, mine, held = argv[6], tonumber(argv[7]), tonumber(argv[8])
 local P, L = tonumber(argv[9]), tonumber(argv[10])
 local tkey = keys[2]
 local now_ms = now_s * 1000 + floor(now_ns / 1000000)
+-- The furthest expiry a renewal writes, for any node's L (nodes of one fleet may differ during a
+-- change of `max_age_ms`): a minute, or this node's L when longer.
+local ceiling = 60000
+if L > ceiling then ceiling = L end
 local MILLION = 1000000
 
 local function reply(g, debt, wait, rate, burst, total, shared)
@@ -66,9 +70,10 @@ for i = 1, #entries, 2 do
   local id = entries[i]
   local ed, er, eb, ee, ec = string.match(entries[i + 1], '^(%d+) (%d+) (%d+) (%d+) ?(%d*)$')
   ed, er, eb, ee, ec = tonumber(ed), tonumber(er), tonumber(eb), tonumber(ee), tonumber(ec)
-  if not ee or ee <= now_ms or ee > now_ms + L or er > MILLION or ed > 1e15 or eb > 1e15 then
+  if not ee or ee <= now_ms or ee > now_ms + ceiling or er > MILLION or ed > 1e15 or eb > 1e15 then
     call('HDEL', tkey, id)
-    if not ee or ee > now_ms + L or er > MILLION then repaired = 1 end
+    -- Lapsed is ordinary; anything else no renewal wrote.
+    if not ee or ee > now_ms then repaired = 1 end
   elseif id ~= me then
     demand, rates, bursts = demand + ed, rates + er, bursts + eb
   elseif ec and ec < MILLION then

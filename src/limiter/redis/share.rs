@@ -58,14 +58,17 @@ pub struct ShareReply {
 }
 
 /// The share table of the counter stored at `counter`, in the same cluster slot: the counter's
-/// own hash tag when it has one, else the whole counter key as the tag.
+/// own hash tag when it has one, else the whole counter key as the tag. A counter key with a `}`
+/// and no tag (a `redis.key_prefix` such as `a}b`) cannot be a tag: its table is then beside it
+/// by name only, which a single Redis takes, and a cluster refuses (the renewal fails, and the
+/// counter stays in slices).
 #[must_use]
 pub fn table_key(counter: &str) -> String {
     let tagged = counter
         .find('{')
         .and_then(|open| counter[open + 1..].find('}'))
         .is_some_and(|len| len > 0);
-    if tagged {
+    if tagged || counter.contains('}') {
         format!("{counter}:shares")
     } else {
         format!("{{{counter}}}:shares")
@@ -156,7 +159,12 @@ mod tests {
     fn the_table_is_in_its_counters_slot() {
         assert_eq!(table_key("sluice:00ff"), "{sluice:00ff}:shares");
         assert_eq!(table_key("{app}:00ff"), "{app}:00ff:shares");
-        assert_eq!(table_key("a{}b"), "{a{}b}:shares", "an empty tag is no tag");
+        assert_eq!(table_key("a{b"), "{a{b}:shares");
+        assert_eq!(
+            table_key("a{}b"),
+            "a{}b:shares",
+            "an empty tag is no tag, and no tag holds `}}`"
+        );
     }
 
     #[test]
