@@ -29,11 +29,10 @@
 -- node of demand d is due min(R * d / D, 1.25 * d): shares follow demand, and none holds much
 -- more than it asks for. It is granted that much of what the other live entries leave, so the
 -- rates in the table never add up past R, nor the bursts past B (burst: floor(B * d / D)).
--- The take: due * P tokens for the part due (granted or not yet), less what the node holds
--- due and unused past that, plus its
--- part (d / D) of the tokens the bucket holds now, at most what is due by now + H, charged on the
--- counter as lease.lua's take charges them. While reservations stand the take shrinks by up to a
--- tenth, so the debt drifts down to the tolerance.
+-- The take: due * P tokens for the part due (granted or not yet), less what the node holds due
+-- and unused past that, plus its part (d / D) of the tokens the bucket holds now, at most what is
+-- due by now + H, charged on the counter as lease.lua's take charges them. While reservations
+-- stand the take shrinks by up to a tenth, so the debt drifts down to the tolerance.
 -- The counter stays shared while its bucket is less than half full (a debt past half the
 -- tolerance), and, once no reservation stands (a debt within the tolerance), while D is at least
 -- 90 % of R. Past that demand is below the rate, and slices, which can spend the burst, serve it
