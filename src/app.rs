@@ -26,7 +26,8 @@ use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::quota::QuotaTable;
 use crate::reload::Reloader;
 use crate::server::admin::{self, AdminState};
-use crate::server::{self, Health, quota::QuotaService, rls::RateLimitHandler};
+use crate::server::quota::{self, QuotaService};
+use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
@@ -273,9 +274,13 @@ impl App {
             traces,
         } = self;
         let tracer = traces.as_ref().map(Traces::tracer);
-        let quota = settings.rlqs.map(|q| {
-            QuotaService::new(Arc::new(QuotaTable::new(q, policies.clone())), stop.clone())
-        });
+        let table = settings
+            .rlqs
+            .map(|q| Arc::new(QuotaTable::new(q, policies.clone())));
+        let fleet = table
+            .as_ref()
+            .and_then(|t| quota_fleet(&settings, &backend, local.as_ref(), t));
+        let quota = table.map(|t| QuotaService::new(t, fleet.clone(), stop.clone()));
         let grpc = start_grpc(
             grpc,
             &settings,
@@ -297,6 +302,9 @@ impl App {
         );
         if let Some(tls) = tls {
             tasks.spawn(tls.watch(tls::RELOAD_EVERY, stop.clone()));
+        }
+        if let Some(fleet) = fleet {
+            tasks.spawn(fleet.run(stop.clone()));
         }
         let reloader = Reloader::new(&settings.policies, policies, metrics)
             .with_options(load_options(&settings));
@@ -409,6 +417,26 @@ fn start_admin(
 }
 
 /// The Redis store `backend` counts in, leased or not.
+/// With Redis, the fleet the quota service hands each rule out across: a rule whose part Redis
+/// has not told is assumed 1/N, N as local mode counts the fleet (or `redis.fleet_size`, else 1).
+fn quota_fleet(
+    settings: &Settings,
+    backend: &Backend,
+    local: Option<&Arc<LocalFallback>>,
+    table: &Arc<QuotaTable>,
+) -> Option<quota::Fleet> {
+    redis_of(backend)?;
+    let fixed = settings.local.fleet_size.unwrap_or(1);
+    let nodes: Arc<dyn Fn() -> u64 + Send + Sync> = match local {
+        Some(local) => {
+            let local = Arc::clone(local);
+            Arc::new(move || local.fleet_size())
+        }
+        None => Arc::new(move || fixed),
+    };
+    Some(quota::Fleet::new(backend.clone(), Arc::clone(table), nodes))
+}
+
 fn redis_of(backend: &Backend) -> Option<Arc<RedisStore>> {
     match backend {
         Backend::Redis(redis) => Some(Arc::clone(redis)),

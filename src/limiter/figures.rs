@@ -62,11 +62,19 @@ pub enum Purpose {
     Give,
     /// A share's renewal.
     Renew,
+    /// A renewal of this node's part of a rule it hands to Envoys (RLQS).
+    Quota,
 }
 
 impl Purpose {
     /// Every purpose, in the order metrics list them.
-    pub const ALL: [Self; 4] = [Self::Count, Self::Take, Self::Give, Self::Renew];
+    pub const ALL: [Self; 5] = [
+        Self::Count,
+        Self::Take,
+        Self::Give,
+        Self::Renew,
+        Self::Quota,
+    ];
 
     /// The metric label.
     #[must_use]
@@ -76,6 +84,7 @@ impl Purpose {
             Self::Take => "take",
             Self::Give => "give",
             Self::Renew => "renew",
+            Self::Quota => "quota",
         }
     }
 

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
 use crate::limiter::key::Key;
@@ -13,23 +14,53 @@ use crate::limiter::key::Key;
 /// grows between renewals is not cut at once, and the rest goes to the others.
 pub const HEADROOM: f64 = 1.25;
 
-/// A holder's part of a rate of `capacity` when the holders ask for `demands` (any unit, the
-/// same for all): `min(capacity × d / Σd, HEADROOM × d)` each. Proportional to demand,
-/// water-filled: when the holders ask for less than the capacity, each gets a little more than it
-/// asks and the surplus stays undivided. The parts never add up past `capacity`.
+/// The holders' parts of a rate of `capacity` when they ask for `demands` (any unit, the same
+/// for all), water-filled: while some holder asks for no more than an equal part of what is left,
+/// each such holder gets what it asks, with [`HEADROOM`] (but no more than that equal part), and
+/// leaves the game; the holders that remain split what is left in proportion to their demand,
+/// each at most [`HEADROOM`] times it. So a small demand is met whole, the large ones share the
+/// rest by demand, none holds much more than it asks for, and the parts never add up past
+/// `capacity`. A demand that is not a positive number counts as none, and gets nothing.
 #[must_use]
 pub fn divide(demands: &[f64], capacity: f64) -> Vec<f64> {
-    let total: f64 = demands.iter().filter(|d| d.is_finite() && **d > 0.0).sum();
-    demands
-        .iter()
-        .map(|&d| {
-            if total <= 0.0 || !d.is_finite() || d <= 0.0 {
-                0.0
-            } else {
-                (capacity * d / total).min(HEADROOM * d)
+    let asked = |d: f64| d.is_finite() && d > 0.0;
+    let mut parts = vec![0.0; demands.len()];
+    let mut open: Vec<usize> = (0..demands.len()).filter(|&i| asked(demands[i])).collect();
+    let mut left = capacity.max(0.0);
+    loop {
+        // Precision intended: a count of holders as a divisor.
+        let level = left / open.len().max(1) as f64;
+        let before = open.len();
+        open.retain(|&i| {
+            if demands[i] > level {
+                return true;
             }
-        })
-        .collect()
+            parts[i] = (HEADROOM * demands[i]).min(level);
+            left -= parts[i];
+            false
+        });
+        if open.len() == before || open.is_empty() {
+            break;
+        }
+    }
+    let total: f64 = open.iter().map(|&i| demands[i]).sum();
+    for &i in &open {
+        parts[i] = (left.max(0.0) * (demands[i] / total)).min(HEADROOM * demands[i]);
+    }
+    parts
+}
+
+/// What one renewal of a node's part of an RLQS rule tells Redis: the node hands that rule's
+/// buckets out to Envoys, which enforce them themselves, so nothing is taken from the counter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuotaRenewal {
+    /// Requests per second the node's streams report for the rule's buckets, in the counter's
+    /// tokens (a request of cost c counts c).
+    pub demand: f64,
+    /// How long the node's entry lives unrenewed.
+    pub lifetime: Duration,
+    /// Give the part up instead of renewing it.
+    pub leave: bool,
 }
 
 /// One counter's demand on this node: hits offered, admitted and refused, since the last
@@ -158,16 +189,32 @@ mod tests {
 
     #[test]
     fn shares_follow_demand_and_never_pass_the_capacity() {
-        // Over the capacity: proportional, all of it handed out.
+        // Over the capacity, each asking more than an equal part: proportional, all of it
+        // handed out.
+        let parts = divide(&[300.0, 100.0], 100.0);
+        assert_eq!(parts, vec![75.0, 25.0]);
+        // One asks no more than an equal part: met, the other has the rest.
         let parts = divide(&[300.0, 100.0], 200.0);
-        assert_eq!(parts, vec![150.0, 50.0]);
+        assert_eq!(parts, vec![100.0, 100.0]);
         // Under it: a little more than each asks, the rest undivided.
         let parts = divide(&[40.0, 20.0], 200.0);
         assert_eq!(parts, vec![50.0, 25.0]);
+        // A small demand is met whole; the large ones split the rest by demand.
+        let parts = divide(&[300.0, 100.0, 20.0], 100.0);
+        assert_eq!(parts, vec![56.25, 18.75, 25.0]);
+        // Met whole, but no more than an equal part of what is left.
+        let parts = divide(&[300.0, 30.0], 100.0);
+        assert_eq!(parts, vec![62.5, 37.5]);
         // A holder that asks nothing gets nothing; bad numbers count as nothing.
         assert_eq!(divide(&[0.0, 100.0, f64::NAN], 50.0), vec![0.0, 50.0, 0.0]);
         assert_eq!(divide(&[], 10.0), Vec::<f64>::new());
-        for demands in [[1.0, 2.0, 3.0], [1e9, 1.0, 0.5], [7.0, 7.0, 7.0]] {
+        for demands in [
+            [1.0, 2.0, 3.0],
+            [1e9, 1.0, 0.5],
+            [7.0, 7.0, 7.0],
+            [40.0, 33.0, 30.0],
+            [f64::MAX, f64::MIN_POSITIVE, 50.0],
+        ] {
             let sum: f64 = divide(&demands, 100.0).iter().sum();
             assert!(sum <= 100.0 + 1e-9, "{demands:?}: {sum}");
         }

@@ -3,19 +3,20 @@
 //! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's table of the
 //! streams watching each limited bucket, whose shares of the rule's rate are divided by reported
 //! demand with [`share::divide`]. No transport, no runtime and no clock: `server::quota` reads
-//! the wire, keeps the time and pushes the actions. Shares are divided among this node's streams
-//! only; dividing them across a fleet through Redis is not done.
+//! the wire, keeps the time and pushes the actions. With Redis, this node's part of each rule
+//! comes from the fleet's quota table (`server::quota` renews it), and only that part is divided
+//! among its streams.
 
 mod table;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
 use crate::limiter::share;
 use crate::policy::{Limit, PolicySet};
 
-pub use table::{QuotaStream, QuotaTable, Refused};
+pub use table::{QuotaStream, QuotaTable, Refused, RuleDemand};
 
 /// A bucket's identity: its entries, ordered by key so that equal maps are equal.
 pub type BucketId = BTreeMap<String, String>;
@@ -49,6 +50,15 @@ pub struct Report {
     pub elapsed_ns: u64,
     /// Requests allowed plus requests denied: what was offered.
     pub requests: u64,
+}
+
+impl Report {
+    /// Requests offered per second.
+    #[must_use]
+    pub fn demand(&self) -> f64 {
+        // Precision intended: a rate, not a count.
+        self.requests as f64 * NANOS_PER_SEC as f64 / self.elapsed_ns.max(1) as f64
+    }
 }
 
 /// What a bucket is assigned.
@@ -146,6 +156,10 @@ pub(crate) enum Target {
     Shared {
         /// The counter, as the rule and the bucket's values key it.
         counter: u128,
+        /// The rule's quota, in the counter's tokens.
+        quota: Quota,
+        /// Tokens a request costs (a cost node's cost, else 1).
+        cost: f64,
         /// The rule's rate, in requests per second.
         rate: f64,
         /// The rule's burst, in requests.
@@ -209,6 +223,8 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
         if lower {
             best = Some(Target::Shared {
                 counter: resolved.key(rule),
+                quota: limit.quota,
+                cost,
                 rate,
                 burst: (limit.quota.burst() as f64 / cost).max(1.0),
                 period_ns,
@@ -218,12 +234,13 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
     best.unwrap_or(allow)
 }
 
-/// The shares of a rate of `rate` among holders asking for `demands`: water-filled by demand
-/// ([`share::divide`]), a demand below [`IDLE_DEMAND`] of the rate counted as that much.
-pub(crate) fn shares(demands: &[f64], rate: f64) -> Vec<f64> {
+/// The shares of `capacity` (this node's part of a rule of `rate`) among holders asking for
+/// `demands`: water-filled by demand ([`share::divide`]), a demand below [`IDLE_DEMAND`] of the
+/// rule counted as that much.
+pub(crate) fn shares(demands: &[f64], capacity: f64, rate: f64) -> Vec<f64> {
     let floor = rate * IDLE_DEMAND;
     let asked: Vec<f64> = demands.iter().map(|d| d.max(floor)).collect();
-    share::divide(&asked, rate)
+    share::divide(&asked, capacity)
 }
 
 #[cfg(test)]
@@ -258,9 +275,12 @@ mod tests {
 
     #[test]
     fn idle_holders_get_a_little_and_the_rest_goes_by_demand() {
-        let s = shares(&[0.0, 300.0, 100.0], 100.0);
+        let s = shares(&[0.0, 300.0, 100.0], 100.0, 100.0);
         assert!(s.iter().sum::<f64>() <= 100.0 + 1e-9, "{s:?}");
-        assert!(s[0] > 0.0 && s[0] < 1.0, "{s:?}");
+        assert!(
+            s[0] > 0.0 && s[0] <= 1.25,
+            "a stream idle is met, with headroom: {s:?}"
+        );
         assert!((s[1] / s[2] - 3.0).abs() < 1e-9, "{s:?}");
     }
 }

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    Action, ActionKind, BucketId, QuotaSettings, Report, Strategy, Target, shares, target,
+    Action, ActionKind, BucketId, IDLE_DEMAND, QuotaSettings, Report, Strategy, Target, shares,
+    target,
 };
-use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::limiter::gcra::Quota;
 use crate::policy::{PolicyHandle, PolicySet};
 
 /// Why a stream is refused.
@@ -29,41 +30,108 @@ pub struct QuotaTable {
     inner: Mutex<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     streams: usize,
     watched: usize,
     next_holder: u64,
-    /// Counter → holder → demand (requests per second).
-    counters: HashMap<u128, HashMap<u64, f64>>,
+    /// The limited counters watched, each with the demand of its holders.
+    counters: HashMap<u128, Counter>,
+    /// This node's part of a rule whose part the fleet has not told: the whole rule until
+    /// [`QuotaTable::set_unknown_part`] says otherwise.
+    unknown_part: f64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            streams: 0,
+            watched: 0,
+            next_holder: 0,
+            counters: HashMap::new(),
+            unknown_part: 1.0,
+        }
+    }
+}
+
+/// One limited counter this node's streams watch.
+#[derive(Debug)]
+struct Counter {
+    quota: Quota,
+    /// Tokens a request costs.
+    cost: f64,
+    /// The rule's rate, in requests per second.
+    rate: f64,
+    /// Holder → demand (requests per second).
+    holders: HashMap<u64, f64>,
+    /// This node's part of the rule, a fraction of it, as the fleet's quota table last said.
+    part: Option<f64>,
+}
+
+/// A rule this node hands out, as the fleet's quota table is told of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RuleDemand {
+    /// The rule's counter.
+    pub counter: u128,
+    /// The rule's quota.
+    pub quota: Quota,
+    /// What this node's streams ask of it, in the counter's tokens per second: each holder's
+    /// demand, at least [`IDLE_DEMAND`] of the rule, times the cost.
+    pub tokens: f64,
 }
 
 impl Inner {
-    fn join(&mut self, counter: u128, holder: u64, demand: f64) {
+    fn join(&mut self, target: &Target, holder: u64, demand: f64) {
+        let Target::Shared {
+            counter,
+            quota,
+            cost,
+            rate,
+            ..
+        } = *target
+        else {
+            return;
+        };
         self.counters
             .entry(counter)
-            .or_default()
+            .or_insert_with(|| Counter {
+                quota,
+                cost,
+                rate,
+                holders: HashMap::new(),
+                part: None,
+            })
+            .holders
             .insert(holder, demand);
     }
 
-    fn leave(&mut self, counter: u128, holder: u64) {
-        if let Some(holders) = self.counters.get_mut(&counter) {
-            holders.remove(&holder);
-            if holders.is_empty() {
+    fn leave(&mut self, target: &Target, holder: u64) {
+        let Target::Shared { counter, .. } = *target else {
+            return;
+        };
+        if let Some(c) = self.counters.get_mut(&counter) {
+            c.holders.remove(&holder);
+            if c.holders.is_empty() {
                 self.counters.remove(&counter);
             }
         }
     }
 
-    /// `holder`'s share of `rate` on `counter`.
+    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand.
     fn share(&self, counter: u128, holder: u64, rate: f64) -> f64 {
-        let Some(holders) = self.counters.get(&counter) else {
+        let Some(c) = self.counters.get(&counter) else {
             return 0.0;
         };
-        let (ids, demands): (Vec<u64>, Vec<f64>) = holders.iter().map(|(h, d)| (*h, *d)).unzip();
+        let capacity = rate * c.part.unwrap_or(self.unknown_part);
+        let (ids, demands): (Vec<u64>, Vec<f64>) = c.holders.iter().map(|(h, d)| (*h, *d)).unzip();
         let at = ids.iter().position(|h| *h == holder);
-        at.map_or(0.0, |i| shares(&demands, rate)[i])
+        at.map_or(0.0, |i| shares(&demands, capacity, rate)[i])
     }
+}
+
+/// What a holder of `demand` requests per second asks of a rule of `rate`, in its tokens.
+fn tokens(demand: f64, rate: f64, cost: f64) -> f64 {
+    demand.max(rate * IDLE_DEMAND) * cost
 }
 
 impl QuotaTable {
@@ -92,6 +160,43 @@ impl QuotaTable {
     pub fn figures(&self) -> (usize, usize) {
         let inner = self.inner();
         (inner.streams, inner.watched)
+    }
+
+    /// What this node's streams ask of each rule they watch, for the fleet's quota tables.
+    #[must_use]
+    pub fn demands(&self) -> Vec<RuleDemand> {
+        let inner = self.inner();
+        inner
+            .counters
+            .iter()
+            .map(|(counter, c)| RuleDemand {
+                counter: *counter,
+                quota: c.quota,
+                tokens: c.holders.values().map(|d| tokens(*d, c.rate, c.cost)).sum(),
+            })
+            .collect()
+    }
+
+    /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
+    /// 0..=1), as the fleet's quota table said; the streams' next tick pushes what it moves.
+    pub fn set_part(&self, counter: u128, part: f64) {
+        if let Some(c) = self.inner().counters.get_mut(&counter) {
+            c.part = Some(if part.is_nan() {
+                0.0
+            } else {
+                part.clamp(0.0, 1.0)
+            });
+        }
+    }
+
+    /// Sets the part of a rule this node assumes before the fleet has told it its own (the
+    /// whole rule, 1, until set; 1/N while Redis cannot answer).
+    pub fn set_unknown_part(&self, part: f64) {
+        self.inner().unknown_part = if part.is_nan() {
+            0.0
+        } else {
+            part.clamp(0.0, 1.0)
+        };
     }
 
     /// Opens a stream of `domain`.
@@ -167,6 +272,48 @@ impl QuotaStream {
         self.table.figures()
     }
 
+    /// The rules that the buckets among `reports` this stream does not watch yet would join, and
+    /// whose part this node has not been told: what to ask the fleet's quota tables before
+    /// [`QuotaStream::report`] assigns them. One entry per rule, with the reports' demand.
+    #[must_use]
+    pub fn unpriced(&self, reports: &[Report]) -> Vec<RuleDemand> {
+        let policies = self.table.policies.load();
+        let inner = self.table.inner();
+        let mut out: Vec<RuleDemand> = Vec::new();
+        for report in reports {
+            if self.buckets.contains_key(&report.bucket) {
+                continue;
+            }
+            let Target::Shared {
+                counter,
+                quota,
+                cost,
+                rate,
+                ..
+            } = target(&policies, &self.domain, &report.bucket)
+            else {
+                continue;
+            };
+            if inner
+                .counters
+                .get(&counter)
+                .is_some_and(|c| c.part.is_some())
+            {
+                continue;
+            }
+            let asked = tokens(report.demand(), rate, cost);
+            match out.iter_mut().find(|d| d.counter == counter) {
+                Some(d) => d.tokens += asked,
+                None => out.push(RuleDemand {
+                    counter,
+                    quota,
+                    tokens: asked,
+                }),
+            }
+        }
+        out
+    }
+
     /// Takes one message's reports at `now` (clock nanoseconds): records each bucket's demand,
     /// and answers a bucket seen for the first time at once, one past the cap with
     /// `abandon_action`, and one whose share moved by more than 10 % with its new assignment.
@@ -177,14 +324,11 @@ impl QuotaStream {
         let mut inner = table.inner();
         let mut touched = Vec::with_capacity(reports.len());
         for report in reports {
-            let demand =
-                report.requests as f64 * NANOS_PER_SEC as f64 / report.elapsed_ns.max(1) as f64;
+            let demand = report.demand();
             if let Some(w) = self.buckets.get_mut(&report.bucket) {
                 w.demand = demand;
                 w.reported_at = now;
-                if let Target::Shared { counter, .. } = w.target {
-                    inner.join(counter, w.holder, demand);
-                }
+                inner.join(&w.target, w.holder, demand);
                 touched.push((report.bucket, false));
                 continue;
             }
@@ -207,9 +351,7 @@ impl QuotaStream {
             let holder = inner.next_holder;
             inner.next_holder += 1;
             inner.watched += 1;
-            if let Target::Shared { counter, .. } = target {
-                inner.join(counter, holder, demand);
-            }
+            inner.join(&target, holder, demand);
             self.buckets.insert(
                 report.bucket.clone(),
                 Watched {
@@ -297,13 +439,9 @@ impl QuotaStream {
         let table = Arc::clone(&self.table);
         let mut inner = table.inner();
         for (bucket, w) in &mut self.buckets {
-            if let Target::Shared { counter, .. } = w.target {
-                inner.leave(counter, w.holder);
-            }
+            inner.leave(&w.target, w.holder);
             w.target = target(&self.seen, &self.domain, bucket);
-            if let Target::Shared { counter, .. } = w.target {
-                inner.join(counter, w.holder, w.demand);
-            }
+            inner.join(&w.target, w.holder, w.demand);
         }
         true
     }
@@ -322,9 +460,7 @@ impl Drop for QuotaStream {
 /// Takes a watched bucket out of the table.
 fn forget(inner: &mut Inner, w: &Watched) {
     inner.watched = inner.watched.saturating_sub(1);
-    if let Target::Shared { counter, .. } = w.target {
-        inner.leave(counter, w.holder);
-    }
+    inner.leave(&w.target, w.holder);
 }
 
 /// What `w` is to be assigned now.
@@ -342,6 +478,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::policy;
     use crate::quota::TokenBucket;
 
@@ -442,5 +579,27 @@ descriptors:
                 ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
             )));
         assert_eq!(table.figures(), (1, 1));
+    }
+
+    #[test]
+    fn with_a_fleet_only_this_nodes_part_is_divided() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let x = report("x", 300);
+        let asked = a.unpriced(std::slice::from_ref(&x));
+        assert_eq!(asked.len(), 1, "a new rule is asked for: {asked:?}");
+        assert!((asked[0].tokens - 300.0).abs() < 1e-9, "{asked:?}");
+        // Until the fleet tells it, a rule is assumed the unknown part.
+        table.set_unknown_part(0.5);
+        assert_eq!(rate(&a.report(0, vec![x.clone()])), 50.0);
+        assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
+        let demands = table.demands();
+        assert_eq!(demands.len(), 1);
+        table.set_part(demands[0].counter, 0.25);
+        assert_eq!(rate(&a.tick(1)), 25.0, "the told part is pushed");
+        table.set_part(demands[0].counter, f64::NAN);
+        assert!(rate(&a.tick(2)) < 1e-9, "a part that is not a number is none");
+        drop(a);
+        assert!(table.demands().is_empty(), "a rule no stream watches is not renewed");
     }
 }

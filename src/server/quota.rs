@@ -3,8 +3,10 @@
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`QuotaStream`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
 //! drives abandons, pushes and renewals. It keeps the time and speaks the wire; what to assign
-//! is decided in [`crate::quota`]. Served through tonic's generated server behind the edge, as
-//! the health service is.
+//! is decided in [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
+//! its streams watch in the fleet's quota tables, one call per rule every tick, and asks for a
+//! rule's part before its first bucket is assigned. Served through tonic's generated server
+//! behind the edge, as the health service is.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::limiter::{Backend, QuotaRenewal};
 use crate::metrics::{QuotaFigures, QuotaRefusal};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::pb::rate_limit_quota_response::bucket_action::{
@@ -27,7 +30,7 @@ use crate::pb::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy,
     rate_limit_strategy,
 };
-use crate::quota::{Action, ActionKind, QuotaStream, QuotaTable, Report, Strategy};
+use crate::quota::{Action, ActionKind, QuotaStream, QuotaTable, Report, RuleDemand, Strategy};
 
 /// Answers awaiting the peer on one stream; past it the stream's task waits.
 const QUEUE: usize = 8;
@@ -41,16 +44,136 @@ pub(crate) struct QuotaService {
     stop: CancellationToken,
     /// When the process's quota clock began.
     epoch: Instant,
+    /// The fleet's quota tables, with Redis.
+    fleet: Option<Fleet>,
 }
 
 impl QuotaService {
-    pub(crate) fn new(table: Arc<QuotaTable>, stop: CancellationToken) -> Self {
+    /// The service of `table`'s streams, across `fleet` when there is one.
+    pub(crate) fn new(
+        table: Arc<QuotaTable>,
+        fleet: Option<Fleet>,
+        stop: CancellationToken,
+    ) -> Self {
         Self {
             table,
             figures: QuotaFigures::new(),
             stop,
             epoch: Instant::now(),
+            fleet,
         }
+    }
+}
+
+/// Requests to Redis one renewal sends at once.
+const RENEWALS_AT_ONCE: usize = 64;
+
+/// This node's parts of the rules its streams watch, kept in the fleet's quota tables in Redis
+/// (`share.lua`'s quota mode), so that the sluice nodes behind one Service hand out one budget.
+/// Each rule's part is renewed every tick with the node's demand for it and lives a TTL
+/// unrenewed; a rule no stream watches any more is given up at once. A rule whose part Redis
+/// has not told (it cannot answer) is divided as if this node held 1/N of it, N as local mode
+/// counts the fleet; a part once told is kept while Redis is away.
+#[derive(Clone)]
+pub(crate) struct Fleet {
+    backend: Backend,
+    table: Arc<QuotaTable>,
+    /// N, the nodes of the fleet.
+    nodes: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").finish_non_exhaustive()
+    }
+}
+
+impl Fleet {
+    /// The fleet of `table`'s rules through `backend`, assuming 1/`nodes()` of a rule whose part
+    /// Redis has not told.
+    pub(crate) fn new(
+        backend: Backend,
+        table: Arc<QuotaTable>,
+        nodes: Arc<dyn Fn() -> u64 + Send + Sync>,
+    ) -> Self {
+        Self {
+            backend,
+            table,
+            nodes,
+        }
+    }
+
+    fn renewal(&self, tokens: f64, leave: bool) -> QuotaRenewal {
+        QuotaRenewal {
+            demand: tokens,
+            lifetime: self.table.settings().assignment_ttl,
+            leave,
+        }
+    }
+
+    /// Renews each of `rules` with its demand, and records the part each is told.
+    async fn renew(&self, rules: &[RuleDemand]) {
+        // Precision intended: a count of nodes as a divisor.
+        self.table
+            .set_unknown_part(1.0 / (self.nodes)().max(1) as f64);
+        for chunk in rules.chunks(RENEWALS_AT_ONCE) {
+            let calls = chunk.iter().map(|rule| async move {
+                let renewal = self.renewal(rule.tokens, false);
+                (
+                    rule.counter,
+                    self.backend
+                        .quota_part(rule.counter, &rule.quota, &renewal)
+                        .await,
+                )
+            });
+            for (counter, answer) in futures_util::future::join_all(calls).await {
+                match answer {
+                    Ok(part) => self.table.set_part(counter, part.unwrap_or(1.0)),
+                    // The breaker and the Redis metrics count it; the last part told stands.
+                    Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
+                }
+            }
+        }
+    }
+
+    /// Gives up this node's part of each of `rules`.
+    async fn leave(&self, rules: &[RuleDemand]) {
+        for chunk in rules.chunks(RENEWALS_AT_ONCE) {
+            let calls = chunk.iter().map(|rule| {
+                let renewal = self.renewal(0.0, true);
+                async move {
+                    self.backend
+                        .quota_part(rule.counter, &rule.quota, &renewal)
+                        .await
+                }
+            });
+            // A part not given up lapses within a TTL.
+            let _ = futures_util::future::join_all(calls).await;
+        }
+    }
+
+    /// Renews every watched rule each `tick_interval` of the TTL, gives up the rules no stream
+    /// watches any more, and at `stop` gives up all of them.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(tick_interval(self.table.settings().assignment_ttl));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut held: Vec<RuleDemand> = Vec::new();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let rules = self.table.demands();
+            let gone: Vec<RuleDemand> = held
+                .iter()
+                .filter(|h| !rules.iter().any(|r| r.counter == h.counter))
+                .copied()
+                .collect();
+            self.leave(&gone).await;
+            self.renew(&rules).await;
+            held = rules;
+        }
+        self.leave(&held).await;
     }
 }
 
@@ -96,6 +219,7 @@ impl RateLimitQuotaService for QuotaService {
         let (tx, rx) = mpsc::channel(QUEUE);
         let run = StreamTask {
             stream,
+            fleet: self.fleet.clone(),
             figures: self.figures.clone(),
             tx,
             epoch: self.epoch,
@@ -109,6 +233,7 @@ impl RateLimitQuotaService for QuotaService {
 /// One stream's task: its reports in, its actions out.
 struct StreamTask {
     stream: QuotaStream,
+    fleet: Option<Fleet>,
     figures: QuotaFigures,
     tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
     epoch: Instant,
@@ -130,9 +255,8 @@ impl StreamTask {
         let ttl = self.ttl;
         let mut tick = tokio::time::interval(tick_interval(ttl));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let first_count = first.len();
-        let actions = self.stream.report(self.now(), first);
-        self.figures.reported(first_count);
+        self.figures.reported(first.len());
+        let actions = self.report(first).await;
         if !self.send(actions).await {
             return self.close();
         }
@@ -145,10 +269,13 @@ impl StreamTask {
                     Ok(actions)
                 }
                 message = inbound.message() => match message {
-                    Ok(Some(message)) => reports(message.bucket_quota_usages.into_iter()).map(|r| {
-                        self.figures.reported(r.len());
-                        self.stream.report(self.now(), r)
-                    }),
+                    Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter()) {
+                        Ok(r) => {
+                            self.figures.reported(r.len());
+                            Ok(self.report(r).await)
+                        }
+                        Err(status) => Err(status),
+                    },
                     Ok(None) => break,
                     Err(status) => Err(exhausted(status)),
                 },
@@ -167,6 +294,18 @@ impl StreamTask {
             }
         }
         self.close();
+    }
+
+    /// The actions one message's reports call for: with a fleet, the part of each rule a new
+    /// bucket joins is asked for first, so that its first assignment is of this node's part.
+    async fn report(&mut self, reports: Vec<Report>) -> Vec<Action> {
+        if let Some(fleet) = &self.fleet {
+            let rules = self.stream.unpriced(&reports);
+            if !rules.is_empty() {
+                fleet.renew(&rules).await;
+            }
+        }
+        self.stream.report(self.now(), reports)
     }
 
     /// Sends `actions` as one response; false when the peer has gone.

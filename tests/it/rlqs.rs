@@ -419,3 +419,75 @@ async fn health_answers_for_the_quota_service() {
     .await;
     assert!(serving, "SERVING under the quota service's name");
 }
+
+/// The latest token bucket rate `envoy` was assigned within `span`, reporting `requests` a second
+/// for `id` every 100 ms meanwhile.
+async fn rate_after(envoy: &mut Envoy, id: &BucketId, requests: u64, span: Duration) -> f64 {
+    let mut last = None;
+    let end = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < end {
+        envoy.send(reports("", &[(id.clone(), requests)])).await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(answer) = tokio::time::timeout_at(until, envoy.answers.message()).await {
+            let answer = answer.expect("no error").expect("the stream is open");
+            for action in answer.bucket_action {
+                if let Some(Kind::QuotaAssignmentAction(a)) = action.bucket_action {
+                    last = Some(rate(&token_bucket(&a)));
+                }
+            }
+        }
+    }
+    last.expect("an assignment")
+}
+
+#[tokio::test]
+async fn two_nodes_on_one_redis_hand_out_one_rule() {
+    if crate::helpers::redis_missing("two_nodes_on_one_redis_hand_out_one_rule") {
+        return;
+    }
+    let redis = crate::helpers::redis::RedisProcess::start();
+    let node = || {
+        let url = redis.url();
+        TestServer::start_with(&[("edge.yaml", POLICY)], move |w| {
+            w.backend = sluice::settings::BackendKind::Redis;
+            w.redis.url = url;
+            w.rlqs.assignment_ttl_ms = 2_000;
+        })
+    };
+    let (one, two) = (node().await, node().await);
+    let id = bucket(&[("user", "fleet")]);
+    let mut big = opened(&one, reports("edge", &[(id.clone(), 300)])).await;
+    let first = rate(&token_bucket(&big.assignment().await));
+    assert!(first <= 100.0, "{first}");
+    let mut small = opened(&two, reports("edge", &[(id.clone(), 100)])).await;
+    small.assignment().await;
+    // Each node renews its part every 500 ms (a quarter of the TTL); two renewals each settle it.
+    let span = Duration::from_millis(2_500);
+    let (big_rate, small_rate) = tokio::join!(
+        rate_after(&mut big, &id, 300, span),
+        rate_after(&mut small, &id, 100, span)
+    );
+    assert!(
+        big_rate + small_rate <= 100.0 * 1.05,
+        "the nodes' assignments add up past the rule: {big_rate} + {small_rate}"
+    );
+    assert!(
+        big_rate + small_rate >= 90.0,
+        "the rule is handed out: {big_rate} + {small_rate}"
+    );
+    assert!(
+        (big_rate / small_rate - 3.0).abs() < 0.6,
+        "3 : 1 by demand expected, got {big_rate} : {small_rate}"
+    );
+    // A node whose streams all leave gives its part up at once: the other node's stream is
+    // pushed the whole rule.
+    drop(small);
+    let grown = rate_after(&mut big, &id, 300, Duration::from_secs(2)).await;
+    assert!(grown >= 95.0, "{grown}");
+    let trips = metric(
+        one.admin,
+        "sluice_redis_round_trips_by_purpose_total{purpose=\"quota\"}",
+    )
+    .await;
+    assert!(trips >= Some(1.0), "{trips:?}");
+}

@@ -98,6 +98,8 @@ pub struct RedisStore {
     answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
     queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Call>>>,
+    /// This node's id in the quota tables of the rules it hands to Envoys (RLQS).
+    quota_holder: String,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -128,6 +130,7 @@ impl RedisStore {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
             answering: std::sync::atomic::AtomicBool::new(false),
+            quota_holder: heartbeat::random_id(),
             conn: ArcSwapOption::empty(),
             connector: Connector::new(&config).map_err(BackendError::Setup)?,
             script: Script::new(scripts::GCRA),
