@@ -598,8 +598,14 @@ descriptors:
         table.set_part(demands[0].counter, 0.25);
         assert_eq!(rate(&a.tick(1)), 25.0, "the told part is pushed");
         table.set_part(demands[0].counter, f64::NAN);
-        assert!(rate(&a.tick(2)) < 1e-9, "a part that is not a number is none");
+        assert!(
+            rate(&a.tick(2)) < 1e-9,
+            "a part that is not a number is none"
+        );
         drop(a);
-        assert!(table.demands().is_empty(), "a rule no stream watches is not renewed");
+        assert!(
+            table.demands().is_empty(),
+            "a rule no stream watches is not renewed"
+        );
     }
 }

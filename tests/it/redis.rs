@@ -1169,3 +1169,52 @@ async fn a_refused_call_reaches_the_client_in_the_products_words() {
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     assert!(s.call(single("shared", "k", "refused")).await.is_ok());
 }
+
+/// `share.lua`'s quota mode divides a rule among three holders as `limiter::share::divide` does:
+/// the small demand met with its headroom, the two large ones splitting the rest by demand.
+#[tokio::test]
+async fn the_quota_table_water_fills_as_divide_does() {
+    if redis_missing("the_quota_table_water_fills_as_divide_does") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let q = Quota::new(SEC, 100, 100).unwrap();
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let store = open(config(&redis.url()));
+        connected(&store).await;
+        holders.push(store);
+    }
+    let demands = [300.0, 100.0, 20.0];
+    let renew = |store: &Arc<RedisStore>, demand: f64, leave: bool| {
+        let store = Arc::clone(store);
+        async move {
+            let renewal = sluice::limiter::QuotaRenewal {
+                demand,
+                lifetime: Duration::from_secs(10),
+                leave,
+            };
+            store.quota_call(7, &q, &renewal).await.expect("answered")
+        }
+    };
+    // Two rounds: in the first each is granted only what the ones before it left.
+    let mut parts = [0.0; 3];
+    for _ in 0..2 {
+        for (i, store) in holders.iter().enumerate() {
+            parts[i] = renew(store, demands[i], false).await.millionths as f64 / 1e6;
+        }
+    }
+    let expected = sluice::limiter::share::divide(&demands, 100.0);
+    for (part, want) in parts.iter().zip(&expected) {
+        assert!(
+            (part * 100.0 - want).abs() < 0.01,
+            "{parts:?} against {expected:?}"
+        );
+    }
+    assert!(parts.iter().sum::<f64>() <= 1.0, "{parts:?}");
+    // A holder that leaves frees its part for the others' next renewal.
+    let left = renew(&holders[0], 0.0, true).await;
+    assert_eq!(left.millionths, 0);
+    let grown = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    assert!((grown - 0.75).abs() < 1e-4, "{grown}");
+}
