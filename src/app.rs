@@ -281,6 +281,7 @@ impl App {
             .as_ref()
             .and_then(|t| quota_fleet(&settings, &backend, local.as_ref(), t));
         let quota = table.map(|t| QuotaService::new(t, fleet.clone(), stop.clone()));
+        let quota_reloads = quota.as_ref().map(|q| q.watch_reloads(stop.clone()));
         let grpc = start_grpc(
             grpc,
             &settings,
@@ -305,6 +306,9 @@ impl App {
         }
         if let Some(fleet) = fleet {
             tasks.spawn(fleet.run(stop.clone()));
+        }
+        if let Some(watch) = quota_reloads {
+            tasks.spawn(watch);
         }
         let reloader = Reloader::new(&settings.policies, policies, metrics)
             .with_options(load_options(&settings));

@@ -155,6 +155,12 @@ impl QuotaTable {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The policies buckets are matched against now.
+    #[must_use]
+    pub fn policies(&self) -> Arc<PolicySet> {
+        self.policies.load()
+    }
+
     /// Streams open, and buckets watched over all of them.
     #[must_use]
     pub fn figures(&self) -> (usize, usize) {

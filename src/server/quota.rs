@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::tokio_stream::Stream;
@@ -46,6 +46,8 @@ pub(crate) struct QuotaService {
     epoch: Instant,
     /// The fleet's quota tables, with Redis.
     fleet: Option<Fleet>,
+    /// Marked when the policies are replaced, so that every stream pushes at once.
+    reloaded: Arc<watch::Sender<()>>,
 }
 
 impl QuotaService {
@@ -61,9 +63,37 @@ impl QuotaService {
             stop,
             epoch: Instant::now(),
             fleet,
+            reloaded: Arc::new(watch::channel(()).0),
+        }
+    }
+
+    /// Looks for a replaced policy set every [`RELOAD_POLL`] until `stop`, and wakes every
+    /// stream when there is one, so that a reload's assignments are pushed within that, not at
+    /// the streams' next tick.
+    pub(crate) fn watch_reloads(
+        &self,
+        stop: CancellationToken,
+    ) -> impl Future<Output = ()> + use<> {
+        let (table, reloaded) = (Arc::clone(&self.table), Arc::clone(&self.reloaded));
+        async move {
+            let mut seen = table.policies();
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(RELOAD_POLL) => {}
+                }
+                let now = table.policies();
+                if !Arc::ptr_eq(&now, &seen) {
+                    seen = now;
+                    reloaded.send_replace(());
+                }
+            }
         }
     }
 }
+
+/// How often [`QuotaService::watch_reloads`] looks for a reload.
+const RELOAD_POLL: Duration = Duration::from_millis(100);
 
 /// Requests to Redis one renewal sends at once.
 const RENEWALS_AT_ONCE: usize = 64;
@@ -218,6 +248,7 @@ impl RateLimitQuotaService for QuotaService {
         })?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let run = StreamTask {
+            reloads: self.reloaded.subscribe(),
             stream,
             fleet: self.fleet.clone(),
             figures: self.figures.clone(),
@@ -232,6 +263,8 @@ impl RateLimitQuotaService for QuotaService {
 
 /// One stream's task: its reports in, its actions out.
 struct StreamTask {
+    /// Marked at each reload of the policies.
+    reloads: watch::Receiver<()>,
     stream: QuotaStream,
     fleet: Option<Fleet>,
     figures: QuotaFigures,
@@ -260,13 +293,16 @@ impl StreamTask {
         if !self.send(actions).await {
             return self.close();
         }
+        let mut watching = true;
         loop {
             let outcome = tokio::select! {
                 () = stop.cancelled() => Err(Status::unavailable("the server is shutting down")),
                 () = self.tx.closed() => break,
-                _ = tick.tick() => {
-                    let actions = self.stream.tick(self.now());
-                    Ok(actions)
+                _ = tick.tick() => Ok(self.stream.tick(self.now())),
+                changed = self.reloads.changed(), if watching => {
+                    // The service is going away when its sender is; the tick still runs.
+                    watching = changed.is_ok();
+                    Ok(self.stream.tick(self.now()))
                 }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter()) {
