@@ -585,10 +585,20 @@ impl LeasedStore {
         lease.taking = true;
         lease.last_ask = ask;
         let quota = lease.quota;
+        self.spawn_call(move |this| async move { this.take(key, quota, (ask, rate), now).await });
+    }
+
+    /// Runs the call `call` makes of this store in the background, counted in `in_flight`
+    /// until it ends (so that closing waits for it).
+    fn spawn_call<F>(self: &Arc<Self>, call: impl FnOnce(Arc<Self>) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let this = Arc::clone(self);
+        let call = call(Arc::clone(self));
         tokio::spawn(async move {
-            this.take(key, quota, (ask, rate), now).await;
+            call.await;
             this.in_flight.fetch_sub(1, Ordering::SeqCst);
         });
     }
@@ -609,11 +619,8 @@ impl LeasedStore {
         lease.taking = true;
         let demand = share.demand.renew(now);
         let (quota, held) = (lease.quota, lease.available(now));
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
+        self.spawn_call(move |this| async move {
             this.renew(key, quota, (demand, held), now).await;
-            this.in_flight.fetch_sub(1, Ordering::SeqCst);
         });
     }
 
