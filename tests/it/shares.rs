@@ -479,6 +479,20 @@ async fn redis_dying_leaves_each_node_its_share() {
         "SHARE_SEED={seed}: the busy node admitted {busy} locally in 4 s; its share allows \
          {expected:.0}"
     );
+    // Redis comes back, and demand falls under the rate: once Redis answers, a share no lease
+    // holds any more is forgotten, so that a later outage does not count at a stale grant.
+    let _back = RedisProcess::start_on(redis.port);
+    fleet
+        .offer(&mut rng, &[30.0, 30.0], 3 * NANOS_PER_SEC)
+        .await;
+    assert!(
+        fleet.hits.iter().rev().take(20).all(|h| !h.local),
+        "Redis answers again"
+    );
+    for (i, n) in fleet.nodes.iter().enumerate() {
+        assert_eq!(n.figures().shares, 0, "node {i} forgot its share");
+        assert_eq!(n.shares().share(fleet.key, &quota), None, "node {i}");
+    }
     for n in &fleet.nodes {
         n.settle(Duration::from_secs(1)).await;
     }
