@@ -25,6 +25,7 @@ import queue
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +35,9 @@ import urllib.request
 import grpc
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import free_port  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
                        "envoy-ratelimit")
@@ -49,12 +53,6 @@ if not HAVE_REDIS:
 
 D = ratelimit_pb2.RateLimitDescriptor
 Code = rls_pb2.RateLimitResponse.Code
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_command(port, *args):

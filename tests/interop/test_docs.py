@@ -11,22 +11,16 @@ Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_docs.py -
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 import unittest
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import free_port, wait_healthy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs/src/get-started/index.md"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fenced_blocks(text):
@@ -42,17 +36,7 @@ class EnvoyClientExample(unittest.TestCase):
              "config/sluice.yaml", "--grpc-addr", f"127.0.0.1:{self.grpc}",
              "--admin-addr", f"127.0.0.1:{self.admin}"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/healthcheck") as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("sluice did not become healthy")
-            time.sleep(0.1)
+        wait_healthy(f"127.0.0.1:{self.admin}")
 
     def tearDown(self):
         self.proc.terminate()
