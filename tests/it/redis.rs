@@ -1171,7 +1171,8 @@ async fn a_refused_call_reaches_the_client_in_the_products_words() {
 }
 
 /// `share.lua`'s quota mode divides a rule among three holders as `limiter::share::divide` does:
-/// the small demand met with its headroom, the two large ones splitting the rest by demand.
+/// the small demand met with its headroom, the two large ones splitting the rest by demand; a
+/// holder that leaves frees its part, and a corrupt table is repaired, not obeyed.
 #[tokio::test]
 async fn the_quota_table_water_fills_as_divide_does() {
     if redis_missing("the_quota_table_water_fills_as_divide_does") {
@@ -1217,4 +1218,18 @@ async fn the_quota_table_water_fills_as_divide_does() {
     assert_eq!(left.millionths, 0);
     let grown = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
     assert!((grown - 0.75).abs() < 1e-4, "{grown}");
+    // A corrupt table is repaired, never obeyed: an entry claiming the whole rule until far
+    // ahead, one that does not parse, then a key of another type.
+    let table = format!("{{sluice-test:{:032x}}}:quotas", 7);
+    redis.cli(&["HSET", &table, "squatter", "0 1000000 100 99999999999999"]);
+    redis.cli(&["HSET", &table, "garbage", "not four numbers"]);
+    let before = holders[1].figures().counter_repairs;
+    let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    assert!((part - 0.75).abs() < 1e-4, "the squatter is not obeyed: {part}");
+    assert!(holders[1].figures().counter_repairs > before, "the entries are repaired");
+    assert_eq!(redis.cli(&["HEXISTS", &table, "squatter"]).trim(), "0");
+    redis.cli(&["DEL", &table]);
+    redis.cli(&["SET", &table, "not a hash"]);
+    let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    assert!((part - 1.0).abs() < 1e-4, "a table of another type is replaced: {part}");
 }
