@@ -6,8 +6,8 @@
 //! as `_other`, so a client rotating values cannot grow memory. The recorder is global;
 //! [`Metrics::install`] is idempotent so tests can start many servers in one process.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -348,6 +348,9 @@ impl QuotaRefusal {
 #[derive(Clone, Debug)]
 pub struct QuotaFigures {
     reports: Counter,
+    /// Held while the gauges' figures are read and set, so that of two streams closing at once
+    /// the later reading is the one left, not an earlier one written last.
+    gauges: Arc<Mutex<()>>,
 }
 
 impl Default for QuotaFigures {
@@ -362,6 +365,7 @@ impl QuotaFigures {
     pub fn new() -> Self {
         Self {
             reports: metrics::counter!(RLQS_REPORTS),
+            gauges: Arc::default(),
         }
     }
 
@@ -381,8 +385,10 @@ impl QuotaFigures {
         metrics::counter!(RLQS_REFUSED, "reason" => reason.as_str()).increment(1);
     }
 
-    /// Sets the gauges: streams open and buckets watched.
-    pub fn gauges(&self, (streams, buckets): (usize, usize)) {
+    /// Sets the gauges to what `read` gives: streams open and buckets watched.
+    pub fn gauges(&self, read: impl FnOnce() -> (usize, usize)) {
+        let _serial = self.gauges.lock().unwrap_or_else(PoisonError::into_inner);
+        let (streams, buckets) = read();
         metrics::gauge!(RLQS_STREAMS).set(streams as f64);
         metrics::gauge!(RLQS_BUCKETS).set(buckets as f64);
     }

@@ -13,11 +13,14 @@ pub fn run(args: &CheckArgs) -> ExitCode {
         dir,
         set,
         lease_max_age_nanos,
+        rlqs_ttl_nanos,
     } = match super::policies(args.config.as_deref(), dir) {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let report = CheckReport::new(&dir, &set).with_lease(lease_max_age_nanos);
+    let report = CheckReport::new(&dir, &set)
+        .with_lease(lease_max_age_nanos)
+        .with_rlqs(rlqs_ttl_nanos);
     if args.json {
         println!("{}", report.json());
     } else {

@@ -238,6 +238,8 @@ struct Policies {
     set: PolicySet,
     /// With leased counting: a slice's longest life, in nanoseconds.
     lease_max_age_nanos: Option<u64>,
+    /// With the quota service on: an assignment's life (`rlqs.assignment_ttl_ms`), in nanoseconds.
+    rlqs_ttl_nanos: Option<u64>,
 }
 
 /// Loads the settings of `config` with `dir` over their policy directory, then their policies;
@@ -256,6 +258,9 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
         dir: settings.policies.display().to_string(),
         set,
         lease_max_age_nanos: settings.lease.map(|l| l.max_age_nanos()),
+        rlqs_ttl_nanos: settings
+            .rlqs
+            .map(|q| u64::try_from(q.assignment_ttl.as_nanos()).unwrap_or(u64::MAX)),
     })
 }
 

@@ -44,6 +44,9 @@ pub struct Guarantee {
     /// The bound under leased counting (`redis.lease`), when it is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leased: Option<LeasedBound>,
+    /// The bound under Envoy's quota filter (`rlqs`), when the service is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rlqs: Option<QuotaBound>,
 }
 
 /// What a rule admits under leased counting with leases living at most L: in any span W at most
@@ -55,6 +58,18 @@ pub struct LeasedBound {
     /// The most admitted in any 1 s: `B + floor((1 s + L) / T)`.
     pub worst_second: u64,
     /// The most admitted in any span of the period: `B + floor((P + L) / T)`.
+    pub worst_period: u64,
+}
+
+/// What the Envoys of one node admit for a bucket of a rule of rate R = L / P under quota
+/// assignments living TTL: in any span W at most `B + R × (W + TTL)` (docs/src/envoy/quota.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QuotaBound {
+    /// TTL, `rlqs.assignment_ttl_ms`, in nanoseconds.
+    pub ttl_ns: u64,
+    /// The most admitted in any 1 s: `B + floor(R × (1 s + TTL))`.
+    pub worst_second: u64,
+    /// The most admitted in any span of the period: `B + floor(R × (P + TTL))`.
     pub worst_period: u64,
 }
 
@@ -82,7 +97,25 @@ impl Guarantee {
             worst_period: most_in_span(b, t, q.period()),
             fixed_window_worst_second: 2 * u64::from(rate.requests_per_unit),
             leased: None,
+            rlqs: None,
         })
+    }
+
+    /// The same guarantee with the bound under quota assignments living `ttl_ns` beside it.
+    #[must_use]
+    pub fn with_rlqs(mut self, ttl_ns: u64) -> Self {
+        let period = self.period_seconds.saturating_mul(NANOS_PER_SEC);
+        let most = |w: u64| {
+            let rated = u128::from(self.requests_per_unit) * u128::from(w.saturating_add(ttl_ns))
+                / u128::from(period.max(1));
+            u64::from(self.burst).saturating_add(u64::try_from(rated).unwrap_or(u64::MAX))
+        };
+        self.rlqs = Some(QuotaBound {
+            ttl_ns,
+            worst_second: most(NANOS_PER_SEC),
+            worst_period: most(period),
+        });
+        self
     }
 
     /// The same guarantee with the bound under leases that live at most `max_age_ns` beside it.
@@ -198,6 +231,23 @@ impl Guarantee {
             }
             out.push('\n');
         }
+        if let Some(q) = &self.rlqs {
+            let _ = write!(
+                out,
+                "  quota streams (TTL = {}): at most {} in any second (exact {})",
+                duration(q.ttl_ns),
+                q.worst_second,
+                self.worst_second
+            );
+            if self.period_seconds > 1 {
+                let _ = write!(
+                    out,
+                    ", {} in any {period} (exact {})",
+                    q.worst_period, self.worst_period
+                );
+            }
+            out.push('\n');
+        }
         if !self.burst_set {
             let _ = writeln!(
                 out,
@@ -244,6 +294,16 @@ impl CheckReport {
     pub fn with_lease(mut self, max_age_ns: Option<u64>) -> Self {
         if let Some(l) = max_age_ns {
             self.rules = self.rules.into_iter().map(|g| g.with_lease(l)).collect();
+        }
+        self
+    }
+
+    /// Every rule's bound under Envoy's quota filter with assignments living `ttl_ns`
+    /// (`rlqs.assignment_ttl_ms`) beside the exact one.
+    #[must_use]
+    pub fn with_rlqs(mut self, ttl_ns: Option<u64>) -> Self {
+        if let Some(ttl) = ttl_ns {
+            self.rules = self.rules.into_iter().map(|g| g.with_rlqs(ttl)).collect();
         }
         self
     }
@@ -407,6 +467,7 @@ descriptors:
             worst_period: 120,
             fixed_window_worst_second: 200,
             leased: None,
+            rlqs: None,
         }
         .with_lease(250_000_000);
         let l = g.leased.unwrap();
@@ -418,6 +479,23 @@ descriptors:
         assert!(
             g.render().contains(
                 "leased, in slices or shares (L = 250ms): at most 145 in any second (exact 120)"
+            ),
+            "{}",
+            g.render()
+        );
+    }
+
+    #[test]
+    fn the_quota_bound_adds_r_times_the_ttl() {
+        let set = load_str(&[("db.yaml", POLICY)]).unwrap();
+        let g = guarantees(&set)[1].clone().with_rlqs(10 * NANOS_PER_SEC);
+        let q = g.rlqs.unwrap();
+        // B = 100, R = 5000 / 60 s: 100 + floor(R × 11 s) = 100 + 916; 100 + floor(R × 70 s).
+        assert_eq!((q.worst_second, q.worst_period), (1016, 5933));
+        assert!(
+            g.render().contains(
+                "  quota streams (TTL = 10s): at most 1016 in any second (exact 183), \
+                 5933 in any minute (exact 5100)\n"
             ),
             "{}",
             g.render()

@@ -106,7 +106,12 @@ impl TokenBucket {
                 fill_interval_ns: interval.clamp(1.0, u64::MAX as f64) as u64,
             };
         }
-        let fills = (per_period / max_tokens).ceil().max(1.0);
+        // No more fills than whole tokens in a period, so that each fill is at least one token
+        // without rounding the rate up past the share.
+        let fills = (per_period / max_tokens)
+            .ceil()
+            .min(per_period.floor())
+            .max(1.0);
         Self {
             max_tokens: max_tokens as u32,
             tokens_per_fill: (per_period / fills).floor().clamp(1.0, f64::from(u32::MAX)) as u32,
@@ -255,6 +260,9 @@ mod tests {
             (100.0, 10.0, NANOS_PER_SEC),
             (0.5, 1.0, NANOS_PER_SEC),
             (1.5, 90.0, 60 * NANOS_PER_SEC),
+            // A capacity of one token and 1.25 tokens a period: one fill a period, not two.
+            (1.25, 1.0, NANOS_PER_SEC),
+            (1.9, 1.0, NANOS_PER_SEC),
         ] {
             let b = TokenBucket::of(rate, burst, period);
             assert!(b.rate() <= rate * 1.000_001, "{rate} {burst}: {b:?}");

@@ -346,7 +346,7 @@ impl StreamTask {
 
     /// Sends `actions` as one response; false when the peer has gone.
     async fn send(&mut self, actions: Vec<Action>) -> bool {
-        self.figures.gauges(self.stream.figures());
+        self.figures.gauges(|| self.stream.figures());
         if actions.is_empty() {
             return true;
         }
@@ -368,7 +368,7 @@ impl StreamTask {
         let table = self.stream.table();
         // Frees the stream's shares.
         drop(self.stream);
-        self.figures.gauges(table.figures());
+        self.figures.gauges(|| table.figures());
     }
 }
 
@@ -414,6 +414,9 @@ fn reports(
                 .ok_or_else(|| Status::invalid_argument("a usage report has no bucket_id"))?;
             let elapsed = usage
                 .time_elapsed
+                // A negative one is refused here: prost's conversion negates it to report the
+                // error, which overflows on `i64::MIN` seconds.
+                .filter(|d| d.seconds >= 0 && d.nanos >= 0)
                 .and_then(|d| Duration::try_from(d).ok())
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {

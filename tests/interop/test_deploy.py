@@ -3,6 +3,10 @@
 - deploy/envoy/envoy.yaml parses strictly into Envoy's Bootstrap proto (xds-protos), the
   descriptors its routes produce are ones config/policies/edge.yaml limits, and its traces go to
   the collector the Compose file's sluice sends its own to.
+- deploy/envoy/envoy-quota.yaml (the rate_limit_quota filter) parses strictly too, points at the
+  sluice cluster over HTTP/2 with the policy's domain, and every bucket its matchers build is
+  assigned a token bucket by a running sluice with config/policies (asked over RLQS with Envoy's
+  generated client): each matches a limited rule.
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
 - Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
@@ -17,9 +21,11 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import unittest
 
+import grpc
 import yaml
 from google.protobuf import json_format
 
@@ -30,6 +36,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.http.ratelimit.v3 import rate_limit_pb2  # noqa: F401
 from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from envoy.extensions.filters.http.rate_limit_quota.v3 import rate_limit_quota_pb2  # noqa: F401
+from envoy.extensions.matching.common_inputs.network.v3 import network_inputs_pb2  # noqa: F401
+from envoy.type.matcher.v3 import http_inputs_pb2  # noqa: F401
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_envoy_client import Server  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
@@ -108,6 +121,111 @@ class Envoy(unittest.TestCase):
                 entry = (first["request_headers"]["descriptor_key"], None)
             keys = {k for k, _ in top}
             self.assertTrue(entry in top or entry[0] in keys, f"{entry} is limited by no policy")
+
+
+def quota_filter(config):
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.rate_limit_quota")["typed_config"]
+
+
+# What a bucket entry built from a request reads, and a value it could read (one per action, so
+# that the buckets of this test draw on distinct counters).
+SAMPLES = {
+    "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput": "{action}-7",
+    "type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.SourceIPInput": "198.51.100.7",
+}
+
+
+def buckets(matcher):
+    """Every bucket the filter's bucket_matchers can build: (action name, {key: value}), a
+    request-built value replaced by a sample of what it reads."""
+    actions = [m["on_match"]["action"] for m in matcher["matcher_list"]["matchers"]]
+    if "on_no_match" in matcher:
+        actions.append(matcher["on_no_match"]["action"])
+    built = []
+    for action in actions:
+        entries = {}
+        for key, value in action["typed_config"]["bucket_id_builder"]["bucket_id_builder"].items():
+            if "string_value" in value:
+                entries[key] = value["string_value"]
+            else:
+                sample = SAMPLES[value["custom_value"]["typed_config"]["@type"]]
+                entries[key] = sample.format(action=action["name"])
+        built.append((action["name"], entries))
+    return built
+
+
+class EnvoyQuota(unittest.TestCase):
+    def setUp(self):
+        (self.config,) = load_yaml_docs("deploy", "envoy", "envoy-quota.yaml")
+        self.filter = quota_filter(self.config)
+
+    def test_parses_strictly_into_the_bootstrap_proto(self):
+        bootstrap = json_format.ParseDict(self.config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
+        hcm = http_connection_manager_pb2.HttpConnectionManager()
+        bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+        self.assertEqual([f.name for f in hcm.http_filters][-1], "envoy.filters.http.router")
+        config = rate_limit_quota_pb2.RateLimitQuotaFilterConfig()
+        self.assertTrue(hcm.http_filters[0].typed_config.Unpack(config))
+        self.assertEqual(len(config.bucket_matchers.matcher_list.matchers), 2)
+        for matcher in config.bucket_matchers.matcher_list.matchers:
+            settings = rate_limit_quota_pb2.RateLimitQuotaBucketSettings()
+            self.assertTrue(matcher.on_match.action.typed_config.Unpack(settings))
+            self.assertGreater(settings.reporting_interval.seconds, 0)
+            self.assertEqual(settings.no_assignment_behavior.fallback_rate_limit.blanket_rule, 0)  # ALLOW_ALL
+            self.assertEqual(settings.deny_response_settings.http_status.code, 429)
+
+    def test_the_filter_points_at_sluice_over_http2(self):
+        cluster_name = self.filter["rlqs_server"]["envoy_grpc"]["cluster_name"]
+        cluster = next(c for c in self.config["static_resources"]["clusters"] if c["name"] == cluster_name)
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        self.assertIn("http2_protocol_options", options["explicit_http_config"])
+        address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        (compose,) = load_yaml_docs("deploy", "docker-compose.yaml")
+        self.assertEqual(address["socket_address"]["address"], "sluice")
+        self.assertIn("sluice", compose["services"])
+        self.assertEqual(address["socket_address"]["port_value"], 8081)
+        check = cluster["health_checks"][0]["grpc_health_check"]["service_name"]
+        self.assertEqual(check, "envoy.service.rate_limit_quota.v3.RateLimitQuotaService")
+        with open(path("config", "policies", "edge.yaml")) as f:
+            self.assertEqual(self.filter["domain"], yaml.safe_load(f)["domain"])
+
+    def test_every_bucket_matches_a_limited_rule_of_the_policy(self):
+        built = buckets(self.filter["bucket_matchers"])
+        self.assertEqual([name for name, _ in built], ["user_search", "user", "per_ip"])
+        with open(path("config", "policies", "edge.yaml")) as f:
+            server = Server(policy=f.read())
+        try:
+            self.assertEqual(sluice_check(path("config", "policies")).returncode, 0)
+            usages = []
+            for _, entries in built:
+                usage = rlqs_pb2.RateLimitQuotaUsageReports.BucketQuotaUsage(
+                    bucket_id=rlqs_pb2.BucketId(bucket=entries), num_requests_allowed=1000)
+                usage.time_elapsed.seconds = 1
+                usages.append(usage)
+            first = rlqs_pb2.RateLimitQuotaUsageReports(domain=self.filter["domain"], bucket_quota_usages=usages)
+            stub = rlqs_pb2_grpc.RateLimitQuotaServiceStub(server.channel)
+            call = stub.StreamRateLimitQuotas(iter([first]), timeout=10)
+            answer = next(call)
+            call.cancel()
+            assigned = {}
+            for action in answer.bucket_action:
+                strategy = action.quota_assignment_action.rate_limit_strategy
+                self.assertEqual(strategy.WhichOneof("strategy"), "token_bucket", action)
+                b = strategy.token_bucket
+                interval = b.fill_interval.seconds + b.fill_interval.nanos / 1e9
+                assigned[tuple(sorted(action.bucket_id.bucket.items()))] = b.tokens_per_fill.value / interval
+            self.assertEqual(len(assigned), len(built), answer)
+            rate = {name: assigned[tuple(sorted(entries.items()))] for name, entries in built}
+            # A lone stream asking for more than the rule gets all of it: user_minute is 1000 a
+            # minute, a search costs 10; per_ip is 10 a second.
+            self.assertAlmostEqual(rate["user"], 1000 / 60, delta=0.5)
+            self.assertAlmostEqual(rate["user_search"], 100 / 60, delta=0.1)
+            self.assertAlmostEqual(rate["per_ip"], 10, delta=0.1)
+        except grpc.RpcError as e:
+            self.fail(f"sluice refused the stream: {e}")
+        finally:
+            server.close()
 
 
 class Manifests(unittest.TestCase):

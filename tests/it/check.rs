@@ -362,3 +362,51 @@ fn check_shows_the_leased_bound_under_the_configured_l() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(!stdout.contains("leased"), "{stdout}");
 }
+
+/// With the quota service on (the default), each rule shows the bound Envoy's quota filter keeps
+/// under the configured TTL, `B + R × (W + TTL)`; with it off, no such line.
+#[test]
+fn check_shows_the_quota_bound_under_the_configured_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(
+        policies.join("p.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 600, burst: 20}\n",
+    )
+    .unwrap();
+    let policies = policies.to_str().unwrap();
+    let settings = dir.path().join("s.yaml");
+    std::fs::write(
+        &settings,
+        format!("policies: {policies}\nrlqs:\n  assignment_ttl_ms: 2500\n"),
+    )
+    .unwrap();
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // R = 10/s, B = 20: 20 + 10 × 3.5 s = 55; 20 + 10 × 62.5 s = 645.
+    assert!(
+        stdout.contains(
+            "  quota streams (TTL = 2.5s): at most 55 in any second (exact 30), 645 in any minute (exact 620)\n"
+        ),
+        "{stdout}"
+    );
+    let out = check(&[policies]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("quota streams (TTL = 10s): at most 130 in any second"),
+        "the default TTL: {stdout}"
+    );
+    std::fs::write(
+        &settings,
+        format!("policies: {policies}\nrlqs:\n  enabled: false\n"),
+    )
+    .unwrap();
+    let out = check(&["--config", settings.to_str().unwrap(), "--json"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains("rlqs"), "{stdout}");
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains("quota streams"), "{stdout}");
+}

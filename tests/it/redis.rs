@@ -1225,11 +1225,20 @@ async fn the_quota_table_water_fills_as_divide_does() {
     redis.cli(&["HSET", &table, "garbage", "not four numbers"]);
     let before = holders[1].figures().counter_repairs;
     let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
-    assert!((part - 0.75).abs() < 1e-4, "the squatter is not obeyed: {part}");
-    assert!(holders[1].figures().counter_repairs > before, "the entries are repaired");
+    assert!(
+        (part - 0.75).abs() < 1e-4,
+        "the squatter is not obeyed: {part}"
+    );
+    assert!(
+        holders[1].figures().counter_repairs > before,
+        "the entries are repaired"
+    );
     assert_eq!(redis.cli(&["HEXISTS", &table, "squatter"]).trim(), "0");
     redis.cli(&["DEL", &table]);
     redis.cli(&["SET", &table, "not a hash"]);
     let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
-    assert!((part - 1.0).abs() < 1e-4, "a table of another type is replaced: {part}");
+    assert!(
+        (part - 1.0).abs() < 1e-4,
+        "a table of another type is replaced: {part}"
+    );
 }

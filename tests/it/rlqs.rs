@@ -31,6 +31,10 @@ descriptors:
     rate_limit: {unlimited: true}
 ";
 
+/// The RLQS gauges are the process's (one recorder for every test server): a test that reads
+/// them holds this alone; every other test of this module, which opens streams, shares it.
+static GAUGES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// How long a test waits for an answer it expects.
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -76,11 +80,22 @@ fn reports(domain: &str, buckets: &[(BucketId, u64)]) -> RateLimitQuotaUsageRepo
     }
 }
 
-/// Opens a stream whose first message is `first`.
-async fn open(server: &TestServer, first: RateLimitQuotaUsageReports) -> Result<Envoy, Status> {
-    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+/// A client of `server` on a connection of its own.
+async fn client(server: &TestServer) -> Client {
+    RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
         .await
-        .expect("connect");
+        .expect("connect")
+}
+
+type Client = RateLimitQuotaServiceClient<tonic::transport::Channel>;
+
+/// Opens a stream whose first message is `first`, on a connection of its own.
+async fn open(server: &TestServer, first: RateLimitQuotaUsageReports) -> Result<Envoy, Status> {
+    open_on(&mut client(server).await, first).await
+}
+
+/// Opens a stream whose first message is `first` on `client`'s connection.
+async fn open_on(client: &mut Client, first: RateLimitQuotaUsageReports) -> Result<Envoy, Status> {
     let (tx, rx) = mpsc::channel(8);
     tx.send(first).await.expect("queued");
     let answers = client
@@ -159,6 +174,7 @@ fn rate(b: &TokenBucket) -> f64 {
 
 #[tokio::test]
 async fn a_stream_without_a_domain_is_invalid() {
+    let _gauges = GAUGES.read().await;
     let s = server(10_000, 100).await;
     let refused = refused(&s, reports("", &[(bucket(&[("user", "a")]), 1)])).await;
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -172,6 +188,7 @@ async fn a_stream_without_a_domain_is_invalid() {
 
 #[tokio::test]
 async fn unmatched_and_unlimited_buckets_are_allow_all_and_a_ban_deny_all() {
+    let _gauges = GAUGES.read().await;
     let s = server(10_000, 100).await;
     for (domain, entries, expected) in [
         ("edge", vec![("nobody", "x")], BlanketRule::AllowAll),
@@ -198,6 +215,7 @@ async fn unmatched_and_unlimited_buckets_are_allow_all_and_a_ban_deny_all() {
 
 #[tokio::test]
 async fn one_stream_gets_the_whole_rule_and_entries_match_in_the_tree_order() {
+    let _gauges = GAUGES.read().await;
     let s = server(10_000, 100).await;
     let mut envoy = opened(&s, reports("edge", &[(bucket(&[("user", "a")]), 500)])).await;
     let a = envoy.assignment().await;
@@ -221,6 +239,7 @@ async fn one_stream_gets_the_whole_rule_and_entries_match_in_the_tree_order() {
 
 #[tokio::test]
 async fn two_streams_share_by_demand_and_a_closed_ones_share_goes_to_the_other() {
+    let _gauges = GAUGES.read().await;
     let s = server(2_000, 100).await;
     let id = bucket(&[("user", "shared")]);
     let mut big = opened(&s, reports("edge", &[(id.clone(), 300)])).await;
@@ -255,6 +274,7 @@ async fn two_streams_share_by_demand_and_a_closed_ones_share_goes_to_the_other()
 
 #[tokio::test]
 async fn a_bucket_past_the_cap_is_abandoned() {
+    let _gauges = GAUGES.read().await;
     let s = server(10_000, 1).await;
     let mut envoy = opened(
         &s,
@@ -278,6 +298,7 @@ async fn a_bucket_past_the_cap_is_abandoned() {
 
 #[tokio::test]
 async fn assignments_are_renewed_before_their_ttl_and_unreported_buckets_abandoned() {
+    let _gauges = GAUGES.read().await;
     let s = server(400, 100).await;
     let id = bucket(&[("user", "renewed")]);
     let mut envoy = opened(&s, reports("edge", &[(id.clone(), 100)])).await;
@@ -308,6 +329,7 @@ async fn assignments_are_renewed_before_their_ttl_and_unreported_buckets_abandon
 
 #[tokio::test]
 async fn a_bad_report_later_in_the_stream_ends_it_with_a_clear_status() {
+    let _gauges = GAUGES.read().await;
     let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| {
         w.requests.max_request_bytes = 512;
     })
@@ -364,6 +386,7 @@ async fn ended(envoy: &mut Envoy) -> Status {
 
 #[tokio::test]
 async fn a_reload_that_changes_the_rule_is_pushed_with_no_report() {
+    let _gauges = GAUGES.read().await;
     // The default TTL: the streams' tick is 1 s, so what pushes within 1 s is the reload itself.
     let s = server(10_000, 100).await;
     let id = bucket(&[("user", "reloaded")]);
@@ -396,6 +419,7 @@ async fn a_reload_that_changes_the_rule_is_pushed_with_no_report() {
 
 #[tokio::test]
 async fn a_disabled_service_is_unimplemented() {
+    let _gauges = GAUGES.read().await;
     let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| w.rlqs.enabled = false).await;
     let refused = refused(&s, reports("edge", &[(bucket(&[("user", "a")]), 1)])).await;
     assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
@@ -412,6 +436,7 @@ async fn a_disabled_service_is_unimplemented() {
 
 #[tokio::test]
 async fn health_answers_for_the_quota_service() {
+    let _gauges = GAUGES.read().await;
     let s = server(10_000, 100).await;
     let serving = crate::helpers::eventually(WAIT, || async {
         s.health()
@@ -451,6 +476,7 @@ async fn two_nodes_on_one_redis_hand_out_one_rule() {
     if crate::helpers::redis_missing("two_nodes_on_one_redis_hand_out_one_rule") {
         return;
     }
+    let _gauges = GAUGES.read().await;
     let redis = crate::helpers::redis::RedisProcess::start();
     let node = || {
         let url = redis.url();
@@ -496,4 +522,301 @@ async fn two_nodes_on_one_redis_hand_out_one_rule() {
     )
     .await;
     assert!(trips >= Some(1.0), "{trips:?}");
+}
+
+// Hostile input: each case ends or refuses only the stream that misbehaves, bounds what it
+// costs, and leaves a well-behaved stream served.
+
+/// Asserts that `envoy` is still served: a report of a bucket it has not reported before is
+/// answered with that bucket's token bucket.
+async fn still_served(envoy: &mut Envoy, user: &str) {
+    let id = bucket(&[("user", user)]);
+    envoy.send(reports("", &[(id.clone(), 10)])).await;
+    let assigned = tokio::time::timeout(WAIT, async {
+        loop {
+            let actions = envoy.next().await;
+            if let Some((_, Kind::QuotaAssignmentAction(a))) =
+                actions.iter().find(|(b, _)| *b == id)
+            {
+                return token_bucket(a);
+            }
+        }
+    })
+    .await
+    .expect("the well-behaved stream is answered");
+    assert!(rate(&assigned) > 0.0, "{assigned:?}");
+}
+
+/// A message over `requests.max_request_bytes`, first or later in a stream, ends that stream
+/// with `RESOURCE_EXHAUSTED`; a stream on the same connection goes on.
+#[tokio::test]
+async fn an_oversized_report_ends_its_stream_and_no_other() {
+    let _gauges = GAUGES.write().await;
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| {
+        w.requests.max_request_bytes = 1024;
+    })
+    .await;
+    let mut shared = client(&s).await;
+    let mut good = open_on(
+        &mut shared,
+        reports("edge", &[(bucket(&[("user", "good")]), 5)]),
+    )
+    .await
+    .expect("accepted");
+    good.assignment().await;
+    let many: Vec<(BucketId, u64)> = (0..100)
+        .map(|i| (bucket(&[("user", &format!("user-{i}"))]), 1))
+        .collect();
+    let oversized = reports("edge", &many);
+    assert!(prost::Message::encoded_len(&oversized) > 1024);
+    // As the first message: refused.
+    let status = match open_on(&mut shared, oversized.clone()).await {
+        Ok(mut envoy) => ended(&mut envoy).await,
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    still_served(&mut good, "good-1").await;
+    // Later in a stream: that stream ends.
+    let mut bad = open_on(
+        &mut shared,
+        reports("edge", &[(bucket(&[("user", "b")]), 1)]),
+    )
+    .await
+    .expect("accepted");
+    bad.assignment().await;
+    bad.send(oversized).await;
+    let status = ended(&mut bad).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    still_served(&mut good, "good-2").await;
+    let streams = metric(s.admin, "sluice_rlqs_streams").await;
+    assert_eq!(streams, Some(1.0), "only the good stream is open");
+}
+
+/// `time_elapsed` below zero, however far, is `INVALID_ARGUMENT`; one of hundreds of billions of
+/// years is accepted, and read as next to no demand.
+#[tokio::test]
+async fn a_negative_time_elapsed_is_invalid_and_a_huge_one_is_no_demand() {
+    let _gauges = GAUGES.read().await;
+    let s = server(10_000, 100).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let with_elapsed = |seconds: i64, nanos: i32| {
+        let mut m = reports("edge", &[(bucket(&[("user", "t")]), 1_000)]);
+        m.bucket_quota_usages[0].time_elapsed = Some(prost_types::Duration { seconds, nanos });
+        m
+    };
+    for (seconds, nanos) in [(-1, 0), (0, -1), (i64::MIN, 0), (i64::MIN, -999_999_999)] {
+        // As the first message, and later in a stream.
+        let status = refused(&s, with_elapsed(seconds, nanos)).await;
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{seconds} {nanos}: {status:?}"
+        );
+        let mut envoy = opened(&s, reports("edge", &[(bucket(&[("user", "t")]), 1)])).await;
+        envoy.assignment().await;
+        envoy.send(with_elapsed(seconds, nanos)).await;
+        let status = ended(&mut envoy).await;
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{seconds} {nanos}: {status:?}"
+        );
+    }
+    still_served(&mut good, "good-1").await;
+    // 1,000 requests over i64::MAX seconds: no demand to speak of, so the idle floor's share
+    // (at most 1.25 % of 100/s), still a valid token bucket.
+    for (seconds, nanos) in [(i64::MAX, 999_999_999), (i64::MAX, i32::MAX), (1 << 40, 0)] {
+        let mut envoy = opened(&s, with_elapsed(seconds, nanos)).await;
+        let b = token_bucket(&envoy.assignment().await);
+        assert!(
+            rate(&b) > 0.0 && rate(&b) <= 1.25 + 1e-9,
+            "{seconds}: {b:?}"
+        );
+        assert!(b.max_tokens >= 1 && b.tokens_per_fill >= Some(1), "{b:?}");
+    }
+    still_served(&mut good, "good-2").await;
+}
+
+/// Counts near `u64::MAX` over the shortest `time_elapsed` do not overflow: the reporter's share
+/// of a shared bucket stays within the rule and the other reporter keeps a share.
+#[tokio::test]
+async fn counts_near_u64_max_get_a_sane_share() {
+    let _gauges = GAUGES.read().await;
+    let s = server(2_000, 100).await;
+    let id = bucket(&[("user", "shared")]);
+    let mut good = opened(&s, reports("edge", &[(id.clone(), 50)])).await;
+    good.assignment().await;
+    let mut huge = reports("edge", &[(id.clone(), u64::MAX)]);
+    huge.bucket_quota_usages[0].num_requests_denied = u64::MAX;
+    huge.bucket_quota_usages[0].time_elapsed = Some(prost_types::Duration {
+        seconds: 0,
+        nanos: 1,
+    });
+    let mut greedy = opened(&s, huge.clone()).await;
+    let b = token_bucket(&greedy.assignment().await);
+    assert!(rate(&b) > 0.0 && rate(&b) <= 100.0, "{b:?}");
+    assert!(b.max_tokens >= 1 && b.max_tokens <= 100, "{b:?}");
+    greedy
+        .send(RateLimitQuotaUsageReports {
+            domain: String::new(),
+            ..huge
+        })
+        .await;
+    // The good stream, alone, held 1.25 times its demand (62.5/s); it is pushed the smaller
+    // share at its next tick, and keeps its demand: water-filled, the greedy one has the rest.
+    let good_rate = tokio::time::timeout(WAIT, async {
+        loop {
+            if let [(_, Kind::QuotaAssignmentAction(a))] = good.next().await.as_slice() {
+                let r = rate(&token_bucket(a));
+                if r < 60.0 {
+                    return r;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the good stream's smaller share is pushed");
+    assert!(good_rate >= 45.0, "its demand of 50/s is met: {good_rate}");
+    still_served(&mut good, "good-1").await;
+}
+
+/// Ten thousand distinct buckets on one stream: the first `rlqs.max_buckets_per_stream` are
+/// assigned, the rest abandoned, and the table holds no more than the cap, report after report.
+#[tokio::test]
+async fn ten_thousand_buckets_on_one_stream_stop_at_the_cap() {
+    let _gauges = GAUGES.write().await;
+    let cap = 1_000;
+    let s = server(10_000, cap).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let many: Vec<(BucketId, u64)> = (0..10_000)
+        .map(|i| (bucket(&[("user", &format!("u-{i}"))]), 1))
+        .collect();
+    let mut flood = opened(&s, reports("edge", &many)).await;
+    for round in 0..2 {
+        if round > 0 {
+            flood.send(reports("", &many)).await;
+        }
+        let actions = flood.next().await;
+        let assigned: Vec<&BucketId> = actions
+            .iter()
+            .filter(|(_, k)| matches!(k, Kind::QuotaAssignmentAction(_)))
+            .map(|(b, _)| b)
+            .collect();
+        let abandoned = actions
+            .iter()
+            .filter(|(_, k)| matches!(k, Kind::AbandonAction(_)))
+            .count();
+        // The first round assigns every watched bucket; the second, none has moved.
+        let expected = if round == 0 { cap } else { 0 };
+        assert_eq!(
+            (assigned.len(), abandoned),
+            (expected, 10_000 - cap),
+            "round {round}"
+        );
+        if round == 0 {
+            assert!(
+                assigned
+                    .iter()
+                    .all(|b| many[..cap].iter().any(|(m, _)| m == *b))
+            );
+        }
+        let buckets = metric(s.admin, "sluice_rlqs_buckets").await;
+        assert_eq!(
+            buckets,
+            Some((cap + 1) as f64),
+            "round {round}: the cap and the good one"
+        );
+    }
+    still_served(&mut good, "good-1").await;
+    drop(flood);
+    let freed = crate::helpers::eventually(WAIT, || async {
+        metric(s.admin, "sluice_rlqs_buckets").await == Some(2.0)
+    })
+    .await;
+    assert!(freed, "the flood's buckets are freed when it closes");
+}
+
+/// Two thousand streams opened and dropped, some before their first answer: afterwards no
+/// stream is left open, the well-behaved one was served throughout, and a new one is served.
+#[tokio::test]
+async fn streams_opened_and_dropped_in_a_loop_leave_nothing_behind() {
+    let _gauges = GAUGES.write().await;
+    let s = server(10_000, 100).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let mut shared = client(&s).await;
+    for i in 0..2_000 {
+        let first = reports(
+            "edge",
+            &[(bucket(&[("user", &format!("churn-{}", i % 7))]), 3)],
+        );
+        let mut envoy = open_on(&mut shared, first).await.expect("accepted");
+        if i % 2 == 0 {
+            envoy.assignment().await;
+        }
+        drop(envoy);
+        if i % 500 == 499 {
+            still_served(&mut good, &format!("good-{i}")).await;
+        }
+    }
+    let settled = crate::helpers::eventually(WAIT, || async {
+        metric(s.admin, "sluice_rlqs_streams").await == Some(1.0)
+            && metric(s.admin, "sluice_rlqs_buckets").await == Some(5.0)
+    })
+    .await;
+    assert!(settled, "only the good stream and its 5 buckets are left");
+    drop(good);
+    let none = crate::helpers::eventually(WAIT, || async {
+        metric(s.admin, "sluice_rlqs_streams").await == Some(0.0)
+            && metric(s.admin, "sluice_rlqs_buckets").await == Some(0.0)
+    })
+    .await;
+    assert!(none, "no stream left open");
+    let mut fresh = opened(&s, reports("edge", &[(bucket(&[("user", "fresh")]), 5)])).await;
+    assert!(rate(&token_bucket(&fresh.assignment().await)) > 0.0);
+}
+
+/// Past `rlqs.max_streams` a stream is refused `RESOURCE_EXHAUSTED` and counted; the open ones
+/// are served, and a closed one's place can be taken.
+#[tokio::test]
+async fn streams_past_the_cap_are_refused_and_counted() {
+    let _gauges = GAUGES.read().await;
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| w.rlqs.max_streams = 3).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let mut others = Vec::new();
+    for i in 0..2 {
+        let mut envoy = opened(
+            &s,
+            reports("edge", &[(bucket(&[("user", &format!("o-{i}"))]), 1)]),
+        )
+        .await;
+        envoy.assignment().await;
+        others.push(envoy);
+    }
+    let first = || reports("edge", &[(bucket(&[("user", "late")]), 1)]);
+    let series = "sluice_rlqs_refused_streams_total{reason=\"too_many_streams\"}";
+    let before = metric(s.admin, series).await.unwrap_or(0.0);
+    for _ in 0..3 {
+        let status = refused(&s, first()).await;
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    }
+    let counted = metric(s.admin, series).await;
+    assert_eq!(counted, Some(before + 3.0));
+    still_served(&mut good, "good-1").await;
+    others.pop();
+    let admitted = crate::helpers::eventually(WAIT, || async {
+        match open(&s, first()).await {
+            Ok(mut envoy) => {
+                envoy.assignment().await;
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(admitted, "a closed stream's place is taken");
+    still_served(&mut good, "good-2").await;
 }

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""The capacity of the Rate Limit Quota Service (RLQS): many Envoys, each on a stream of its own,
+reporting their buckets every second, as Envoy's rate_limit_quota filter does.
+
+Starts the server (run.py's Server: pinned to core 0, the load on core 1) with one rule of
+10,000 a second and opens --streams streams, one per connection by default, each reporting the
+same --buckets buckets ({tenant: t0}..) at 5 requests/s each, every --interval seconds, with
+Envoy's generated stubs (asyncio gRPC). Every stream shares each bucket's counter with every
+other, the table's costliest case: each share is divided among all the streams (--distinct:
+each stream's buckets are its own, {tenant: s<stream>-t<i>}). After a warm-up,
+it measures over --seconds the server's CPU time (/proc) per usage report received
+(sluice_rlqs_reports_total) and its resident set. Then it halves the rule in the policy file
+(sluice reloads on the change) and times how long until every stream holds its new assignment
+for every bucket. A status line every few seconds while it runs; exits 1 when a stream fails.
+
+    cargo build --release --bin sluice
+    target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice
+"""
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+from envoy.service.rate_limit_quota.v3 import rlqs_pb2, rlqs_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from run import Server, cpu_seconds  # noqa: E402
+
+RATE = 10_000
+DEMAND = 5
+POLICY = """domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {{unit: second, requests_per_unit: {rate}, burst: {rate}}}
+"""
+Reports = rlqs_pb2.RateLimitQuotaUsageReports
+
+
+def metrics(admin):
+    """The server's RLQS counters and gauges, by name."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"^(sluice_rlqs_\w+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def rss_mib(pid):
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def rate(action):
+    b = action.quota_assignment_action.rate_limit_strategy.token_bucket
+    interval = b.fill_interval.seconds + b.fill_interval.nanos / 1e9
+    return b.tokens_per_fill.value / interval if interval > 0 else 0.0
+
+
+class Envoy:
+    """One stream: reports its buckets every interval and keeps the latest rate of each."""
+
+    def __init__(self, stub, buckets, interval):
+        self.stub, self.buckets, self.interval = stub, buckets, interval
+        self.rates = {}
+        self.sent = 0
+        self.error = None
+        self.updated = None  # when every bucket last held a rate below the reload's mark
+        self.mark = None
+
+    def message(self, first):
+        usages = []
+        for b in self.buckets:
+            u = Reports.BucketQuotaUsage(bucket_id=rlqs_pb2.BucketId(bucket={"tenant": b}),
+                                         num_requests_allowed=int(DEMAND * self.interval))
+            u.time_elapsed.FromNanoseconds(int(self.interval * 1e9))
+            usages.append(u)
+        return Reports(domain="quota" if first else "", bucket_quota_usages=usages)
+
+    async def requests(self, stop):
+        first = True
+        while not stop.is_set():
+            yield self.message(first)
+            self.sent += 1
+            first = False
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+
+    async def run(self, stop):
+        try:
+            call = self.stub.StreamRateLimitQuotas(self.requests(stop))
+            async for answer in call:
+                for action in answer.bucket_action:
+                    if action.HasField("quota_assignment_action"):
+                        self.rates[action.bucket_id.bucket["tenant"]] = rate(action)
+                if (self.mark is not None and self.updated is None
+                        and len(self.rates) == len(self.buckets)
+                        and all(r <= self.mark for r in self.rates.values())):
+                    self.updated = time.monotonic()
+        except grpc.aio.AioRpcError as e:
+            if not stop.is_set():
+                self.error = e
+
+
+async def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/sluice")
+    ap.add_argument("--streams", type=int, default=1000)
+    ap.add_argument("--buckets", type=int, default=10)
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between reports")
+    ap.add_argument("--per-connection", type=int, default=1, help="streams per connection")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=30.0, help="the measured span")
+    ap.add_argument("--distinct", action="store_true",
+                    help="each stream reports buckets of its own instead of the same ones")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {1})
+
+    work = tempfile.TemporaryDirectory(prefix="sluice-quota-")
+    policies = Path(work.name, "policies")
+    policies.mkdir()
+    policy = policies / "quota.yaml"
+    policy.write_text(POLICY.format(rate=RATE))
+    server = Server(args.bin, str(policies), env={
+        "SLUICE_RLQS__MAX_STREAMS": str(args.streams + 10),
+        "SLUICE_RLQS__MAX_BUCKETS_PER_STREAM": str(max(args.buckets, 1000)),
+    })
+    stop = asyncio.Event()
+    channels = []
+    envoys = []
+    tasks = []
+    try:
+        rss_idle = rss_mib(server.proc.pid)
+        for i in range(args.streams):
+            prefix = f"s{i}-" if args.distinct else ""
+            buckets = [f"{prefix}t{b}" for b in range(args.buckets)]
+            if i % args.per_connection == 0:
+                # A pool of its own, so each channel is a connection of its own.
+                channels.append(grpc.aio.insecure_channel(
+                    f"127.0.0.1:{server.grpc}", options=[("grpc.use_local_subchannel_pool", 1)]))
+            envoy = Envoy(rlqs_pb2_grpc.RateLimitQuotaServiceStub(channels[-1]), buckets,
+                          args.interval)
+            envoys.append(envoy)
+            tasks.append(asyncio.create_task(envoy.run(stop)))
+            if i % 50 == 49:
+                await asyncio.sleep(0.05)
+
+        def status(phase):
+            m = metrics(server.admin)
+            assigned = sum(len(e.rates) == args.buckets for e in envoys)
+            failed = sum(e.error is not None for e in envoys)
+            print(f"quota: {phase:>8} streams {m.get('sluice_rlqs_streams', 0):.0f} buckets "
+                  f"{m.get('sluice_rlqs_buckets', 0):.0f} reports {m.get('sluice_rlqs_reports_total', 0):.0f} "
+                  f"assigned {assigned}/{len(envoys)} failed {failed} "
+                  f"rss {rss_mib(server.proc.pid):.1f} MiB", file=sys.stderr, flush=True)
+            return m
+
+        async def wait(seconds, phase):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await asyncio.sleep(min(5.0, end - time.monotonic()))
+                status(phase)
+                if any(e.error for e in envoys):
+                    break
+
+        await wait(args.warmup, "warm-up")
+        m0, cpu0, t0 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
+        await wait(args.seconds, "measured")
+        m1, cpu1, t1 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
+        rss = rss_mib(server.proc.pid)
+        reports = m1["sluice_rlqs_reports_total"] - m0["sluice_rlqs_reports_total"]
+        cpu = cpu1 - cpu0
+        span = t1 - t0
+        messages = reports / args.buckets
+
+        before = sorted(r for e in envoys for r in e.rates.values())
+        old_share = before[len(before) // 2] if before else 0.0
+        for e in envoys:
+            e.mark = old_share * 0.6
+        cpu_r0 = cpu_seconds(server.proc)
+        reloaded_at = time.monotonic()
+        tmp = policies / ".quota.tmp"
+        tmp.write_text(POLICY.format(rate=RATE // 2))
+        tmp.rename(policy)
+        deadline = reloaded_at + 60
+        while time.monotonic() < deadline and not all(e.updated for e in envoys):
+            await asyncio.sleep(0.05)
+        cpu_reload = cpu_seconds(server.proc) - cpu_r0
+        done = sorted(e.updated - reloaded_at for e in envoys if e.updated)
+        after = sorted(r for e in envoys for r in e.rates.values())
+        failed = [e.error for e in envoys if e.error]
+
+        kind = "distinct" if args.distinct else "shared"
+        print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report every "
+              f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({args.bin})")
+        print(f"  measured {span:.1f} s: {reports:.0f} bucket reports ({reports / span:.0f}/s) in "
+              f"{messages:.0f} messages; server CPU {cpu:.2f} s ({100 * cpu / span:.1f} % of a core)")
+        print(f"  CPU per bucket report {cpu * 1e6 / max(reports, 1):.1f} µs, per message "
+              f"{cpu * 1e6 / max(messages, 1):.1f} µs")
+        print(f"  resident set {rss:.1f} MiB with the streams open ({rss_idle:.1f} MiB before any)")
+        print(f"  share per stream and bucket {old_share:.3f}/s of {RATE}/s")
+        if done:
+            p = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
+            print(f"  reload to {RATE // 2}/s: {len(done)}/{len(envoys)} streams held the new "
+                  f"assignment for every bucket after median {p(0.5):.2f} s, p99 {p(0.99):.2f} s, "
+                  f"all {done[-1]:.2f} s (new share {after[len(after) // 2]:.3f}/s); server CPU "
+                  f"{cpu_reload:.2f} s meanwhile")
+        if failed or len(done) < len(envoys):
+            print(f"  FAILED: {len(failed)} streams ended with an error "
+                  f"({failed[0].code() if failed else ''}), {len(envoys) - len(done)} without the "
+                  f"new assignment", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        stop.set()
+        for c in channels:
+            await c.close()
+        for t in tasks:
+            t.cancel()
+        server.stop()
+        work.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
