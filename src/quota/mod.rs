@@ -241,7 +241,9 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
 
 /// The shares of `capacity` (this node's part of a rule of `rate`) among holders asking for
 /// `demands`: water-filled by demand ([`share::divide`]), a demand below [`IDLE_DEMAND`] of the
-/// rule counted as that much.
+/// rule counted as that much. The floor also bounds the work: a pass of the division meets only
+/// holders asking no more than an equal part, so past `1 / IDLE_DEMAND` (100) holders it makes
+/// one pass, and below it at most that many.
 pub(crate) fn shares(demands: &[f64], capacity: f64, rate: f64) -> Vec<f64> {
     let floor = rate * IDLE_DEMAND;
     let asked: Vec<f64> = demands.iter().map(|d| d.max(floor)).collect();
