@@ -421,8 +421,11 @@ fn start_admin(
 }
 
 /// The Redis store `backend` counts in, leased or not.
-/// With Redis, the fleet the quota service hands each rule out across: a rule whose part Redis
-/// has not told is assumed 1/N, N as local mode counts the fleet (or `redis.fleet_size`, else 1).
+/// With Redis, the fleet the quota service hands each rule out across. A bucket of a rule whose
+/// part Redis has not told (it cannot answer) is assigned as `on_backend_error` says: `local`,
+/// 1/N of the rule, N as local mode counts the fleet; `deny`, nothing (a token bucket that
+/// admits nothing); `allow`, 1/`redis.fleet_size` (the whole rule when unset); `error`, no
+/// assignment until Redis answers, so Envoy applies its `no_assignment_behavior`.
 fn quota_fleet(
     settings: &Settings,
     backend: &Backend,
@@ -430,15 +433,23 @@ fn quota_fleet(
     table: &Arc<QuotaTable>,
 ) -> Option<quota::Fleet> {
     redis_of(backend)?;
-    let fixed = settings.local.fleet_size.unwrap_or(1);
-    let nodes: Arc<dyn Fn() -> u64 + Send + Sync> = match local {
-        Some(local) => {
-            let local = Arc::clone(local);
-            Arc::new(move || local.fleet_size())
-        }
-        None => Arc::new(move || fixed),
-    };
-    Some(quota::Fleet::new(backend.clone(), Arc::clone(table), nodes))
+    // Precision intended: a count of nodes as a divisor.
+    let fixed = 1.0 / settings.local.fleet_size.unwrap_or(1).max(1) as f64;
+    let unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync> =
+        match (settings.decision.on_backend_error, local) {
+            (OnBackendError::Local, Some(local)) => {
+                let local = Arc::clone(local);
+                Arc::new(move || Some(1.0 / local.fleet_size().max(1) as f64))
+            }
+            (OnBackendError::Deny, _) => Arc::new(|| Some(0.0)),
+            (OnBackendError::Allow, _) => Arc::new(move || Some(fixed)),
+            (OnBackendError::Error | OnBackendError::Local, _) => Arc::new(|| None),
+        };
+    Some(quota::Fleet::new(
+        backend.clone(),
+        Arc::clone(table),
+        unknown,
+    ))
 }
 
 fn redis_of(backend: &Backend) -> Option<Arc<RedisStore>> {

@@ -38,8 +38,14 @@ struct Inner {
     /// The limited counters watched, each with the demand of its holders.
     counters: HashMap<u128, Counter>,
     /// This node's part of a rule whose part the fleet has not told: the whole rule until
-    /// [`QuotaTable::set_unknown_part`] says otherwise.
-    unknown_part: f64,
+    /// [`QuotaTable::set_unknown_part`] says otherwise; `None` to assign nothing until told.
+    unknown_part: Option<f64>,
+    /// Parts told of rules no stream had joined yet (asked for before a first assignment),
+    /// with the count of [`QuotaTable::demands`] calls when told: kept for the next join, and
+    /// dropped two calls later when none came.
+    told: HashMap<u128, (f64, u64)>,
+    /// Calls of [`QuotaTable::demands`] so far.
+    rounds: u64,
 }
 
 impl Default for Inner {
@@ -49,7 +55,9 @@ impl Default for Inner {
             watched: 0,
             next_holder: 0,
             counters: HashMap::new(),
-            unknown_part: 1.0,
+            unknown_part: Some(1.0),
+            told: HashMap::new(),
+            rounds: 0,
         }
     }
 }
@@ -92,6 +100,7 @@ impl Inner {
         else {
             return;
         };
+        let told = &mut self.told;
         self.counters
             .entry(counter)
             .or_insert_with(|| Counter {
@@ -99,7 +108,7 @@ impl Inner {
                 cost,
                 rate,
                 holders: HashMap::new(),
-                part: None,
+                part: told.remove(&counter).map(|(part, _)| part),
             })
             .holders
             .insert(holder, demand);
@@ -117,15 +126,16 @@ impl Inner {
         }
     }
 
-    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand.
-    fn share(&self, counter: u128, holder: u64, rate: f64) -> f64 {
+    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand;
+    /// `None` while the part is unknown and nothing is to be assigned until it is told.
+    fn share(&self, counter: u128, holder: u64, rate: f64) -> Option<f64> {
         let Some(c) = self.counters.get(&counter) else {
-            return 0.0;
+            return Some(0.0);
         };
-        let capacity = rate * c.part.unwrap_or(self.unknown_part);
+        let capacity = rate * c.part.or(self.unknown_part)?;
         let (ids, demands): (Vec<u64>, Vec<f64>) = c.holders.iter().map(|(h, d)| (*h, *d)).unzip();
         let at = ids.iter().position(|h| *h == holder);
-        at.map_or(0.0, |i| shares(&demands, capacity, rate)[i])
+        Some(at.map_or(0.0, |i| shares(&demands, capacity, rate)[i]))
     }
 }
 
@@ -171,7 +181,10 @@ impl QuotaTable {
     /// What this node's streams ask of each rule they watch, for the fleet's quota tables.
     #[must_use]
     pub fn demands(&self) -> Vec<RuleDemand> {
-        let inner = self.inner();
+        let mut inner = self.inner();
+        inner.rounds += 1;
+        let rounds = inner.rounds;
+        inner.told.retain(|_, (_, at)| *at + 2 > rounds);
         inner
             .counters
             .iter()
@@ -184,25 +197,29 @@ impl QuotaTable {
     }
 
     /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
-    /// 0..=1), as the fleet's quota table said; the streams' next tick pushes what it moves.
+    /// 0..=1), as the fleet's quota table said; the streams' next tick pushes what it moves. A
+    /// part of a rule no stream watches yet is kept for the first that joins it.
     pub fn set_part(&self, counter: u128, part: f64) {
-        if let Some(c) = self.inner().counters.get_mut(&counter) {
-            c.part = Some(if part.is_nan() {
-                0.0
-            } else {
-                part.clamp(0.0, 1.0)
-            });
-        }
-    }
-
-    /// Sets the part of a rule this node assumes before the fleet has told it its own (the
-    /// whole rule, 1, until set; 1/N while Redis cannot answer).
-    pub fn set_unknown_part(&self, part: f64) {
-        self.inner().unknown_part = if part.is_nan() {
+        let part = if part.is_nan() {
             0.0
         } else {
             part.clamp(0.0, 1.0)
         };
+        let mut inner = self.inner();
+        let rounds = inner.rounds;
+        match inner.counters.get_mut(&counter) {
+            Some(c) => c.part = Some(part),
+            None => {
+                inner.told.insert(counter, (part, rounds));
+            }
+        }
+    }
+
+    /// Sets the part of a rule this node assumes before the fleet has told it its own (the
+    /// whole rule, 1, until set), or `None` to assign a bucket of such a rule nothing until its
+    /// part is told (Envoy then applies its own `no_assignment_behavior`).
+    pub fn set_unknown_part(&self, part: Option<f64>) {
+        self.inner().unknown_part = part.map(|p| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) });
     }
 
     /// Opens a stream of `domain`.
@@ -236,8 +253,8 @@ struct Watched {
     demand: f64,
     /// When it was last reported (clock nanoseconds).
     reported_at: u64,
-    /// What was last sent, and when.
-    sent: Strategy,
+    /// What was last sent (nothing yet while its rule's part is unknown), and when.
+    sent: Option<Strategy>,
     sent_at: u64,
 }
 
@@ -365,7 +382,7 @@ impl QuotaStream {
                     target,
                     demand,
                     reported_at: now,
-                    sent: Strategy::AllowAll,
+                    sent: None,
                     sent_at: now,
                 },
             );
@@ -375,9 +392,11 @@ impl QuotaStream {
             let Some(w) = self.buckets.get_mut(&bucket) else {
                 continue;
             };
-            let next = assignment(&inner, w);
-            if new || refreshed || w.sent.moved(&next) {
-                w.sent = next;
+            let Some(next) = assignment(&inner, w) else {
+                continue;
+            };
+            if new || refreshed || w.sent.is_none_or(|sent| sent.moved(&next)) {
+                w.sent = Some(next);
                 w.sent_at = now;
                 actions.push(Action {
                     bucket,
@@ -414,17 +433,21 @@ impl QuotaStream {
             });
         }
         for (bucket, w) in &mut self.buckets {
-            let next = assignment(&inner, w);
-            let send = if refreshed || w.sent.moved(&next) {
-                next
-            } else if now.saturating_sub(w.sent_at) >= ttl / 2 {
-                // A renewal repeats the strategy sent, so that Envoy extends the active
-                // assignment instead of replacing it (and refilling its token bucket).
-                w.sent
-            } else {
+            let Some(next) = assignment(&inner, w) else {
                 continue;
             };
-            w.sent = send;
+            let send = match w.sent {
+                Some(sent) if !refreshed && !sent.moved(&next) => {
+                    if now.saturating_sub(w.sent_at) < ttl / 2 {
+                        continue;
+                    }
+                    // A renewal repeats the strategy sent, so that Envoy extends the active
+                    // assignment instead of replacing it (and refilling its token bucket).
+                    sent
+                }
+                _ => next,
+            };
+            w.sent = Some(send);
             w.sent_at = now;
             actions.push(Action {
                 bucket: bucket.clone(),
@@ -469,13 +492,14 @@ fn forget(inner: &mut Inner, w: &Watched) {
     inner.leave(&w.target, w.holder);
 }
 
-/// What `w` is to be assigned now.
-fn assignment(inner: &Inner, w: &Watched) -> Strategy {
+/// What `w` is to be assigned now: nothing while its rule's part is unknown and the table waits
+/// for it.
+fn assignment(inner: &Inner, w: &Watched) -> Option<Strategy> {
     match w.target {
-        Target::Fixed(s) => s,
-        Target::Shared { counter, rate, .. } => {
-            w.target.strategy(inner.share(counter, w.holder, rate))
-        }
+        Target::Fixed(s) => Some(s),
+        Target::Shared { counter, rate, .. } => inner
+            .share(counter, w.holder, rate)
+            .map(|share| w.target.strategy(share)),
     }
 }
 
@@ -595,19 +619,44 @@ descriptors:
         let asked = a.unpriced(std::slice::from_ref(&x));
         assert_eq!(asked.len(), 1, "a new rule is asked for: {asked:?}");
         assert!((asked[0].tokens - 300.0).abs() < 1e-9, "{asked:?}");
-        // Until the fleet tells it, a rule is assumed the unknown part.
-        table.set_unknown_part(0.5);
-        assert_eq!(rate(&a.report(0, vec![x.clone()])), 50.0);
+        // A part told before the first bucket joins is that bucket's first assignment.
+        table.set_unknown_part(Some(0.5));
+        table.set_part(asked[0].counter, 0.4);
+        assert_eq!(rate(&a.report(0, vec![x.clone()])), 40.0);
         assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
+        // A part told for a rule no bucket joins is dropped two rounds later.
+        table.set_part(12_345, 0.9);
+        let _ = table.demands();
+        let _ = table.demands();
+        assert!(table.inner().told.is_empty(), "dropped");
+        // Until the fleet tells it, a rule is assumed the unknown part.
+        assert_eq!(rate(&a.report(0, vec![report("y", 300)])), 50.0);
+        // Or, when the table is to wait for it, not assigned until told, then pushed.
+        table.set_unknown_part(None);
+        let z = report("z", 300);
+        let z_rule = a.unpriced(std::slice::from_ref(&z))[0].counter;
+        assert!(a.report(0, vec![z]).is_empty(), "nothing assigned yet");
+        assert!(a.tick(1).is_empty(), "nor at a tick");
+        table.set_part(z_rule, 0.2);
+        assert_eq!(rate(&a.tick(2)), 20.0, "the told part is pushed");
+        // Parts that move are pushed; a part that is not a number is none.
         let demands = table.demands();
-        assert_eq!(demands.len(), 1);
-        table.set_part(demands[0].counter, 0.25);
-        assert_eq!(rate(&a.tick(1)), 25.0, "the told part is pushed");
-        table.set_part(demands[0].counter, f64::NAN);
-        assert!(
-            rate(&a.tick(2)) < 1e-9,
-            "a part that is not a number is none"
-        );
+        assert_eq!(demands.len(), 3);
+        for d in &demands {
+            table.set_part(d.counter, 0.25);
+        }
+        let pushed = a.tick(3);
+        assert_eq!(pushed.len(), 3, "{pushed:?}");
+        for action in &pushed {
+            assert_eq!(rate(std::slice::from_ref(action)), 25.0);
+        }
+        for d in &demands {
+            table.set_part(d.counter, f64::NAN);
+        }
+        for action in &a.tick(4) {
+            let r = rate(std::slice::from_ref(action));
+            assert!(r < 1e-9, "a part that is not a number is none: {r}");
+        }
         drop(a);
         assert!(
             table.demands().is_empty(),

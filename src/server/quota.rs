@@ -102,14 +102,16 @@ const RENEWALS_AT_ONCE: usize = 64;
 /// (`share.lua`'s quota mode), so that the sluice nodes behind one Service hand out one budget.
 /// Each rule's part is renewed every tick with the node's demand for it and lives a TTL
 /// unrenewed; a rule no stream watches any more is given up at once. A rule whose part Redis
-/// has not told (it cannot answer) is divided as if this node held 1/N of it, N as local mode
-/// counts the fleet; a part once told is kept while Redis is away.
+/// has not told (it cannot answer) is divided as if this node held the part `unknown` says, or
+/// not assigned until told (as `on_backend_error` has it); a part once told is kept while Redis
+/// is away.
 #[derive(Clone)]
 pub(crate) struct Fleet {
     backend: Backend,
     table: Arc<QuotaTable>,
-    /// N, the nodes of the fleet.
-    nodes: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// The part of a rule assumed before Redis has told this node its own (`None`: assign
+    /// nothing until it has).
+    unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -119,17 +121,18 @@ impl std::fmt::Debug for Fleet {
 }
 
 impl Fleet {
-    /// The fleet of `table`'s rules through `backend`, assuming 1/`nodes()` of a rule whose part
+    /// The fleet of `table`'s rules through `backend`, assuming `unknown()` of a rule whose part
     /// Redis has not told.
     pub(crate) fn new(
         backend: Backend,
         table: Arc<QuotaTable>,
-        nodes: Arc<dyn Fn() -> u64 + Send + Sync>,
+        unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
     ) -> Self {
+        table.set_unknown_part(unknown());
         Self {
             backend,
             table,
-            nodes,
+            unknown,
         }
     }
 
@@ -143,9 +146,7 @@ impl Fleet {
 
     /// Renews each of `rules` with its demand, and records the part each is told.
     async fn renew(&self, rules: &[RuleDemand]) {
-        // Precision intended: a count of nodes as a divisor.
-        self.table
-            .set_unknown_part(1.0 / (self.nodes)().max(1) as f64);
+        self.table.set_unknown_part((self.unknown)());
         for chunk in rules.chunks(RENEWALS_AT_ONCE) {
             let calls = chunk.iter().map(|rule| async move {
                 let renewal = self.renewal(rule.tokens, false);

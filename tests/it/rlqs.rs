@@ -493,7 +493,13 @@ async fn two_nodes_on_one_redis_hand_out_one_rule() {
     let first = rate(&token_bucket(&big.assignment().await));
     assert!(first <= 100.0, "{first}");
     let mut small = opened(&two, reports("edge", &[(id.clone(), 100)])).await;
-    small.assignment().await;
+    // A node new to the rule asks Redis for its part before the first assignment: out of what
+    // the first node leaves, so the two never add up past the rule.
+    let first_small = rate(&token_bucket(&small.assignment().await));
+    assert!(
+        first + first_small <= 100.0 * 1.05,
+        "the first assignments add up past the rule: {first} + {first_small}"
+    );
     // Each node renews its part every 500 ms (a quarter of the TTL); two renewals each settle it.
     let span = Duration::from_millis(2_500);
     let (big_rate, small_rate) = tokio::join!(
