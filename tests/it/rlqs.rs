@@ -835,3 +835,33 @@ async fn streams_past_the_cap_are_refused_and_counted() {
     assert!(admitted, "a closed stream's place is taken");
     still_served(&mut good, "good-2").await;
 }
+
+/// With Redis out of reach, a bucket of a rule whose part no renewal has told is assigned as
+/// `on_backend_error` says: `local`, 1/N of the rule; `error`, nothing (Envoy applies its own
+/// `no_assignment_behavior`).
+#[tokio::test]
+async fn with_redis_away_a_new_rule_is_assigned_as_on_backend_error_says() {
+    let _gauges = GAUGES.read().await;
+    let url = format!("redis://127.0.0.1:{}", crate::helpers::free_port());
+    let node = |on_error| {
+        let url = url.clone();
+        TestServer::start_with(&[("edge.yaml", POLICY)], move |w| {
+            w.backend = sluice::settings::BackendKind::Redis;
+            w.redis.url = url;
+            w.redis.fleet_size = Some(4);
+            w.on_backend_error = on_error;
+        })
+    };
+    let local = node(sluice::decision::OnBackendError::Local).await;
+    let id = bucket(&[("user", "away")]);
+    let mut envoy = opened(&local, reports("edge", &[(id.clone(), 300)])).await;
+    let b = token_bucket(&envoy.assignment().await);
+    assert_eq!(rate(&b), 25.0, "1/N of the rule: {b:?}");
+    let error = node(sluice::decision::OnBackendError::Error).await;
+    let mut envoy = opened(&error, reports("edge", &[(id.clone(), 300)])).await;
+    let answer = tokio::time::timeout(Duration::from_millis(1_500), envoy.answers.message()).await;
+    assert!(
+        answer.is_err(),
+        "no assignment while Redis is away: {answer:?}"
+    );
+}
