@@ -154,6 +154,25 @@ impl Guarantee {
         })
     }
 
+    /// One line of `out`: the bound of the mode `label`, worst second and (for periods past a
+    /// second) worst period, each beside the exact one.
+    fn beside_exact(&self, out: &mut String, label: &str, (second, period_worst): (u64, u64)) {
+        let _ = write!(
+            out,
+            "  {label}: at most {second} in any second (exact {})",
+            self.worst_second
+        );
+        if self.period_seconds > 1 {
+            let _ = write!(
+                out,
+                ", {period_worst} in any {} (exact {})",
+                self.period_name(),
+                self.worst_period
+            );
+        }
+        out.push('\n');
+    }
+
     /// The period in words: `second`, `minute`, `5 minutes`.
     #[must_use]
     pub fn period_name(&self) -> String {
@@ -215,38 +234,15 @@ impl Guarantee {
             self.requests_per_unit, self.fixed_window_worst_second
         );
         if let Some(l) = &self.leased {
-            let _ = write!(
-                out,
-                "  leased, in slices or shares (L = {}): at most {} in any second (exact {})",
-                duration(l.max_age_ns),
-                l.worst_second,
-                self.worst_second
+            let label = format!(
+                "leased, in slices or shares (L = {})",
+                duration(l.max_age_ns)
             );
-            if self.period_seconds > 1 {
-                let _ = write!(
-                    out,
-                    ", {} in any {period} (exact {})",
-                    l.worst_period, self.worst_period
-                );
-            }
-            out.push('\n');
+            self.beside_exact(&mut out, &label, (l.worst_second, l.worst_period));
         }
         if let Some(q) = &self.rlqs {
-            let _ = write!(
-                out,
-                "  quota streams (TTL = {}): at most {} in any second (exact {})",
-                duration(q.ttl_ns),
-                q.worst_second,
-                self.worst_second
-            );
-            if self.period_seconds > 1 {
-                let _ = write!(
-                    out,
-                    ", {} in any {period} (exact {})",
-                    q.worst_period, self.worst_period
-                );
-            }
-            out.push('\n');
+            let label = format!("quota streams (TTL = {})", duration(q.ttl_ns));
+            self.beside_exact(&mut out, &label, (q.worst_second, q.worst_period));
         }
         if !self.burst_set {
             let _ = writeln!(

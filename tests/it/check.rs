@@ -328,85 +328,88 @@ fn shipped_config_is_valid() {
     );
 }
 
-/// With leased counting on, each rule shows its bound under the configured L next to the exact
-/// one; without it, only the exact one.
-#[test]
-fn check_shows_the_leased_bound_under_the_configured_l() {
+/// `sluice check`'s output, which must succeed, for a policy of one rule (`rate_limit: {rule}` on
+/// key `k` of domain `d`), once per run: with a settings file of `settings` after its
+/// `policies:` line, or with no settings file (`None`), and `args` after.
+fn check_rule(rule: &str, runs: &[(Option<&str>, &[&str])]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let policies = dir.path().join("policies");
     std::fs::create_dir(&policies).unwrap();
     std::fs::write(
         policies.join("p.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 20}\n",
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rule}\n"),
     )
     .unwrap();
-    let settings = dir.path().join("s.yaml");
     let policies = policies.to_str().unwrap();
-    std::fs::write(
-        &settings,
-        format!(
-            "policies: {policies}\nbackend: redis\nredis:\n  lease:\n    enabled: true\n    max_age_ms: 250\n"
-        ),
-    )
-    .unwrap();
-    let out = check(&["--config", settings.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0));
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    runs.iter()
+        .enumerate()
+        .map(|(i, (settings, args))| {
+            let out = match settings {
+                Some(body) => {
+                    let path = dir.path().join(format!("s{i}.yaml"));
+                    std::fs::write(&path, format!("policies: {policies}\n{body}")).unwrap();
+                    let mut all = vec!["--config", path.to_str().unwrap()];
+                    all.extend_from_slice(args);
+                    check(&all)
+                }
+                None => {
+                    let mut all = vec![policies];
+                    all.extend_from_slice(args);
+                    check(&all)
+                }
+            };
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        })
+        .collect()
+}
+
+/// With leased counting on, each rule shows its bound under the configured L next to the exact
+/// one; without it, only the exact one.
+#[test]
+fn check_shows_the_leased_bound_under_the_configured_l() {
+    let leased = "backend: redis\nredis:\n  lease:\n    enabled: true\n    max_age_ms: 250\n";
+    let out = check_rule(
+        "{unit: second, requests_per_unit: 100, burst: 20}",
+        &[(Some(leased), &[]), (None, &[])],
+    );
     assert!(
-        stdout.contains(
+        out[0].contains(
             "  leased, in slices or shares (L = 250ms): at most 145 in any second (exact 120)\n"
         ),
-        "{stdout}"
+        "{}",
+        out[0]
     );
-    let out = check(&[policies]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(!stdout.contains("leased"), "{stdout}");
+    assert!(!out[1].contains("leased"), "{}", out[1]);
 }
 
 /// With the quota service on (the default), each rule shows the bound Envoy's quota filter keeps
 /// under the configured TTL, `B + R × (W + TTL)`; with it off, no such line.
 #[test]
 fn check_shows_the_quota_bound_under_the_configured_ttl() {
-    let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir(&policies).unwrap();
-    std::fs::write(
-        policies.join("p.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 600, burst: 20}\n",
-    )
-    .unwrap();
-    let policies = policies.to_str().unwrap();
-    let settings = dir.path().join("s.yaml");
-    std::fs::write(
-        &settings,
-        format!("policies: {policies}\nrlqs:\n  assignment_ttl_ms: 2500\n"),
-    )
-    .unwrap();
-    let out = check(&["--config", settings.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0));
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let off = "rlqs:\n  enabled: false\n";
+    let out = check_rule(
+        "{unit: minute, requests_per_unit: 600, burst: 20}",
+        &[
+            (Some("rlqs:\n  assignment_ttl_ms: 2500\n"), &[]),
+            (None, &[]),
+            (Some(off), &["--json"]),
+            (Some(off), &[]),
+        ],
+    );
     // R = 10/s, B = 20: 20 + 10 × 3.5 s = 55; 20 + 10 × 62.5 s = 645.
     assert!(
-        stdout.contains(
+        out[0].contains(
             "  quota streams (TTL = 2.5s): at most 55 in any second (exact 30), 645 in any minute (exact 620)\n"
         ),
-        "{stdout}"
+        "{}",
+        out[0]
     );
-    let out = check(&[policies]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
-        stdout.contains("quota streams (TTL = 10s): at most 130 in any second"),
-        "the default TTL: {stdout}"
+        out[1].contains("quota streams (TTL = 10s): at most 130 in any second"),
+        "the default TTL: {}",
+        out[1]
     );
-    std::fs::write(
-        &settings,
-        format!("policies: {policies}\nrlqs:\n  enabled: false\n"),
-    )
-    .unwrap();
-    let out = check(&["--config", settings.to_str().unwrap(), "--json"]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(!stdout.contains("rlqs"), "{stdout}");
-    let out = check(&["--config", settings.to_str().unwrap()]);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(!stdout.contains("quota streams"), "{stdout}");
+    assert!(!out[2].contains("rlqs"), "{}", out[2]);
+    assert!(!out[3].contains("quota streams"), "{}", out[3]);
 }
