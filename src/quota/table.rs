@@ -317,11 +317,11 @@ impl QuotaStream {
             else {
                 continue;
             };
-            if inner
+            let known = inner
                 .counters
                 .get(&counter)
-                .is_some_and(|c| c.part.is_some())
-            {
+                .is_some_and(|c| c.part.is_some());
+            if known || inner.told.contains_key(&counter) {
                 continue;
             }
             let asked = tokens(report.demand(), rate, cost);
@@ -622,6 +622,7 @@ descriptors:
         // A part told before the first bucket joins is that bucket's first assignment.
         table.set_unknown_part(Some(0.5));
         table.set_part(asked[0].counter, 0.4);
+        assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "told, not asked again");
         assert_eq!(rate(&a.report(0, vec![x.clone()])), 40.0);
         assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
         // A part told for a rule no bucket joins is dropped two rounds later.
