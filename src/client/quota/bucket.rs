@@ -226,15 +226,19 @@ impl State {
         match &mut self.live {
             Some(live) if live.rule.strategy() == strategy => live.expires = expires,
             Some(live) => {
-                // What is left, in whole tokens (the parts of another bucket are not this one's).
+                // What is left, as (parts, parts in a token) of the old bucket.
                 let left = if let Rule::Tokens { spec, .. } = live.rule {
-                    Some(live.rule.refill(now) / spec.token())
+                    Some((live.rule.refill(now), spec.token()))
                 } else {
                     None
                 };
                 let mut rule = Rule::new(strategy, now);
-                if let (Rule::Tokens { spec, held, .. }, Some(left)) = (&mut rule, left) {
-                    *held = (*held).min(left.saturating_mul(spec.token()));
+                if let (Rule::Tokens { spec, held, .. }, Some((parts, token))) = (&mut rule, left) {
+                    // The same number of tokens, fractions included (a share pushed again and
+                    // again must not lose the part of a token it was filling), in this
+                    // bucket's parts.
+                    let carried = parts.saturating_mul(spec.token()) / token.max(1);
+                    *held = (*held).min(carried);
                 }
                 *live = Live { rule, expires };
             }
@@ -366,7 +370,7 @@ mod tests {
         s.assign(tokens(10, 10, 1_000), Duration::from_secs(2), t0 + 10 * MS);
         assert_eq!(admitted(&mut s, t0 + 10 * MS, 10), 2);
         assert!(s.assignment(t0 + 2_005 * MS).is_some(), "extended");
-        // A smaller bucket: what is left (8 whole tokens refilled by t1), capped at its capacity.
+        // A smaller bucket: what is left (8.9 tokens by t1), capped at its capacity.
         s.assign(tokens(4, 4, 1_000), Duration::from_secs(2), t1);
         assert_eq!(admitted(&mut s, t1, 10), 4);
         // A changed strategy of another kind replaces it.
@@ -378,6 +382,23 @@ mod tests {
             3,
             "a new bucket starts full"
         );
+    }
+
+    #[test]
+    fn a_change_keeps_the_part_of_a_token_being_filled() {
+        let t0 = Instant::now();
+        let mut s = State::new(t0);
+        // 10 a second, emptied; half a token by t0 + 50 ms.
+        s.assign(tokens(1, 1, 100), Duration::from_secs(60), t0);
+        assert_eq!(admitted(&mut s, t0, 2), 1);
+        let t1 = t0 + 50 * MS;
+        // Now 5 a second: the half token stays, and the other half takes 100 ms.
+        s.assign(tokens(1, 1, 200), Duration::from_secs(60), t1);
+        assert_eq!(
+            s.check(t1 + 99 * MS, true, &fallbacks()),
+            Answer::Refused { wait: MS }
+        );
+        assert_eq!(s.check(t1 + 100 * MS, true, &fallbacks()), Answer::Allowed);
     }
 
     #[test]
