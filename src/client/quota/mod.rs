@@ -4,7 +4,7 @@
 //! table of buckets with the assignment in force for each, and the local decision
 //! ([`Quota::check`]: synchronous, one bucket mutex, no round trip). It does not decide what a
 //! bucket is worth: the server does, and the enforcer holds it to that until the assignment's
-//! TTL; the stated fallbacks answer when there is none ([`bucket`] keeps the per-bucket values).
+//! TTL; the stated fallbacks answer when there is none (`bucket` keeps the per-bucket values).
 //! It speaks the generated [`crate::pb`] types only, like the rest of the client half.
 
 mod bucket;
@@ -229,6 +229,27 @@ impl QuotaBuilder {
 /// A bucket past the cap on tracked buckets is not tracked (not reported, never assigned): it
 /// gets the unassigned answer, or the failure policy while the stream is down, and is counted
 /// in [`untracked`](Self::untracked); a warning is logged once.
+///
+/// ```no_run
+/// # fn main() -> Result<(), sluice::client::ClientError> {
+/// # let _runtime = tokio::runtime::Runtime::new().unwrap();
+/// # let _guard = _runtime.enter();
+/// use std::time::Duration;
+/// use sluice::client::{Answer, Bucket, FailurePolicy, Quota};
+///
+/// // config/policies/edge.yaml: 600 a minute per API key, for buckets {generic_key, api_key}.
+/// let quota = Quota::builder("edge")
+///     .with_failure_policy(FailurePolicy::Closed { wait: Duration::from_secs(1) })
+///     .connect_lazy("http://127.0.0.1:8081")?;
+/// // For each request: local, synchronous, no round trip.
+/// let bucket = Bucket::new([("generic_key", "api"), ("api_key", "k1")]);
+/// match quota.check(&bucket) {
+///     Answer::Allowed => { /* serve it */ }
+///     Answer::Refused { wait } => { /* 429, with Retry-After of at least `wait` */ }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Quota {
     shared: Arc<Shared>,
