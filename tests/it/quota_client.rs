@@ -324,13 +324,16 @@ async fn client_quota_tracks_at_most_its_cap_of_buckets() {
 }
 
 /// A Rate Limit Quota Service that records every report, answers each reported bucket
-/// `ALLOW_ALL` for a minute, and can be taken down: its open streams end `UNAVAILABLE` and new
-/// ones are refused until it is up again.
+/// `ALLOW_ALL` for `ttl_ms` (a minute when 0), and can be taken down: its open streams end
+/// `UNAVAILABLE` and new ones are refused until it is up again; or muted: it records reports
+/// and answers nothing.
 #[derive(Clone, Default)]
 struct Recorder {
     /// Requests reported (allowed + denied), by bucket value.
     reported: Arc<Mutex<HashMap<String, u64>>>,
     down: Arc<AtomicBool>,
+    mute: Arc<AtomicBool>,
+    ttl_ms: Arc<AtomicU64>,
     refused: Arc<AtomicUsize>,
     opened: Arc<AtomicUsize>,
     messages: Arc<AtomicU64>,
@@ -400,10 +403,13 @@ impl RateLimitQuotaService for Recorder {
                     actions.push(BucketAction {
                         bucket_id: Some(id),
                         bucket_action: Some(Kind::QuotaAssignmentAction(QuotaAssignmentAction {
-                            assignment_time_to_live: Some(prost_types::Duration {
-                                seconds: 60,
-                                nanos: 0,
-                            }),
+                            assignment_time_to_live: prost_types::Duration::try_from(
+                                match me.ttl_ms.load(Ordering::SeqCst) {
+                                    0 => Duration::from_secs(60),
+                                    ms => Duration::from_millis(ms),
+                                },
+                            )
+                            .ok(),
                             rate_limit_strategy: Some(RateLimitStrategy {
                                 strategy: Some(PbStrategy::BlanketRule(
                                     BlanketRule::AllowAll.into(),
@@ -411,6 +417,9 @@ impl RateLimitQuotaService for Recorder {
                             }),
                         })),
                     });
+                }
+                if me.mute.load(Ordering::SeqCst) {
+                    continue;
                 }
                 if tx
                     .send(Ok(RateLimitQuotaResponse {
@@ -427,16 +436,29 @@ impl RateLimitQuotaService for Recorder {
     }
 }
 
+impl Recorder {
+    /// Serves it on loopback; its address.
+    async fn serve(&self) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitQuotaServiceServer::new(self.clone()))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        addr
+    }
+
+    /// Waits until `n` requests of `value` are reported.
+    async fn reported(&self, value: &str, n: u64) -> bool {
+        crate::helpers::eventually(WAIT, || async { self.total(value) == n }).await
+    }
+}
+
 #[tokio::test]
 async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
     let recorder = Recorder::default();
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RateLimitQuotaServiceServer::new(recorder.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let addr = recorder.serve().await;
     let quota = builder()
         .connect_lazy(&format!("http://{addr}"))
         .expect("address");
@@ -447,15 +469,8 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
         }
     };
     check(10);
-    let reported = |n: u64| {
-        let recorder = recorder.clone();
-        crate::helpers::eventually(WAIT, move || {
-            let recorder = recorder.clone();
-            async move { recorder.total("counted") == n }
-        })
-    };
     assert!(
-        reported(10).await,
+        recorder.reported("counted", 10).await,
         "reported: {}",
         recorder.total("counted")
     );
@@ -475,7 +490,7 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
 
     recorder.down.store(false, Ordering::SeqCst);
     assert!(
-        reported(35).await,
+        recorder.reported("counted", 35).await,
         "all 35 reported after the reconnect: {}",
         recorder.total("counted")
     );
@@ -490,4 +505,74 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
     );
     assert_eq!(recorder.total("counted"), 35);
     assert_eq!(recorder.opened.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn client_quota_takes_a_server_that_never_answers_as_down() {
+    // Accepts connections and never answers, not even the HTTP/2 handshake.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let closed = Answer::Refused {
+        wait: Duration::from_secs(2),
+    };
+    let quota = builder()
+        .with_open_timeout(Duration::from_millis(200))
+        .with_failure_policy(FailurePolicy::Closed {
+            wait: Duration::from_secs(2),
+        })
+        .connect_lazy(&format!("http://{addr}"))
+        .expect("address");
+    let bucket = user("stalled");
+    // Not known to be down yet: the unassigned answer.
+    assert_eq!(quota.check(&bucket), Answer::Allowed);
+    let started = Instant::now();
+    assert!(
+        crate::helpers::eventually(WAIT, || async { !quota.is_connected() }).await,
+        "down once the stream does not open in time"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    // Never assigned, the stream down: the failure policy.
+    assert_eq!(quota.check(&bucket), closed);
+    assert_eq!(quota.reconnects(), 0);
+}
+
+#[tokio::test]
+async fn client_quota_reopens_a_stream_that_stops_renewing() {
+    let recorder = Recorder::default();
+    recorder.ttl_ms.store(300, Ordering::SeqCst);
+    let addr = recorder.serve().await;
+    let quota = builder()
+        .connect_lazy(&format!("http://{addr}"))
+        .expect("address");
+    let bucket = user("muted");
+    assert!(quota.check(&bucket).is_allowed());
+    assert!(
+        crate::helpers::eventually(WAIT, || async { quota.assignment(&bucket).is_some() }).await
+    );
+    // Open, reading reports, answering nothing: after a TTL of silence, reopened.
+    recorder.mute.store(true, Ordering::SeqCst);
+    for _ in 0..7 {
+        quota.check(&bucket);
+    }
+    assert!(
+        crate::helpers::eventually(WAIT, || async { quota.reconnects() >= 1 }).await,
+        "reopened"
+    );
+    assert!(recorder.opened.load(Ordering::SeqCst) >= 2);
+    recorder.mute.store(false, Ordering::SeqCst);
+    assert!(
+        crate::helpers::eventually(WAIT, || async { quota.assignment(&bucket).is_some() }).await,
+        "assigned again once the server answers"
+    );
+    assert!(
+        recorder.reported("muted", 8).await,
+        "every request reported once: {}",
+        recorder.total("muted")
+    );
 }

@@ -46,6 +46,10 @@ pub const DEFAULT_MAX_BUCKETS: usize = 1_000;
 /// The default time after which a bucket not checked is forgotten.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 
+/// The default time a stream has to open (sluice answers the first message at once; a server
+/// that does not within this is taken as down).
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The largest report message sent, encoded: a report of many buckets is split into messages
 /// of at most this size, well under sluice's default `requests.max_request_bytes` (1 MiB).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -115,6 +119,7 @@ pub struct QuotaBuilder {
     failure: FailurePolicy,
     max_buckets: usize,
     idle: Duration,
+    open_timeout: Duration,
     backoff: Backoff,
 }
 
@@ -152,6 +157,13 @@ impl QuotaBuilder {
         self
     }
 
+    /// Takes the stream as down when it does not open within `timeout`. Default
+    /// [`DEFAULT_OPEN_TIMEOUT`].
+    pub fn with_open_timeout(mut self, timeout: Duration) -> Self {
+        self.open_timeout = timeout;
+        self
+    }
+
     /// Waits between reconnections as `backoff` says. Default: from 100 ms, doubling to 5 s,
     /// spread upward by up to half.
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
@@ -186,6 +198,7 @@ impl QuotaBuilder {
             shared: Arc::clone(&shared),
             stub: RateLimitQuotaServiceClient::new(channel),
             backoff: self.backoff,
+            open_timeout: self.open_timeout,
         };
         tokio::spawn(task.run(stop.clone()));
         Quota {
@@ -267,6 +280,7 @@ impl Quota {
             failure: FailurePolicy::Open,
             max_buckets: DEFAULT_MAX_BUCKETS,
             idle: DEFAULT_IDLE,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
         }
     }
@@ -452,8 +466,9 @@ impl Shared {
         });
     }
 
-    /// Applies one response's actions at `now`.
-    fn apply(&self, response: RateLimitQuotaResponse, now: Instant) {
+    /// Applies one response's actions at `now`; the longest TTL among its assignments.
+    fn apply(&self, response: RateLimitQuotaResponse, now: Instant) -> Option<Duration> {
+        let mut longest = None;
         for action in response.bucket_action {
             let Some(id) = action.bucket_id else {
                 tracing::debug!(domain = %self.domain, "a quota action without a bucket_id; ignored");
@@ -471,6 +486,7 @@ impl Shared {
                     if let Some(slot) = self.buckets.get(&bucket) {
                         lock(&slot).assign(strategy, ttl, now);
                     }
+                    longest = longest.max(Some(ttl));
                 }
                 Some(Action::AbandonAction(_)) => {
                     if self.buckets.remove(&bucket).is_some() {
@@ -482,6 +498,7 @@ impl Shared {
                 }
             }
         }
+        longest
     }
 }
 
@@ -553,6 +570,7 @@ struct Stream {
     shared: Arc<Shared>,
     stub: RateLimitQuotaServiceClient<Channel>,
     backoff: Backoff,
+    open_timeout: Duration,
 }
 
 impl Stream {
@@ -595,14 +613,24 @@ impl Stream {
         let mut stub = self.stub.clone();
         let opening = tokio::select! {
             () = stop.cancelled() => return Ended::Stopped,
-            opening = stub.stream_rate_limit_quotas(ReceiverStream::new(rx)) => opening,
+            opening = tokio::time::timeout(
+                self.open_timeout,
+                stub.stream_rate_limit_quotas(ReceiverStream::new(rx)),
+            ) => opening,
         };
         let mut inbound = match opening {
-            Ok(response) => response.into_inner(),
-            Err(status) => {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) => {
                 // Refused before it was taken: the first report was not counted by the server.
                 self.shared.give_back(taken);
                 return Ended::Failed(status.to_string());
+            }
+            Err(_) => {
+                self.shared.give_back(taken);
+                return Ended::Failed(format!(
+                    "the stream did not open within {:?}",
+                    self.open_timeout
+                ));
             }
         };
         if !self.shared.up.swap(true, Ordering::Relaxed) {
@@ -618,16 +646,30 @@ impl Stream {
         let period = self.shared.report_interval;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When sluice last sent anything, and the longest TTL it has assigned on this stream: a
+        // stream that is open but silent for longer than that, while buckets are reported on
+        // it, has stopped renewing them (sluice renews at half the TTL) and is reopened.
+        let (mut heard, mut longest_ttl) = (Instant::now(), None::<Duration>);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return Ended::Stopped,
                 _ = tick.tick() => {
-                    self.shared.forget_idle(Instant::now());
+                    let now = Instant::now();
+                    if let Some(ttl) = longest_ttl
+                        && now.saturating_duration_since(heard) > ttl
+                        && self.shared.tracked.load(Ordering::Relaxed) > 0
+                    {
+                        return Ended::Failed(format!("sluice sent nothing on the stream for {ttl:?}, the longest TTL it assigned"));
+                    }
+                    self.shared.forget_idle(now);
                     self.send(&tx, false);
                 }
                 () = self.shared.fresh.notified() => self.send(&tx, false),
                 message = inbound.message() => match message {
-                    Ok(Some(response)) => self.shared.apply(response, Instant::now()),
+                    Ok(Some(response)) => {
+                        heard = Instant::now();
+                        longest_ttl = longest_ttl.max(self.shared.apply(response, heard));
+                    }
                     Ok(None) => return Ended::Failed("sluice ended the stream".into()),
                     Err(status) => return Ended::Failed(status.to_string()),
                 },
