@@ -44,7 +44,9 @@ pub enum Answer {
     Allowed,
     /// Do not; asking again earlier than `wait` is refused again. From the server this is the
     /// longest `duration_until_reset` of the refused descriptors (whole seconds rounded up, as
-    /// sluice reports it); from a fail-closed policy, the policy's wait.
+    /// sluice reports it); from a fail-closed policy, the policy's wait; from a [`Quota`], the
+    /// time until its bucket's next token, or the report interval under `DENY_ALL` (sluice may
+    /// lift a ban at any report).
     Refused {
         /// The least time to wait before asking again.
         wait: Duration,
