@@ -307,13 +307,14 @@ async fn client_quota_keeps_the_last_assignment_until_its_ttl_then_fails_closed(
 }
 
 #[tokio::test]
-async fn client_quota_tracks_at_most_its_cap_of_buckets() {
+async fn client_quota_tracks_at_most_its_cap_of_buckets_and_none_it_cannot_report() {
     let s = server(10_000).await;
     let quota = enforcer(&s, builder().with_max_buckets(2));
     for name in ["a", "b", "c", "d"] {
         assert!(quota.check(&user(name)).is_allowed(), "unassigned: allowed");
     }
     assert_eq!((quota.buckets(), quota.untracked()), (2, 2));
+
     // The two tracked are assigned; the others never are.
     let assigned = crate::helpers::eventually(WAIT, || async {
         token_bucket(&quota, &user("a")).is_some() && token_bucket(&quota, &user("b")).is_some()
@@ -321,6 +322,21 @@ async fn client_quota_tracks_at_most_its_cap_of_buckets() {
     .await;
     assert!(assigned);
     assert_eq!(quota.assignment(&user("c")), None);
+    // With room: an empty bucket, and one too large to report, are never tracked either (a
+    // report of either would end the stream), and the stream stays up.
+    let roomy = enforcer(&s, builder());
+    assert!(roomy.check(&Bucket::default()).is_allowed());
+    assert!(roomy.check(&user(&"x".repeat(9_000))).is_allowed());
+    assert!(roomy.check(&user("fits")).is_allowed());
+    assert_eq!((roomy.buckets(), roomy.untracked()), (1, 2));
+    assert!(
+        crate::helpers::eventually(WAIT, || async {
+            token_bucket(&roomy, &user("fits")).is_some()
+        })
+        .await
+    );
+    assert_eq!(roomy.reconnects(), 0);
+    assert!(roomy.is_connected());
 }
 
 /// A Rate Limit Quota Service that records every report, answers each reported bucket

@@ -54,6 +54,10 @@ pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// of at most this size, well under sluice's default `requests.max_request_bytes` (1 MiB).
 const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// The largest bucket tracked, its entries' keys and values together: a report of a bucket
+/// larger than a message could hold would end every stream that carried it.
+const MAX_BUCKET_BYTES: usize = 8 * 1024;
+
 /// Report messages awaiting the transport; past it a report round stops and what it did not
 /// take stays counted for the next one.
 const QUEUE: usize = 4;
@@ -89,6 +93,18 @@ impl Bucket {
     /// The entries, by key.
     pub fn entries(&self) -> &BTreeMap<String, String> {
         &self.entries
+    }
+
+    /// Whether it can be reported: not empty (sluice refuses a report of an empty bucket) and
+    /// at most [`MAX_BUCKET_BYTES`].
+    fn reportable(&self) -> bool {
+        !self.entries.is_empty()
+            && self
+                .entries
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+                <= MAX_BUCKET_BYTES
     }
 
     fn to_pb(&self) -> BucketId {
@@ -241,7 +257,8 @@ impl QuotaBuilder {
 ///
 /// A bucket past the cap on tracked buckets is not tracked (not reported, never assigned): it
 /// gets the unassigned answer, or the failure policy while the stream is down, and is counted
-/// in [`untracked`](Self::untracked); a warning is logged once.
+/// in [`untracked`](Self::untracked); a warning is logged once. So is an empty bucket, or one
+/// whose keys and values add up to more than 8 KiB (a report of it would end the stream).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), sluice::client::ClientError> {
@@ -315,7 +332,7 @@ impl Quota {
         self.shared.tracked.load(Ordering::Relaxed)
     }
 
-    /// Checks of buckets not tracked because the table was full.
+    /// Checks of buckets not tracked: the table was full, or the bucket was empty or over 8 KiB.
     pub fn untracked(&self) -> u64 {
         self.shared.untracked.load(Ordering::Relaxed)
     }
@@ -364,8 +381,19 @@ struct Shared {
 }
 
 impl Shared {
-    /// Answers the first check of a bucket not in the table, tracking it when there is room.
+    /// Answers the first check of a bucket not in the table, tracking it when there is room
+    /// and it can be reported.
     fn track(&self, bucket: &Bucket, now: Instant, up: bool) -> Answer {
+        let untracked = if up {
+            self.fallbacks.unassigned
+        } else {
+            self.fallbacks.failure.answer()
+        };
+        if !bucket.reportable() {
+            self.untracked.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(domain = %self.domain, "an empty or oversized quota bucket is not tracked");
+            return untracked;
+        }
         let reserved = self
             .tracked
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -381,11 +409,7 @@ impl Shared {
                     "the quota enforcer tracks its most buckets; new ones get the unassigned answer"
                 );
             }
-            return if up {
-                self.fallbacks.unassigned
-            } else {
-                self.fallbacks.failure.answer()
-            };
+            return untracked;
         }
         let answer = match self.buckets.entry(bucket.clone()) {
             Entry::Occupied(slot) => {
