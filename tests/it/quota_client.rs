@@ -347,6 +347,8 @@ async fn client_quota_tracks_at_most_its_cap_of_buckets_and_none_it_cannot_repor
 struct Recorder {
     /// Requests reported (allowed + denied), by bucket value.
     reported: Arc<Mutex<HashMap<String, u64>>>,
+    /// Each report's `time_elapsed`, by bucket value.
+    spans: Arc<Mutex<HashMap<String, Vec<Duration>>>>,
     down: Arc<AtomicBool>,
     mute: Arc<AtomicBool>,
     ttl_ms: Arc<AtomicU64>,
@@ -414,6 +416,16 @@ impl RateLimitQuotaService for Recorder {
                 for usage in message.bucket_quota_usages {
                     let id = usage.bucket_id.expect("a bucket id");
                     let value = id.bucket.values().cloned().collect::<Vec<_>>().join(",");
+                    let span = usage
+                        .time_elapsed
+                        .and_then(|d| Duration::try_from(d).ok())
+                        .expect("a positive time_elapsed");
+                    me.spans
+                        .lock()
+                        .expect("lock")
+                        .entry(value.clone())
+                        .or_default()
+                        .push(span);
                     *me.reported.lock().expect("lock").entry(value).or_default() +=
                         usage.num_requests_allowed + usage.num_requests_denied;
                     actions.push(BucketAction {
@@ -490,7 +502,10 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
         "reported: {}",
         recorder.total("counted")
     );
-    assert!(quota.assignment(&bucket).is_some());
+    assert!(
+        crate::helpers::eventually(WAIT, || async { quota.assignment(&bucket).is_some() }).await,
+        "assigned"
+    );
 
     recorder.take_down();
     assert!(
@@ -521,6 +536,11 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
     );
     assert_eq!(recorder.total("counted"), 35);
     assert_eq!(recorder.opened.load(Ordering::SeqCst), 2);
+    // Past its first report (at once, when first seen), every report spans at least half an
+    // interval: none is sent again in a moment with nothing counted, which the server would
+    // read as no demand (as after the reconnect's first message).
+    let spans = recorder.spans.lock().expect("lock")["counted"].clone();
+    assert!(spans[1..].iter().all(|s| *s >= INTERVAL / 2), "{spans:?}");
 }
 
 #[tokio::test]

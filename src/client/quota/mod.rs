@@ -665,8 +665,9 @@ impl Stream {
         }
         *opened = true;
         self.backoff.reset();
-        // The buckets that did not fit in the first message.
-        self.send(&tx, true);
+        // The buckets that did not fit in the first message (not those in it: reported again
+        // at once, with nothing counted over a moment, they would read as no demand).
+        self.send(&tx, false);
         let period = self.shared.report_interval;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
