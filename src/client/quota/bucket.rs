@@ -431,6 +431,44 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Over any schedule of checks and renewals of the same strategy, a token bucket admits
+        /// at most its capacity plus what it fills over the span, to the request: renewals add
+        /// nothing, and the integer parts neither drift nor round up.
+        #[test]
+        fn a_token_bucket_never_admits_more_than_its_capacity_and_its_fill(
+            max_tokens in 1u32..50,
+            tokens_per_fill in 1u32..50,
+            fill_ns in 1u64..2_000_000_000,
+            steps in proptest::collection::vec(
+                (0u64..300_000_000, 0usize..6, proptest::bool::ANY),
+                1..200,
+            ),
+        ) {
+            let spec = Strategy::TokenBucket(TokenBucket {
+                max_tokens,
+                tokens_per_fill,
+                fill_interval: Duration::from_nanos(fill_ns),
+            });
+            let t0 = Instant::now();
+            let mut s = State::new(t0);
+            let ttl = Duration::from_secs(3_600);
+            s.assign(spec, ttl, t0);
+            let (mut t, mut allowed) = (t0, 0u128);
+            for (dt, n, renew) in steps {
+                t += Duration::from_nanos(dt);
+                if renew {
+                    s.assign(spec, ttl, t);
+                }
+                allowed += admitted(&mut s, t, n) as u128;
+            }
+            let span = t.duration_since(t0).as_nanos();
+            let bound = u128::from(max_tokens)
+                + span * u128::from(tokens_per_fill) / u128::from(fill_ns);
+            proptest::prop_assert!(allowed <= bound, "{allowed} > {bound}");
+        }
+    }
+
     #[test]
     fn usage_is_taken_once_and_given_back_whole() {
         let t0 = Instant::now();
