@@ -337,6 +337,13 @@ async fn client_quota_tracks_at_most_its_cap_of_buckets_and_none_it_cannot_repor
     );
     assert_eq!(roomy.reconnects(), 0);
     assert!(roomy.is_connected());
+    // Each answered by the fallback, and counted so in the process's recorder (the server's
+    // /metrics shows it; other tests may add to it, never take away).
+    for (reason, least) in [("untracked", 4.0), ("unassigned", 3.0)] {
+        let series = format!("sluice_client_quota_fallbacks_total{{reason=\"{reason}\"}}");
+        let count = crate::helpers::metric(s.admin, &series).await;
+        assert!(count >= Some(least), "{series}: {count:?}");
+    }
 }
 
 /// A Rate Limit Quota Service that records every report, answers each reported bucket

@@ -60,6 +60,31 @@ pub(super) struct Fallbacks {
     pub(super) deny_wait: Duration,
 }
 
+/// Why a check was answered by a fallback rather than an assignment in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fallback {
+    /// No assignment yet, the stream up: the unassigned answer.
+    Unassigned,
+    /// The assignment's TTL passed: the failure policy.
+    Expired,
+    /// No assignment, the stream down: the failure policy.
+    Down,
+    /// Not tracked (the cap, or a bucket that cannot be reported).
+    Untracked,
+}
+
+impl Fallback {
+    /// The metric label.
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Self::Unassigned => "unassigned",
+            Self::Expired => "expired",
+            Self::Down => "down",
+            Self::Untracked => "untracked",
+        }
+    }
+}
+
 /// The rule in force and its running state.
 #[derive(Clone, Debug)]
 enum Rule {
@@ -199,22 +224,28 @@ impl State {
         }
     }
 
-    /// Answers one request at `now` and counts it. `up` is whether the stream is up (or not
-    /// yet known to be down).
-    pub(super) fn check(&mut self, now: Instant, up: bool, fallbacks: &Fallbacks) -> Answer {
+    /// Answers one request at `now` and counts it; with the fallback that answered, if it was
+    /// not an assignment in force. `up` is whether the stream is up (or not yet known to be
+    /// down).
+    pub(super) fn check(
+        &mut self,
+        now: Instant,
+        up: bool,
+        fallbacks: &Fallbacks,
+    ) -> (Answer, Option<Fallback>) {
         self.last_check = self.last_check.max(now);
-        let answer = match &mut self.live {
-            Some(live) if now < live.expires => live.rule.take(now, fallbacks.deny_wait),
-            Some(_) => fallbacks.failure.answer(),
-            None if up => fallbacks.unassigned,
-            None => fallbacks.failure.answer(),
+        let (answer, fallback) = match &mut self.live {
+            Some(live) if now < live.expires => (live.rule.take(now, fallbacks.deny_wait), None),
+            Some(_) => (fallbacks.failure.answer(), Some(Fallback::Expired)),
+            None if up => (fallbacks.unassigned, Some(Fallback::Unassigned)),
+            None => (fallbacks.failure.answer(), Some(Fallback::Down)),
         };
         if answer.is_allowed() {
             self.allowed = self.allowed.saturating_add(1);
         } else {
             self.denied = self.denied.saturating_add(1);
         }
-        answer
+        (answer, fallback)
     }
 
     /// Puts `strategy` in force at `now` until `ttl` from now. The same strategy as the one in
@@ -332,10 +363,13 @@ mod tests {
         })
     }
 
+    /// One check's answer.
+    fn ask(state: &mut State, at: Instant, up: bool) -> Answer {
+        state.check(at, up, &fallbacks()).0
+    }
+
     fn admitted(state: &mut State, at: Instant, n: usize) -> usize {
-        (0..n)
-            .filter(|_| state.check(at, true, &fallbacks()).is_allowed())
-            .count()
+        (0..n).filter(|_| ask(state, at, true).is_allowed()).count()
     }
 
     #[test]
@@ -345,10 +379,7 @@ mod tests {
         // 10 at once, then 10 per second.
         s.assign(tokens(10, 1, 100), Duration::from_secs(60), t0);
         assert_eq!(admitted(&mut s, t0, 50), 10);
-        assert_eq!(
-            s.check(t0, true, &fallbacks()),
-            Answer::Refused { wait: 100 * MS }
-        );
+        assert_eq!(ask(&mut s, t0, true), Answer::Refused { wait: 100 * MS });
         // Over 2.5 s of steady demand: 25 more, never more.
         let mut more = 0;
         for step in 1..=250 {
@@ -395,10 +426,10 @@ mod tests {
         // Now 5 a second: the half token stays, and the other half takes 100 ms.
         s.assign(tokens(1, 1, 200), Duration::from_secs(60), t1);
         assert_eq!(
-            s.check(t1 + 99 * MS, true, &fallbacks()),
+            ask(&mut s, t1 + 99 * MS, true),
             Answer::Refused { wait: MS }
         );
-        assert_eq!(s.check(t1 + 100 * MS, true, &fallbacks()), Answer::Allowed);
+        assert_eq!(ask(&mut s, t1 + 100 * MS, true), Answer::Allowed);
     }
 
     #[test]
@@ -408,23 +439,30 @@ mod tests {
         let closed = Answer::Refused {
             wait: Duration::from_secs(7),
         };
-        assert_eq!(s.check(t0, true, &fallbacks()), Answer::Allowed);
-        assert_eq!(s.check(t0, false, &fallbacks()), closed);
+        assert_eq!(
+            s.check(t0, true, &fallbacks()),
+            (Answer::Allowed, Some(Fallback::Unassigned))
+        );
+        assert_eq!(
+            s.check(t0, false, &fallbacks()),
+            (closed, Some(Fallback::Down))
+        );
         s.assign(Strategy::AllowAll, Duration::from_secs(1), t0);
         // Kept while the stream is down, until its TTL.
-        assert_eq!(s.check(t0 + 999 * MS, false, &fallbacks()), Answer::Allowed);
+        assert_eq!(ask(&mut s, t0 + 999 * MS, false), Answer::Allowed);
         assert_eq!(s.assignment(t0 + Duration::from_secs(1)), None);
         assert_eq!(
-            s.check(t0 + Duration::from_secs(1), true, &fallbacks()),
-            closed
+            s.check(t0 + Duration::from_secs(1), false, &fallbacks()).1,
+            Some(Fallback::Expired)
         );
+        assert_eq!(ask(&mut s, t0 + Duration::from_secs(1), true), closed);
         s.assign(
             Strategy::DenyAll,
             Duration::from_secs(1),
             t0 + Duration::from_secs(2),
         );
         assert_eq!(
-            s.check(t0 + Duration::from_secs(2), true, &fallbacks()),
+            ask(&mut s, t0 + Duration::from_secs(2), true),
             Answer::Refused {
                 wait: Duration::from_secs(1)
             }
@@ -492,7 +530,7 @@ mod tests {
         let mut fresh = State::new(t0);
         assert_eq!(fresh.take_usage(t0).elapsed, SHORTEST_SPAN);
         assert!(fresh.idle(t0 + Duration::from_secs(60), Duration::from_secs(60)));
-        fresh.check(t0, true, &fallbacks());
+        ask(&mut fresh, t0, true);
         assert!(!fresh.idle(t0 + Duration::from_secs(60), Duration::from_secs(60)));
     }
 }

@@ -33,7 +33,7 @@ use crate::pb::rate_limit_strategy::{self, BlanketRule};
 use crate::pb::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 
 pub use bucket::{Assignment, Strategy, TokenBucket};
-use bucket::{Fallbacks, State, Usage};
+use bucket::{Fallback, Fallbacks, State, Usage};
 
 /// The default report interval: Envoy's usual 1 s, well inside sluice's default 10 s TTL, so a
 /// lost report does not expire an assignment.
@@ -260,6 +260,11 @@ impl QuotaBuilder {
 /// in [`untracked`](Self::untracked); a warning is logged once. So is an empty bucket, or one
 /// whose keys and values add up to more than 8 KiB (a report of it would end the stream).
 ///
+/// Checks answered with no assignment in force are counted in
+/// `sluice_client_quota_fallbacks_total{reason}` (`unassigned`, `expired`, `down`,
+/// `untracked`), and streams that fail in `sluice_client_quota_stream_failures_total`, in the
+/// service's metrics recorder.
+///
 /// ```no_run
 /// # fn main() -> Result<(), sluice::client::ClientError> {
 /// # let _runtime = tokio::runtime::Runtime::new().unwrap();
@@ -310,10 +315,18 @@ impl Quota {
         // Relaxed: a hint of the stream's state; a check racing a reconnect may answer by the
         // state just before it.
         let up = self.shared.up.load(Ordering::Relaxed);
-        if let Some(slot) = self.shared.buckets.get(bucket) {
-            return lock(&slot).check(now, up, &self.shared.fallbacks);
+        let (answer, fallback) = match self.shared.buckets.get(bucket) {
+            Some(slot) => lock(&slot).check(now, up, &self.shared.fallbacks),
+            None => self.shared.track(bucket, now, up),
+        };
+        if let Some(fallback) = fallback {
+            ::metrics::counter!(
+                "sluice_client_quota_fallbacks_total",
+                "reason" => fallback.label(),
+            )
+            .increment(1);
         }
-        self.shared.track(bucket, now, up)
+        answer
     }
 
     /// The assignment in force for `bucket`, if any.
@@ -383,12 +396,13 @@ struct Shared {
 impl Shared {
     /// Answers the first check of a bucket not in the table, tracking it when there is room
     /// and it can be reported.
-    fn track(&self, bucket: &Bucket, now: Instant, up: bool) -> Answer {
+    fn track(&self, bucket: &Bucket, now: Instant, up: bool) -> (Answer, Option<Fallback>) {
         let untracked = if up {
             self.fallbacks.unassigned
         } else {
             self.fallbacks.failure.answer()
         };
+        let untracked = (untracked, Some(Fallback::Untracked));
         if !bucket.reportable() {
             self.untracked.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(domain = %self.domain, "an empty or oversized quota bucket is not tracked");
@@ -419,9 +433,9 @@ impl Shared {
             }
             Entry::Vacant(place) => {
                 let mut state = State::new(now);
-                let answer = state.check(now, up, &self.fallbacks);
+                let checked = state.check(now, up, &self.fallbacks);
                 place.insert(Slot(Mutex::new(state)));
-                answer
+                checked
             }
         };
         self.fresh.notify_one();
@@ -606,6 +620,7 @@ impl Stream {
                 Ended::Failed(why) => why,
             };
             let domain = &self.shared.domain;
+            ::metrics::counter!("sluice_client_quota_stream_failures_total").increment(1);
             if self.shared.up.swap(false, Ordering::Relaxed) {
                 tracing::warn!(%domain, error = %why, "the quota stream to sluice is down; assignments hold until their TTL, then the failure policy answers");
             } else {
