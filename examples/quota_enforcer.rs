@@ -9,7 +9,11 @@
 //! bucket, so together they admit about 40 a second, not 80.
 //!
 //! Every 500 ms it prints, per replica, the requests offered, admitted and refused, and the
-//! rate of the token bucket it holds. `cargo run --features client --example quota_enforcer`
+//! rate of the token bucket it holds, then the rate both admitted after the first second. In
+//! the first half-second they admit several times the rule: each replica's first token bucket
+//! starts full (as Envoy's does), the first one's with the whole rule, since it was alone, and
+//! its share shrinks only at its next report.
+//! `cargo run --features client --example quota_enforcer`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
