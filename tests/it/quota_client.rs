@@ -151,24 +151,31 @@ async fn client_quota_admits_the_assigned_rate_and_no_more() {
     let assigned = offer_until(&[&quota], &alice, || token_bucket(&quota, &alice))
         .await
         .expect("a token bucket assigned within the wait");
-    // One enforcer offering ten times the rule gets the whole rule.
-    assert_eq!(assigned.rate(), RULE, "{assigned:?}");
-    assert_eq!(assigned.max_tokens, 20, "{assigned:?}");
+    // One enforcer gets min(rule, 1.25 × its reported demand): the whole rule while it offers
+    // ten times it, a little less after a report of a span in which a busy machine left its
+    // loop waiting. Never more than the rule.
+    let fair = |b: &TokenBucket| b.rate() <= RULE && b.rate() >= 0.5 * RULE;
+    assert!(fair(&assigned), "{assigned:?}");
 
     let seen = offer(&[&quota], &alice, Duration::from_millis(1_500)).await;
     let allowed = seen.allowed[0] as f64;
-    // At most a full bucket plus what it refills over the span; the renewals in the span
-    // repeat the strategy and refill nothing.
-    let most = f64::from(assigned.max_tokens) + assigned.rate() * seen.span.as_secs_f64();
+    let now = token_bucket(&quota, &alice).expect("still a token bucket");
+    assert!(fair(&now), "{now:?}");
+    // At most a full bucket plus what it refills over the span: the rule's burst and rate (a
+    // share pushed again carries the tokens left, never more than its capacity; the renewals
+    // repeat the strategy and refill nothing).
+    let most = RULE + RULE * seen.span.as_secs_f64();
     assert!(allowed <= most, "{allowed} allowed, at most {most}");
-    // And the rate is used: the bucket refills 20 a second and the offer is 200 a second.
-    let least = 0.8 * assigned.rate() * seen.span.as_secs_f64();
+    // And the rate is used: the offer is ten times the rule.
+    let least = 0.8 * assigned.rate().min(now.rate()) * seen.span.as_secs_f64();
     assert!(allowed >= least, "{allowed} allowed, at least {least}");
-    // The rest are refused until the next token: at most 1/20 s away.
+    // The rest are refused until the next token: at most one token's time away, at the
+    // least rate a fair share has.
     assert!(seen.refused > 0);
+    let token = Duration::from_secs_f64(1.0 / (0.5 * RULE));
     assert!(
-        seen.longest_wait > Duration::ZERO && seen.longest_wait <= Duration::from_millis(50),
-        "{:?}",
+        seen.longest_wait > Duration::ZERO && seen.longest_wait <= token,
+        "{:?}, a token every {token:?}",
         seen.longest_wait
     );
     assert!(quota.is_connected());
@@ -532,7 +539,10 @@ async fn client_quota_reports_usage_counted_while_down_on_reconnect() {
         "all 35 reported after the reconnect: {}",
         recorder.total("counted")
     );
-    assert!(quota.is_connected());
+    assert!(
+        crate::helpers::eventually(WAIT, || async { quota.is_connected() }).await,
+        "up again"
+    );
     assert_eq!(quota.reconnects(), 1);
     // Reported once: a few report intervals later, still 35.
     let messages = recorder.messages.load(Ordering::SeqCst);
