@@ -1,8 +1,10 @@
 //! The client half: what a service links to ask sluice before it does work. It owns the call
 //! ([`RateLimitClient`]: `ShouldRateLimit` with a per-call deadline), the typed [`Answer`], the
 //! stated [`FailurePolicy`] for when sluice does not answer, the jittered [`backoff`], the tower
-//! [`layer`], and the [`adaptive`] concurrency limit for a service's own downstream calls. It
-//! does not decide, count or know policies: it speaks the generated [`crate::pb`] types only,
+//! [`layer`], the [`adaptive`] concurrency limit for a service's own downstream calls, and the
+//! [`quota`] enforcer of Rate Limit Quota Service assignments (the local token buckets that
+//! decide with no round trip, as Envoy's quota filter does). It does not decide what a request
+//! is worth, count for the server or know policies: it speaks the generated [`crate::pb`] types only,
 //! never the server, the decision internals or the stores (the layer check holds it to that),
 //! so a service linking it depends on the API, not on sluice's insides. It is behind the
 //! `client` cargo feature so the server build does not grow.
@@ -10,6 +12,7 @@
 pub mod adaptive;
 pub mod backoff;
 pub mod layer;
+pub mod quota;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +26,7 @@ use crate::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_l
 
 pub use backoff::{Backoff, Jitter};
 pub use layer::{RateLimit, RateLimitLayer, Refusal};
+pub use quota::{Bucket, Quota, QuotaBuilder};
 
 /// The default per-call deadline: a quarter of Envoy's default 20 ms for its whole call to a
 /// rate-limit service; a call that takes longer than this is better treated as a failure than
@@ -40,7 +44,9 @@ pub enum Answer {
     Allowed,
     /// Do not; asking again earlier than `wait` is refused again. From the server this is the
     /// longest `duration_until_reset` of the refused descriptors (whole seconds rounded up, as
-    /// sluice reports it); from a fail-closed policy, the policy's wait.
+    /// sluice reports it); from a fail-closed policy, the policy's wait; from a [`Quota`], the
+    /// time until its bucket's next token, or the report interval under `DENY_ALL` (sluice may
+    /// lift a ban at any report).
     Refused {
         /// The least time to wait before asking again.
         wait: Duration,

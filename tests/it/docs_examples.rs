@@ -2,7 +2,8 @@
 //! would paste is either a `console` block, whose `$ ` commands this module runs against the
 //! debug binary (and a server it starts for `localhost:8080`) and whose output must match the
 //! page (`...` stands for any lines), or is preceded by `<!-- not run: reason -->`. The Rust
-//! example of the client half is the doc test of `sluice::client::layer`, line for line.
+//! examples of the client half are the doc tests of `sluice::client::layer` and
+//! `sluice::client::quota::Quota`, line for line.
 //! The benchmark log is history: its commands are not run (its preface says why).
 
 use std::path::{Path, PathBuf};
@@ -244,29 +245,34 @@ fn console_blocks_print_what_the_pages_show() {
 }
 
 #[test]
-fn the_client_example_is_the_doc_test_of_the_layer() {
-    // The doc comments' lines, less blank ones and the lines rustdoc hides (`# `).
-    let doc: Vec<String> = read(&repo().join("src/client/layer.rs"))
-        .lines()
-        .filter_map(|l| l.trim_start().strip_prefix("///"))
-        .map(|l| l.strip_prefix(' ').unwrap_or(l).trim_end().to_string())
-        .filter(|l| !l.is_empty() && !l.starts_with("# "))
-        .collect();
-    let examples: Vec<Block> = blocks()
-        .into_iter()
-        .filter(|b| b.lang == "rust" && b.at.contains("client.md"))
-        .collect();
-    assert!(!examples.is_empty(), "no Rust example in client.md");
-    for block in examples {
-        let code: Vec<&String> = block.body.iter().filter(|l| !l.is_empty()).collect();
-        let found = doc
-            .windows(code.len())
-            .any(|w| w.iter().eq(code.iter().copied()));
-        assert!(
-            found,
-            "{}: not the doc test of src/client/layer.rs line for line",
-            block.at
-        );
+fn the_client_examples_are_doc_tests_of_the_client_half() {
+    for (page, source) in [
+        ("docs/src/client.md", "src/client/layer.rs"),
+        ("docs/src/client/quota.md", "src/client/quota/mod.rs"),
+    ] {
+        // The doc comments' lines, less blank ones and the lines rustdoc hides (`# `).
+        let doc: Vec<String> = read(&repo().join(source))
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("///"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l).trim_end().to_string())
+            .filter(|l| !l.is_empty() && !l.starts_with("# "))
+            .collect();
+        let examples: Vec<Block> = blocks()
+            .into_iter()
+            .filter(|b| b.lang == "rust" && b.at.contains(page))
+            .collect();
+        assert!(!examples.is_empty(), "no Rust example in {page}");
+        for block in examples {
+            let code: Vec<&String> = block.body.iter().filter(|l| !l.is_empty()).collect();
+            let found = doc
+                .windows(code.len())
+                .any(|w| w.iter().eq(code.iter().copied()));
+            assert!(
+                found,
+                "{}: not the doc test of {source} line for line",
+                block.at
+            );
+        }
     }
 }
 

@@ -16,6 +16,8 @@ mod local;
 mod memory;
 mod metadata;
 mod ops;
+#[cfg(feature = "client")]
+mod quota_client;
 mod redis;
 mod redis_sentinel;
 mod redis_tls;
