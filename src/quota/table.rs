@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    Action, ActionKind, BucketId, IDLE_DEMAND, QuotaSettings, Report, Strategy, Target, shares,
-    target,
+    Action, ActionKind, BucketId, IDLE_DEMAND, MOVE_THRESHOLD, QuotaSettings, Report, Strategy,
+    Target, shares, target,
 };
 use crate::limiter::gcra::Quota;
 use crate::policy::{PolicyHandle, PolicySet};
@@ -70,10 +70,19 @@ struct Counter {
     cost: f64,
     /// The rule's rate, in requests per second.
     rate: f64,
-    /// Holder → demand (requests per second).
-    holders: HashMap<u64, f64>,
+    /// Holder → its demand and the rate it was last sent (requests per second).
+    holders: HashMap<u64, Holder>,
     /// This node's part of the rule, a fraction of it, as the fleet's quota table last said.
     part: Option<f64>,
+}
+
+/// One holder of a counter: a stream's watched bucket.
+#[derive(Clone, Copy, Debug, Default)]
+struct Holder {
+    /// Requests per second, as last reported.
+    demand: f64,
+    /// The rate of the token bucket it was last sent (none before the first).
+    sent: f64,
 }
 
 /// A rule this node hands out, as the fleet's quota table is told of it.
@@ -111,7 +120,9 @@ impl Inner {
                 part: told.remove(&counter).map(|(part, _)| part),
             })
             .holders
-            .insert(holder, demand);
+            .entry(holder)
+            .or_default()
+            .demand = demand;
     }
 
     fn leave(&mut self, target: &Target, holder: u64) {
@@ -126,16 +137,46 @@ impl Inner {
         }
     }
 
-    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand;
-    /// `None` while the part is unknown and nothing is to be assigned until it is told.
-    fn share(&self, counter: u128, holder: u64, rate: f64) -> Option<f64> {
+    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand,
+    /// and no more than what the others' token buckets, as last sent, leave of that part, so that
+    /// the buckets in force never add up past it. With it, whether another holder is due more
+    /// than [`MOVE_THRESHOLD`] over what it holds: then any share that shrank is pushed at once,
+    /// to make room. `None` while the part is unknown and nothing is to be assigned until told.
+    fn share(&self, counter: u128, holder: u64, rate: f64) -> Option<(f64, bool)> {
         let Some(c) = self.counters.get(&counter) else {
-            return Some(0.0);
+            return Some((0.0, false));
         };
         let capacity = rate * c.part.or(self.unknown_part)?;
-        let (ids, demands): (Vec<u64>, Vec<f64>) = c.holders.iter().map(|(h, d)| (*h, *d)).unzip();
-        let at = ids.iter().position(|h| *h == holder);
-        Some(at.map_or(0.0, |i| shares(&demands, capacity, rate)[i]))
+        let held: Vec<(u64, Holder)> = c.holders.iter().map(|(h, x)| (*h, *x)).collect();
+        let demands: Vec<f64> = held.iter().map(|(_, x)| x.demand).collect();
+        let fair = shares(&demands, capacity, rate);
+        let (mut mine, mut others, mut starved) = (0.0, 0.0, false);
+        for ((h, x), due) in held.iter().zip(&fair) {
+            if *h == holder {
+                mine = *due;
+            } else {
+                others += x.sent;
+                starved |= *due > (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
+            }
+        }
+        Some((mine.min((capacity - others).max(0.0)), starved))
+    }
+
+    /// Records the strategy sent to `holder` of `target`: the rate of a token bucket, none else.
+    fn sent(&mut self, target: &Target, holder: u64, strategy: Strategy) {
+        let Target::Shared { counter, .. } = *target else {
+            return;
+        };
+        if let Some(h) = self
+            .counters
+            .get_mut(&counter)
+            .and_then(|c| c.holders.get_mut(&holder))
+        {
+            h.sent = match strategy {
+                Strategy::TokenBucket(b) => b.rate(),
+                Strategy::AllowAll | Strategy::DenyAll => 0.0,
+            };
+        }
     }
 }
 
@@ -191,7 +232,11 @@ impl QuotaTable {
             .map(|(counter, c)| RuleDemand {
                 counter: *counter,
                 quota: c.quota,
-                tokens: c.holders.values().map(|d| tokens(*d, c.rate, c.cost)).sum(),
+                tokens: c
+                    .holders
+                    .values()
+                    .map(|h| tokens(h.demand, c.rate, c.cost))
+                    .sum(),
             })
             .collect()
     }
@@ -392,12 +437,13 @@ impl QuotaStream {
             let Some(w) = self.buckets.get_mut(&bucket) else {
                 continue;
             };
-            let Some(next) = assignment(&inner, w) else {
+            let Some((next, starved)) = assignment(&inner, w) else {
                 continue;
             };
-            if new || refreshed || w.sent.is_none_or(|sent| sent.moved(&next)) {
+            if new || refreshed || w.sent.is_none_or(|sent| replaces(&sent, &next, starved)) {
                 w.sent = Some(next);
                 w.sent_at = now;
+                inner.sent(&w.target, w.holder, next);
                 actions.push(Action {
                     bucket,
                     kind: ActionKind::Assign(next),
@@ -433,11 +479,11 @@ impl QuotaStream {
             });
         }
         for (bucket, w) in &mut self.buckets {
-            let Some(next) = assignment(&inner, w) else {
+            let Some((next, starved)) = assignment(&inner, w) else {
                 continue;
             };
             let send = match w.sent {
-                Some(sent) if !refreshed && !sent.moved(&next) => {
+                Some(sent) if !refreshed && !replaces(&sent, &next, starved) => {
                     if now.saturating_sub(w.sent_at) < ttl / 2 {
                         continue;
                     }
@@ -449,6 +495,7 @@ impl QuotaStream {
             };
             w.sent = Some(send);
             w.sent_at = now;
+            inner.sent(&w.target, w.holder, send);
             actions.push(Action {
                 bucket: bucket.clone(),
                 kind: ActionKind::Assign(send),
@@ -492,15 +539,26 @@ fn forget(inner: &mut Inner, w: &Watched) {
     inner.leave(&w.target, w.holder);
 }
 
-/// What `w` is to be assigned now: nothing while its rule's part is unknown and the table waits
-/// for it.
-fn assignment(inner: &Inner, w: &Watched) -> Option<Strategy> {
+/// What `w` is to be assigned now, and whether a smaller assignment must go at once (another
+/// holder of its counter waits for room): nothing while its rule's part is unknown and the table
+/// waits for it.
+fn assignment(inner: &Inner, w: &Watched) -> Option<(Strategy, bool)> {
     match w.target {
-        Target::Fixed(s) => Some(s),
+        Target::Fixed(s) => Some((s, false)),
         Target::Shared { counter, rate, .. } => inner
             .share(counter, w.holder, rate)
-            .map(|share| w.target.strategy(share)),
+            .map(|(share, starved)| (w.target.strategy(share), starved)),
     }
+}
+
+/// Whether `next` replaces `sent`: it moved past [`MOVE_THRESHOLD`], or it is smaller while
+/// another holder waits for room.
+fn replaces(sent: &Strategy, next: &Strategy, starved: bool) -> bool {
+    let shrank = match (sent, next) {
+        (Strategy::TokenBucket(a), Strategy::TokenBucket(b)) => b.rate() < a.rate(),
+        _ => false,
+    };
+    sent.moved(next) || (starved && shrank)
 }
 
 #[cfg(test)]
@@ -559,13 +617,65 @@ descriptors:
         let mut b = table.open("d".into()).expect("b");
         assert_eq!(table.open("d".into()).err(), Some(Refused::TooManyStreams));
         assert_eq!(rate(&a.report(0, vec![report("x", 300)])), 100.0);
-        let b_rate = rate(&b.report(0, vec![report("x", 100)]));
+        // The newcomer is due 25, but gets only what `a`'s bucket, as sent, leaves: none.
+        let b_first = rate(&b.report(0, vec![report("x", 100)]));
+        assert!(b_first < 1e-9, "{b_first}");
+        // `a` shrinks to make room at its next report; `b` grows at its next tick.
         let a_rate = rate(&a.report(1, vec![report("x", 300)]));
+        assert!(a_rate + b_first <= 100.0, "{a_rate} + {b_first}");
+        let b_rate = rate(&b.tick(1));
         assert!(a_rate + b_rate <= 100.0, "{a_rate} + {b_rate}");
         assert!((a_rate / b_rate - 3.0).abs() < 0.1, "{a_rate} : {b_rate}");
         drop(a);
         assert_eq!(table.figures(), (1, 1));
         assert!(rate(&b.tick(2)) >= 99.0);
+    }
+
+    #[test]
+    fn the_buckets_in_force_never_add_up_past_the_rule() {
+        // Three streams whose demands drift by a few percent at each report, under the 10 %
+        // that would push a change: the buckets as last sent never add up past 100.
+        let table = Arc::new(QuotaTable::new(
+            QuotaSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: 3,
+            },
+            PolicyHandle::new(policy::load_str(&[("d.yaml", POLICY)]).expect("policy")),
+        ));
+        let mut streams: Vec<QuotaStream> = (0..3)
+            .map(|_| table.open("d".into()).expect("open"))
+            .collect();
+        let mut in_force = [0.0f64; 3];
+        let mut rng = 0x5eed_u64;
+        for step in 0..600u64 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let i = (rng >> 33) as usize % 3;
+            let base = [300, 100, 20][i];
+            let drift = (rng >> 40) % 7;
+            let actions = if step % 4 == 3 {
+                streams[i].tick(step)
+            } else {
+                streams[i].report(step, vec![report("x", base + drift * base / 100)])
+            };
+            for action in &actions {
+                if let ActionKind::Assign(Strategy::TokenBucket(b)) = action.kind {
+                    in_force[i] = b.rate();
+                }
+            }
+            let sum: f64 = in_force.iter().sum();
+            assert!(sum <= 100.0 + 1e-9, "step {step}: {in_force:?}");
+        }
+        // And they settle near the division: 56.25, 18.75 and 25.
+        for (i, s) in streams.iter_mut().enumerate() {
+            if let [action] = s.tick(1_000).as_slice()
+                && let ActionKind::Assign(Strategy::TokenBucket(b)) = action.kind
+            {
+                in_force[i] = b.rate();
+            }
+        }
+        assert!(in_force[2] >= 20.0, "the small demand is met: {in_force:?}");
+        assert!(in_force[0] > 2.5 * in_force[1], "{in_force:?}");
     }
 
     #[test]
@@ -622,7 +732,10 @@ descriptors:
         // A part told before the first bucket joins is that bucket's first assignment.
         table.set_unknown_part(Some(0.5));
         table.set_part(asked[0].counter, 0.4);
-        assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "told, not asked again");
+        assert!(
+            a.unpriced(std::slice::from_ref(&x)).is_empty(),
+            "told, not asked again"
+        );
         assert_eq!(rate(&a.report(0, vec![x.clone()])), 40.0);
         assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
         // A part told for a rule no bucket joins is dropped two rounds later.
