@@ -140,8 +140,8 @@ impl Inner {
     /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand,
     /// and no more than what the others' token buckets, as last sent, leave of that part, so that
     /// the buckets in force never add up past it. With it, whether another holder is due more
-    /// than [`MOVE_THRESHOLD`] over what it holds: then any share that shrank is pushed at once,
-    /// to make room. `None` while the part is unknown and nothing is to be assigned until told.
+    /// than [`MOVE_THRESHOLD`] over what it holds, or the buckets in force add up past the part
+    /// (it shrank): then any share that shrank is pushed at once, to make room. `None` while the part is unknown and nothing is to be assigned until told.
     fn share(&self, counter: u128, holder: u64, rate: f64) -> Option<(f64, bool)> {
         let Some(c) = self.counters.get(&counter) else {
             return Some((0.0, false));
@@ -150,16 +150,18 @@ impl Inner {
         let held: Vec<(u64, Holder)> = c.holders.iter().map(|(h, x)| (*h, *x)).collect();
         let demands: Vec<f64> = held.iter().map(|(_, x)| x.demand).collect();
         let fair = shares(&demands, capacity, rate);
-        let (mut mine, mut others, mut starved) = (0.0, 0.0, false);
+        let (mut mine, mut mine_sent, mut others, mut starved) = (0.0, 0.0, 0.0, false);
         for ((h, x), due) in held.iter().zip(&fair) {
             if *h == holder {
-                mine = *due;
+                (mine, mine_sent) = (*due, x.sent);
             } else {
                 others += x.sent;
                 starved |= *due > (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
             }
         }
-        Some((mine.min((capacity - others).max(0.0)), starved))
+        // The part itself shrank (the fleet's table, or a reload) under the buckets in force.
+        let over = others + mine_sent > capacity + 1e-9;
+        Some((mine.min((capacity - others).max(0.0)), starved || over))
     }
 
     /// Records the strategy sent to `holder` of `target`: the rate of a token bucket, none else.
@@ -763,6 +765,16 @@ descriptors:
         assert_eq!(pushed.len(), 3, "{pushed:?}");
         for action in &pushed {
             assert_eq!(rate(std::slice::from_ref(action)), 25.0);
+        }
+        // A part that shrinks by less than the 10 % that moves a share is still pushed: the
+        // buckets in force would add up past it.
+        for d in &demands {
+            table.set_part(d.counter, 0.24);
+        }
+        let pushed = a.tick(3);
+        assert_eq!(pushed.len(), 3, "{pushed:?}");
+        for action in &pushed {
+            assert_eq!(rate(std::slice::from_ref(action)), 24.0);
         }
         for d in &demands {
             table.set_part(d.counter, f64::NAN);
