@@ -244,10 +244,12 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
 /// rule counted as that much. The floor also bounds the work: a pass of the division meets only
 /// holders asking no more than an equal part, so past `1 / IDLE_DEMAND` (100) holders it makes
 /// one pass, and below it at most that many.
-pub(crate) fn shares(demands: &[f64], capacity: f64, rate: f64) -> Vec<f64> {
+pub(crate) fn shares(mut demands: Vec<f64>, capacity: f64, rate: f64) -> Vec<f64> {
     let floor = rate * IDLE_DEMAND;
-    let asked: Vec<f64> = demands.iter().map(|d| d.max(floor)).collect();
-    share::divide(&asked, capacity)
+    for d in &mut demands {
+        *d = d.max(floor);
+    }
+    share::divide(&demands, capacity)
 }
 
 #[cfg(test)]
@@ -285,7 +287,7 @@ mod tests {
 
     #[test]
     fn idle_holders_get_a_little_and_the_rest_goes_by_demand() {
-        let s = shares(&[0.0, 300.0, 100.0], 100.0, 100.0);
+        let s = shares(vec![0.0, 300.0, 100.0], 100.0, 100.0);
         assert!(s.iter().sum::<f64>() <= 100.0 + 1e-9, "{s:?}");
         assert!(
             s[0] > 0.0 && s[0] <= 1.25,

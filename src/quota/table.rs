@@ -147,11 +147,11 @@ impl Inner {
             return Some((0.0, false));
         };
         let capacity = rate * c.part.or(self.unknown_part)?;
-        let held: Vec<(u64, Holder)> = c.holders.iter().map(|(h, x)| (*h, *x)).collect();
-        let demands: Vec<f64> = held.iter().map(|(_, x)| x.demand).collect();
-        let fair = shares(&demands, capacity, rate);
+        let demands: Vec<f64> = c.holders.values().map(|x| x.demand).collect();
+        let fair = shares(demands, capacity, rate);
         let (mut mine, mut mine_sent, mut others, mut starved) = (0.0, 0.0, 0.0, false);
-        for ((h, x), due) in held.iter().zip(&fair) {
+        // The map is not changed between the two walks, so they meet its holders in one order.
+        for ((h, x), due) in c.holders.iter().zip(&fair) {
             if *h == holder {
                 (mine, mine_sent) = (*due, x.sent);
             } else {
