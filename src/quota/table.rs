@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
     Action, ActionKind, BucketId, IDLE_DEMAND, MOVE_THRESHOLD, QuotaSettings, Report, Strategy,
-    Target, shares, target,
+    Target, TokenBucket, shares, target,
 };
 use crate::limiter::gcra::Quota;
 use crate::policy::{PolicyHandle, PolicySet};
@@ -40,10 +40,10 @@ struct Inner {
     /// This node's part of a rule whose part the fleet has not told: the whole rule until
     /// [`QuotaTable::set_unknown_part`] says otherwise; `None` to assign nothing until told.
     unknown_part: Option<f64>,
-    /// Parts told of rules no stream had joined yet (asked for before a first assignment),
-    /// with the count of [`QuotaTable::demands`] calls when told: kept for the next join, and
-    /// dropped two calls later when none came.
-    told: HashMap<u128, (f64, u64)>,
+    /// Parts told of rules no stream watches (asked for before a first assignment, or left by
+    /// the last stream), with when they were told and the count of [`QuotaTable::demands`]
+    /// calls then: kept for the next join, and dropped two calls later when none came.
+    told: HashMap<u128, (f64, u64, u64)>,
     /// Calls of [`QuotaTable::demands`] so far.
     rounds: u64,
 }
@@ -62,27 +62,49 @@ impl Default for Inner {
     }
 }
 
-/// One limited counter this node's streams watch.
+/// One limited counter this node's streams watch. Its figures are in the counter's tokens (a
+/// request of a cost node's bucket costs its cost), so that buckets of different costs on one
+/// counter divide one budget.
 #[derive(Debug)]
 struct Counter {
     quota: Quota,
-    /// Tokens a request costs.
-    cost: f64,
-    /// The rule's rate, in requests per second.
+    /// The rule's rate, in tokens per second.
     rate: f64,
-    /// Holder → its demand and the rate it was last sent (requests per second).
+    /// The rule's burst, in tokens, and its period (ns): the shape of the buckets sent.
+    burst: f64,
+    period_ns: u64,
+    /// Holder → its demand and the rate it was last sent.
     holders: HashMap<u64, Holder>,
-    /// This node's part of the rule, a fraction of it, as the fleet's quota table last said.
-    part: Option<f64>,
+    /// This node's part of the rule, a fraction of it, as the fleet's quota table last said,
+    /// and when (the fleet's clock, ns).
+    part: Option<(f64, u64)>,
 }
 
 /// One holder of a counter: a stream's watched bucket.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Holder {
-    /// Requests per second, as last reported.
+    /// Tokens a request of its bucket costs.
+    cost: f64,
+    /// Tokens per second, as last reported.
     demand: f64,
-    /// The rate of the token bucket it was last sent (none before the first).
+    /// The rate of the token bucket it was last sent, in tokens per second (none before).
     sent: f64,
+}
+
+impl Counter {
+    /// The rate, in tokens per second, of the token bucket that a share of `tokens` per second
+    /// comes to for a holder of `cost`: its whole tokens per fill.
+    fn as_sent(&self, tokens: f64, cost: f64) -> f64 {
+        if tokens <= 0.0 {
+            return 0.0;
+        }
+        let b = TokenBucket::of(
+            tokens / cost,
+            self.burst * tokens / (self.rate * cost),
+            self.period_ns,
+        );
+        b.rate() * cost
+    }
 }
 
 /// A rule this node hands out, as the fleet's quota table is told of it.
@@ -98,33 +120,43 @@ pub struct RuleDemand {
 }
 
 impl Inner {
+    /// Records `holder`'s demand, in requests per second, on `target`'s counter (and the rule's
+    /// figures, which a reload may have changed).
     fn join(&mut self, target: &Target, holder: u64, demand: f64) {
         let Target::Shared {
             counter,
             quota,
             cost,
             rate,
-            ..
+            burst,
+            period_ns,
         } = *target
         else {
             return;
         };
         let told = &mut self.told;
-        self.counters
-            .entry(counter)
-            .or_insert_with(|| Counter {
-                quota,
-                cost,
-                rate,
-                holders: HashMap::new(),
-                part: told.remove(&counter).map(|(part, _)| part),
-            })
-            .holders
-            .entry(holder)
-            .or_default()
-            .demand = demand;
+        let c = self.counters.entry(counter).or_insert_with(|| Counter {
+            quota,
+            rate: rate * cost,
+            burst: burst * cost,
+            period_ns,
+            holders: HashMap::new(),
+            part: told.remove(&counter).map(|(part, at, _)| (part, at)),
+        });
+        (c.quota, c.rate, c.burst, c.period_ns) = (quota, rate * cost, burst * cost, period_ns);
+        let h = c.holders.entry(holder).or_insert(Holder {
+            cost,
+            demand: 0.0,
+            sent: 0.0,
+        });
+        // A reload may change a bucket's cost under the token bucket it holds: what it was sent
+        // stays counted at the cost it was sent at.
+        h.sent *= cost / h.cost;
+        (h.cost, h.demand) = (cost, demand * cost);
     }
 
+    /// Takes `holder` off `target`'s counter. The counter's last holder takes the counter, and
+    /// keeps its part for a while (a stream that reconnects at once finds it).
     fn leave(&mut self, target: &Target, holder: u64) {
         let Target::Shared { counter, .. } = *target else {
             return;
@@ -132,40 +164,63 @@ impl Inner {
         if let Some(c) = self.counters.get_mut(&counter) {
             c.holders.remove(&holder);
             if c.holders.is_empty() {
+                if let Some((part, at)) = c.part {
+                    self.told.insert(counter, (part, at, self.rounds));
+                }
                 self.counters.remove(&counter);
             }
         }
     }
 
-    /// `holder`'s share of `rate` on `counter`: of this node's part of it, divided by demand,
-    /// and no more than what the others' token buckets, as last sent, leave of that part, so that
-    /// the buckets in force never add up past it. With it, whether another holder is due more
-    /// than [`MOVE_THRESHOLD`] over what it holds, or the buckets in force add up past the part
-    /// (it shrank): then any share that shrank is pushed at once, to make room. `None` while the part is unknown and nothing is to be assigned until told.
-    fn share(&self, counter: u128, holder: u64, rate: f64) -> Option<(f64, bool)> {
+    /// `holder`'s share of `counter`, in its requests per second: of this node's part of the
+    /// rule, divided by demand in the counter's tokens, and no more than what the others' token
+    /// buckets, as last sent, leave of that part, so that the buckets in force never add up past
+    /// it. With it, whether another holder is due more than [`MOVE_THRESHOLD`] over what it
+    /// holds, or the buckets in force add up past the part (it shrank): then any share that
+    /// shrank is pushed at once, to make room. `None` while the part is unknown and nothing is
+    /// to be assigned until told.
+    fn share(&self, counter: u128, holder: u64) -> Option<(f64, bool)> {
         let Some(c) = self.counters.get(&counter) else {
             return Some((0.0, false));
         };
-        let capacity = rate * c.part.or(self.unknown_part)?;
+        let part = c.part.map(|(part, _)| part).or(self.unknown_part)?;
+        let capacity = c.rate * part;
         let demands: Vec<f64> = c.holders.values().map(|x| x.demand).collect();
-        let fair = shares(demands, capacity, rate);
-        let (mut mine, mut mine_sent, mut others, mut starved) = (0.0, 0.0, 0.0, false);
+        let fair = shares(demands, capacity, c.rate);
+        let (mut mine, mut others, mut starved) = (None, 0.0, false);
         // The map is not changed between the two walks, so they meet its holders in one order.
         for ((h, x), due) in c.holders.iter().zip(&fair) {
             if *h == holder {
-                (mine, mine_sent) = (*due, x.sent);
+                mine = Some((*due, *x));
             } else {
                 others += x.sent;
-                starved |= *due > (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
+                // Due more than it holds past the move threshold, as the buckets would be sent.
+                starved |= c.as_sent(*due, x.cost) > (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
             }
         }
+        let Some((due, x)) = mine else {
+            return Some((0.0, false));
+        };
         // The part itself shrank (the fleet's table, or a reload) under the buckets in force.
-        let over = others + mine_sent > capacity + 1e-9;
-        Some((mine.min((capacity - others).max(0.0)), starved || over))
+        let over = others + x.sent > capacity * (1.0 + 1e-9) + 1e-9;
+        let tokens = due.min((capacity - others).max(0.0));
+        Some((tokens / x.cost, starved || over))
     }
 
-    /// Records the strategy sent to `holder` of `target`: the rate of a token bucket, none else.
-    fn sent(&mut self, target: &Target, holder: u64, strategy: Strategy) {
+    /// The rate, in requests per second, of the token bucket `holder` of `target` was last sent
+    /// (0 for none).
+    fn sent_rate(&self, target: &Target, holder: u64) -> f64 {
+        let Target::Shared { counter, .. } = *target else {
+            return 0.0;
+        };
+        self.counters
+            .get(&counter)
+            .and_then(|c| c.holders.get(&holder))
+            .map_or(0.0, |h| h.sent / h.cost)
+    }
+
+    /// Counts `holder` of `target` as holding a token bucket of `rate` requests per second.
+    fn hold(&mut self, target: &Target, holder: u64, rate: f64) {
         let Target::Shared { counter, .. } = *target else {
             return;
         };
@@ -174,17 +229,24 @@ impl Inner {
             .get_mut(&counter)
             .and_then(|c| c.holders.get_mut(&holder))
         {
-            h.sent = match strategy {
-                Strategy::TokenBucket(b) => b.rate(),
-                Strategy::AllowAll | Strategy::DenyAll => 0.0,
-            };
+            h.sent = rate * h.cost;
         }
+    }
+
+    /// Records the strategy sent to `holder` of `target`: the rate of a token bucket, none else.
+    fn sent(&mut self, target: &Target, holder: u64, strategy: Strategy) {
+        let rate = match strategy {
+            Strategy::TokenBucket(b) => b.rate(),
+            Strategy::AllowAll | Strategy::DenyAll => 0.0,
+        };
+        self.hold(target, holder, rate);
     }
 }
 
-/// What a holder of `demand` requests per second asks of a rule of `rate`, in its tokens.
-fn tokens(demand: f64, rate: f64, cost: f64) -> f64 {
-    demand.max(rate * IDLE_DEMAND) * cost
+/// What a holder asking for `demand` tokens per second asks of a rule of `rate` tokens per second:
+/// at least [`IDLE_DEMAND`] of it.
+fn asked(demand: f64, rate: f64) -> f64 {
+    demand.max(rate * IDLE_DEMAND)
 }
 
 impl QuotaTable {
@@ -221,32 +283,40 @@ impl QuotaTable {
         (inner.streams, inner.watched)
     }
 
-    /// What this node's streams ask of each rule they watch, for the fleet's quota tables.
+    /// What this node's streams ask of each rule they watch, for the fleet's quota tables, at
+    /// `now` (the fleet's clock, ns). A part told more than three quarters of a TTL ago is
+    /// dropped first: its entry in Redis lapses a TTL after its last renewal, and then the other
+    /// nodes may take it, so this node stops counting on it before (a rule whose renewals fail
+    /// goes back to the unknown part).
     #[must_use]
-    pub fn demands(&self) -> Vec<RuleDemand> {
+    pub fn demands(&self, now: u64) -> Vec<RuleDemand> {
+        let stale =
+            u64::try_from(self.settings.assignment_ttl.as_nanos() / 4 * 3).unwrap_or(u64::MAX);
         let mut inner = self.inner();
         inner.rounds += 1;
         let rounds = inner.rounds;
-        inner.told.retain(|_, (_, at)| *at + 2 > rounds);
+        inner.told.retain(|_, (_, _, round)| *round + 2 > rounds);
         inner
             .counters
-            .iter()
-            .map(|(counter, c)| RuleDemand {
-                counter: *counter,
-                quota: c.quota,
-                tokens: c
-                    .holders
-                    .values()
-                    .map(|h| tokens(h.demand, c.rate, c.cost))
-                    .sum(),
+            .iter_mut()
+            .map(|(counter, c)| {
+                if c.part.is_some_and(|(_, at)| now.saturating_sub(at) > stale) {
+                    c.part = None;
+                }
+                RuleDemand {
+                    counter: *counter,
+                    quota: c.quota,
+                    tokens: c.holders.values().map(|h| asked(h.demand, c.rate)).sum(),
+                }
             })
             .collect()
     }
 
     /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
-    /// 0..=1), as the fleet's quota table said; the streams' next tick pushes what it moves. A
-    /// part of a rule no stream watches yet is kept for the first that joins it.
-    pub fn set_part(&self, counter: u128, part: f64) {
+    /// 0..=1), as the fleet's quota table said at `now` (the fleet's clock, ns); the streams'
+    /// next tick pushes what it moves. A part of a rule no stream watches yet is kept for the
+    /// first that joins it.
+    pub fn set_part(&self, counter: u128, part: f64, now: u64) {
         let part = if part.is_nan() {
             0.0
         } else {
@@ -255,9 +325,9 @@ impl QuotaTable {
         let mut inner = self.inner();
         let rounds = inner.rounds;
         match inner.counters.get_mut(&counter) {
-            Some(c) => c.part = Some(part),
+            Some(c) => c.part = Some((part, now)),
             None => {
-                inner.told.insert(counter, (part, rounds));
+                inner.told.insert(counter, (part, now, rounds));
             }
         }
     }
@@ -342,18 +412,25 @@ impl QuotaStream {
         self.table.figures()
     }
 
-    /// The rules that the buckets among `reports` this stream does not watch yet would join, and
-    /// whose part this node has not been told: what to ask the fleet's quota tables before
-    /// [`QuotaStream::report`] assigns them. One entry per rule, with the reports' demand.
+    /// The rules that the buckets among `reports` this stream does not watch yet would join (no
+    /// more than the stream may watch), and whose part this node has not been told: what to ask
+    /// the fleet's quota tables before [`QuotaStream::report`] assigns them. One entry per rule,
+    /// with this node's whole demand for it, the reports' included.
     #[must_use]
     pub fn unpriced(&self, reports: &[Report]) -> Vec<RuleDemand> {
         let policies = self.table.policies.load();
         let inner = self.table.inner();
+        let room = self
+            .table
+            .settings
+            .max_buckets_per_stream
+            .saturating_sub(self.buckets.len());
         let mut out: Vec<RuleDemand> = Vec::new();
-        for report in reports {
-            if self.buckets.contains_key(&report.bucket) {
-                continue;
-            }
+        for report in reports
+            .iter()
+            .filter(|r| !self.buckets.contains_key(&r.bucket))
+            .take(room)
+        {
             let Target::Shared {
                 counter,
                 quota,
@@ -364,21 +441,23 @@ impl QuotaStream {
             else {
                 continue;
             };
-            let known = inner
-                .counters
-                .get(&counter)
-                .is_some_and(|c| c.part.is_some());
-            if known || inner.told.contains_key(&counter) {
+            let watched = inner.counters.get(&counter);
+            if watched.is_some_and(|c| c.part.is_some()) || inner.told.contains_key(&counter) {
                 continue;
             }
-            let asked = tokens(report.demand(), rate, cost);
+            let tokens = asked(report.demand() * cost, rate * cost);
             match out.iter_mut().find(|d| d.counter == counter) {
-                Some(d) => d.tokens += asked,
-                None => out.push(RuleDemand {
-                    counter,
-                    quota,
-                    tokens: asked,
-                }),
+                Some(d) => d.tokens += tokens,
+                None => {
+                    let held: f64 = watched.map_or(0.0, |c| {
+                        c.holders.values().map(|h| asked(h.demand, c.rate)).sum()
+                    });
+                    out.push(RuleDemand {
+                        counter,
+                        quota,
+                        tokens: held + tokens,
+                    });
+                }
             }
         }
         out
@@ -517,9 +596,17 @@ impl QuotaStream {
         let table = Arc::clone(&self.table);
         let mut inner = table.inner();
         for (bucket, w) in &mut self.buckets {
+            let next = target(&self.seen, &self.domain, bucket);
+            if next == w.target {
+                continue;
+            }
+            // The bucket's Envoy enforces what it was sent until it is sent the new rule's: it
+            // stays counted on the new counter until then.
+            let sent = inner.sent_rate(&w.target, w.holder);
             inner.leave(&w.target, w.holder);
-            w.target = target(&self.seen, &self.domain, bucket);
+            w.target = next;
             inner.join(&w.target, w.holder, w.demand);
+            inner.hold(&w.target, w.holder, sent);
         }
         true
     }
@@ -547,8 +634,8 @@ fn forget(inner: &mut Inner, w: &Watched) {
 fn assignment(inner: &Inner, w: &Watched) -> Option<(Strategy, bool)> {
     match w.target {
         Target::Fixed(s) => Some((s, false)),
-        Target::Shared { counter, rate, .. } => inner
-            .share(counter, w.holder, rate)
+        Target::Shared { counter, .. } => inner
+            .share(counter, w.holder)
             .map(|(share, starved)| (w.target.strategy(share), starved)),
     }
 }
@@ -733,7 +820,7 @@ descriptors:
         assert!((asked[0].tokens - 300.0).abs() < 1e-9, "{asked:?}");
         // A part told before the first bucket joins is that bucket's first assignment.
         table.set_unknown_part(Some(0.5));
-        table.set_part(asked[0].counter, 0.4);
+        table.set_part(asked[0].counter, 0.4, 0);
         assert!(
             a.unpriced(std::slice::from_ref(&x)).is_empty(),
             "told, not asked again"
@@ -741,9 +828,9 @@ descriptors:
         assert_eq!(rate(&a.report(0, vec![x.clone()])), 40.0);
         assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
         // A part told for a rule no bucket joins is dropped two rounds later.
-        table.set_part(12_345, 0.9);
-        let _ = table.demands();
-        let _ = table.demands();
+        table.set_part(12_345, 0.9, 0);
+        let _ = table.demands(0);
+        let _ = table.demands(0);
         assert!(table.inner().told.is_empty(), "dropped");
         // Until the fleet tells it, a rule is assumed the unknown part.
         assert_eq!(rate(&a.report(0, vec![report("y", 300)])), 50.0);
@@ -753,13 +840,13 @@ descriptors:
         let z_rule = a.unpriced(std::slice::from_ref(&z))[0].counter;
         assert!(a.report(0, vec![z]).is_empty(), "nothing assigned yet");
         assert!(a.tick(1).is_empty(), "nor at a tick");
-        table.set_part(z_rule, 0.2);
+        table.set_part(z_rule, 0.2, 0);
         assert_eq!(rate(&a.tick(2)), 20.0, "the told part is pushed");
         // Parts that move are pushed; a part that is not a number is none.
-        let demands = table.demands();
+        let demands = table.demands(0);
         assert_eq!(demands.len(), 3);
         for d in &demands {
-            table.set_part(d.counter, 0.25);
+            table.set_part(d.counter, 0.25, 0);
         }
         let pushed = a.tick(3);
         assert_eq!(pushed.len(), 3, "{pushed:?}");
@@ -769,7 +856,7 @@ descriptors:
         // A part that shrinks by less than the 10 % that moves a share is still pushed: the
         // buckets in force would add up past it.
         for d in &demands {
-            table.set_part(d.counter, 0.24);
+            table.set_part(d.counter, 0.24, 0);
         }
         let pushed = a.tick(3);
         assert_eq!(pushed.len(), 3, "{pushed:?}");
@@ -777,7 +864,7 @@ descriptors:
             assert_eq!(rate(std::slice::from_ref(action)), 24.0);
         }
         for d in &demands {
-            table.set_part(d.counter, f64::NAN);
+            table.set_part(d.counter, f64::NAN, 0);
         }
         for action in &a.tick(4) {
             let r = rate(std::slice::from_ref(action));
@@ -785,8 +872,95 @@ descriptors:
         }
         drop(a);
         assert!(
-            table.demands().is_empty(),
+            table.demands(0).is_empty(),
             "a rule no stream watches is not renewed"
         );
+    }
+
+    #[test]
+    fn buckets_of_different_costs_on_one_counter_divide_its_tokens() {
+        const COSTS: &str = "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
+    descriptors:
+      - key: route
+        value: search
+        cost: 10
+";
+        let set = policy::load_str(&[("d.yaml", COSTS)]).expect("policy");
+        let table = Arc::new(QuotaTable::new(
+            QuotaSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: 2,
+            },
+            PolicyHandle::new(set),
+        ));
+        let (mut cheap, mut dear) = (
+            table.open("d".into()).expect("cheap"),
+            table.open("d".into()).expect("dear"),
+        );
+        let plain = |n| Report {
+            bucket: [("user".to_string(), "a".to_string())].into(),
+            elapsed_ns: NANOS_PER_SEC,
+            requests: n,
+        };
+        let search = |n| Report {
+            bucket: [
+                ("user".to_string(), "a".to_string()),
+                ("route".to_string(), "search".to_string()),
+            ]
+            .into(),
+            elapsed_ns: NANOS_PER_SEC,
+            requests: n,
+        };
+        // 300 plain requests a second against 30 searches (300 tokens): an even split of the
+        // 100 tokens, 50 plain requests and 5 searches, once both have been pushed.
+        let mut in_force = [0.0f64; 2];
+        let keep = |held: &mut f64, actions: Vec<Action>| {
+            for a in actions {
+                if let ActionKind::Assign(Strategy::TokenBucket(b)) = a.kind {
+                    *held = b.rate();
+                }
+            }
+        };
+        for step in 0..8 {
+            keep(&mut in_force[0], cheap.report(step, vec![plain(300)]));
+            keep(&mut in_force[1], dear.report(step, vec![search(30)]));
+            let tokens = in_force[0] + 10.0 * in_force[1];
+            assert!(tokens <= 100.0 + 1e-9, "step {step}: {in_force:?}");
+        }
+        assert!((in_force[0] - 50.0).abs() <= 1.0, "{in_force:?}");
+        assert!((in_force[1] - 5.0).abs() <= 0.1, "{in_force:?}");
+        let demands = table.demands(0);
+        assert!((demands[0].tokens - 600.0).abs() < 1e-9, "{demands:?}");
+    }
+
+    #[test]
+    fn a_part_not_renewed_for_three_quarters_of_a_ttl_is_dropped() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let x = report("x", 300);
+        let rule = a.unpriced(std::slice::from_ref(&x))[0].counter;
+        table.set_unknown_part(None);
+        table.set_part(rule, 0.5, 0);
+        assert_eq!(rate(&a.report(0, vec![x])), 50.0);
+        let sec = NANOS_PER_SEC;
+        let _ = table.demands(7 * sec);
+        assert_eq!(
+            a.tick(1),
+            vec![],
+            "a part told 7 s ago (TTL 10 s) still stands"
+        );
+        let _ = table.demands(8 * sec);
+        // Unknown now, and the table waits for it: nothing more is pushed or renewed.
+        assert_eq!(
+            a.tick(6 * sec),
+            vec![],
+            "no renewal of a part no longer known"
+        );
+        table.set_part(rule, 0.5, 8 * sec);
+        assert_eq!(rate(&a.tick(7 * sec)), 50.0, "renewed once told again");
     }
 }

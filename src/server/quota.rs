@@ -112,6 +112,8 @@ pub(crate) struct Fleet {
     /// The part of a rule assumed before Redis has told this node its own (`None`: assign
     /// nothing until it has).
     unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
+    /// When the fleet's clock began.
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -133,7 +135,13 @@ impl Fleet {
             backend,
             table,
             unknown,
+            epoch: Instant::now(),
         }
+    }
+
+    /// The fleet's clock: nanoseconds since it began.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn renewal(&self, tokens: f64, leave: bool) -> QuotaRenewal {
@@ -159,7 +167,9 @@ impl Fleet {
             });
             for (counter, answer) in futures_util::future::join_all(calls).await {
                 match answer {
-                    Ok(part) => self.table.set_part(counter, part.unwrap_or(1.0)),
+                    Ok(part) => self
+                        .table
+                        .set_part(counter, part.unwrap_or(1.0), self.now()),
                     // The breaker and the Redis metrics count it; the last part told stands.
                     Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
                 }
@@ -194,7 +204,7 @@ impl Fleet {
                 () = stop.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let rules = self.table.demands();
+            let rules = self.table.demands(self.now());
             let gone: Vec<RuleDemand> = held
                 .iter()
                 .filter(|h| !rules.iter().any(|r| r.counter == h.counter))
@@ -359,10 +369,10 @@ impl StreamTask {
                 to_pb(a, ttl)
             })
             .collect();
-        self.tx
-            .send(Ok(RateLimitQuotaResponse { bucket_action }))
-            .await
-            .is_ok()
+        // A peer that stops reading for a TTL has let every assignment lapse; its stream ends,
+        // so that its task does not wait for ever while its shares hold room.
+        let sent = self.tx.send(Ok(RateLimitQuotaResponse { bucket_action }));
+        matches!(tokio::time::timeout(self.ttl, sent).await, Ok(Ok(())))
     }
 
     fn close(self) {

@@ -174,6 +174,12 @@ class EnvoyQuota(unittest.TestCase):
             self.assertGreater(settings.reporting_interval.seconds, 0)
             self.assertEqual(settings.no_assignment_behavior.fallback_rate_limit.blanket_rule, 0)  # ALLOW_ALL
             self.assertEqual(settings.deny_response_settings.http_status.code, 429)
+            # An expired assignment is reused for a bounded time, at most sluice's default TTL
+            # (10 s): the bound then reads with TTL plus that timeout.
+            expired = settings.expired_assignment_behavior
+            self.assertTrue(expired.HasField("reuse_last_assignment"))
+            self.assertTrue(expired.HasField("expired_assignment_behavior_timeout"))
+            self.assertLessEqual(expired.expired_assignment_behavior_timeout.seconds, 10)
 
     def test_the_filter_points_at_sluice_over_http2(self):
         cluster_name = self.filter["rlqs_server"]["envoy_grpc"]["cluster_name"]

@@ -538,6 +538,10 @@ async fn two_nodes_on_one_redis_hand_out_one_rule() {
     .await
     .expect("quota round trips counted");
     let most = 1.0 + (elapsed / 0.5).ceil() + 1.0;
+    eprintln!(
+        "two nodes: first {first} + {first_small}, settled {big_rate} + {small_rate}, then \
+         {grown}; {trips} quota round trips in {elapsed:.1} s"
+    );
     assert!(
         trips >= 2.0 && trips <= most,
         "{trips} quota round trips in {elapsed:.1} s; at most {most} expected"

@@ -178,8 +178,12 @@ impl RedisStore {
         let counter = self.key(key);
         let table = quota_table_key(&counter);
         let keys = [counter, table];
-        // Precision intended: thousandths of a hit per second, as the table keeps them.
-        let demand = (renewal.demand.max(0.0) * 1_000.0).min(1e15) as u64;
+        // Precision intended: thousandths of a token per second, as the table keeps them; a
+        // demand held at all is at least one, so that a slow rule's part is not rounded away.
+        let demand = match renewal.leave {
+            true => 0,
+            false => ((renewal.demand.max(0.0) * 1_000.0).ceil().min(1e15) as u64).max(1),
+        };
         let lifetime = u64::try_from(renewal.lifetime.as_millis()).unwrap_or(u64::MAX);
         let args = (
             self.time_arg(now)
