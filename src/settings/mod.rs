@@ -176,6 +176,16 @@ pub enum SettingsError {
         /// The setting's dotted name.
         setting: &'static str,
     },
+    /// A value past the most it may be.
+    #[error("invalid settings: {setting} must be at most {max} ({why})")]
+    TooLarge {
+        /// The setting's dotted name.
+        setting: &'static str,
+        /// The most it may be.
+        max: u64,
+        /// Why.
+        why: &'static str,
+    },
     /// `grpc.idle_timeout_ms` not longer than `grpc.request_timeout_ms`.
     #[error(
         "invalid settings: grpc.idle_timeout_ms must be longer than grpc.request_timeout_ms, so \

@@ -14,6 +14,9 @@ use crate::decision::{self, Caps, HeaderOptions};
 use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
 use crate::limiter::{LeaseConfig, RedisConfig};
 
+/// The longest `rlqs.assignment_ttl_ms`: an hour.
+const MAX_ASSIGNMENT_TTL_MS: u64 = 3_600_000;
+
 impl Written {
     /// Checks every value and gives the typed settings.
     ///
@@ -95,6 +98,13 @@ impl Written {
             }
         }
         positive("rlqs.assignment_ttl_ms", self.rlqs.assignment_ttl_ms)?;
+        if self.rlqs.assignment_ttl_ms > MAX_ASSIGNMENT_TTL_MS {
+            return Err(SettingsError::TooLarge {
+                setting: "rlqs.assignment_ttl_ms",
+                max: MAX_ASSIGNMENT_TTL_MS,
+                why: "an hour: an assignment that outlives its stream by more makes the bound a loose one",
+            });
+        }
         positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
         positive(
@@ -775,5 +785,18 @@ mod tests {
         raw.tracing.resource_attributes = "novalue".into();
         let err = raw.validate().unwrap_err().to_string();
         assert!(err.contains("tracing.resource_attributes"), "{err}");
+    }
+
+    #[test]
+    fn an_assignment_ttl_past_an_hour_is_refused() {
+        let mut raw = Written::default();
+        raw.rlqs.assignment_ttl_ms = 3_600_001;
+        let err = raw.clone().validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid settings: rlqs.assignment_ttl_ms must be at most 3600000"),
+            "{err}"
+        );
+        raw.rlqs.assignment_ttl_ms = 3_600_000;
+        assert!(raw.validate().is_ok());
     }
 }
