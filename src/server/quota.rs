@@ -170,7 +170,8 @@ impl Fleet {
                     Ok(part) => self
                         .table
                         .set_part(counter, part.unwrap_or(1.0), self.now()),
-                    // The breaker and the Redis metrics count it; the last part told stands.
+                    // The breaker and the Redis metrics count it; the last part told stands
+                    // until it is three quarters of a TTL old (`QuotaTable::demands`).
                     Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
                 }
             }

@@ -180,9 +180,10 @@ impl RedisStore {
         let keys = [counter, table];
         // Precision intended: thousandths of a token per second, as the table keeps them; a
         // demand held at all is at least one, so that a slow rule's part is not rounded away.
-        let demand = match renewal.leave {
-            true => 0,
-            false => ((renewal.demand.max(0.0) * 1_000.0).ceil().min(1e15) as u64).max(1),
+        let demand = if renewal.leave {
+            0
+        } else {
+            ((renewal.demand.max(0.0) * 1_000.0).ceil().min(1e15) as u64).max(1)
         };
         let lifetime = u64::try_from(renewal.lifetime.as_millis()).unwrap_or(u64::MAX);
         let args = (
