@@ -194,8 +194,10 @@ impl Inner {
                 mine = Some((*due, *x));
             } else {
                 others += x.sent;
-                // Due more than it holds past the move threshold, as the buckets would be sent.
-                starved |= c.as_sent(*due, x.cost) > (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
+                // Due more than it holds past the move threshold, as the buckets would be sent
+                // (a bucket's rate is at most its share, so the share is looked at first).
+                let wanted = (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
+                starved |= !starved && *due > wanted && c.as_sent(*due, x.cost) > wanted;
             }
         }
         let Some((due, x)) = mine else {
