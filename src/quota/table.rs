@@ -1,8 +1,10 @@
-//! This node's share table: for each limited counter, the demand of every watched bucket that
-//! matches it, one holder per (stream, bucket); and each stream's own watch list, which decides
-//! what to send and when. The table sits behind one mutex, taken once per report message or
-//! tick, never across an `.await` (there is none here). A stream's shares are freed when its
-//! [`QuotaStream`] is dropped.
+//! This node's share table: for each limited counter, this node's part of it (told by the
+//! fleet, or the whole rule), and the demand and last-sent token bucket of every watched bucket
+//! that matches it, one holder per (stream, bucket), in the counter's tokens; and each stream's
+//! own watch list, which decides what to send and when. A share is never more than what the
+//! other holders' buckets in force leave. The table sits behind one mutex, taken once per report
+//! message or tick, never across an `.await` (there is none here). A stream's shares are freed
+//! when its [`QuotaStream`] is dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
