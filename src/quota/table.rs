@@ -94,6 +94,14 @@ struct Holder {
 }
 
 impl Counter {
+    /// What its holders ask of it, in tokens per second.
+    fn asked(&self) -> f64 {
+        self.holders
+            .values()
+            .map(|h| asked(h.demand, self.rate))
+            .sum()
+    }
+
     /// The rate, in tokens per second, of the token bucket that a share of `tokens` per second
     /// comes to for a holder of `cost`: its whole tokens per fill.
     fn as_sent(&self, tokens: f64, cost: f64) -> f64 {
@@ -247,6 +255,15 @@ impl Inner {
     }
 }
 
+/// `part` as a fraction of a rule: within 0..=1, and none for a part that is not a number.
+fn fraction(part: f64) -> f64 {
+    if part.is_nan() {
+        0.0
+    } else {
+        part.clamp(0.0, 1.0)
+    }
+}
+
 /// What a holder asking for `demand` tokens per second asks of a rule of `rate` tokens per second:
 /// at least [`IDLE_DEMAND`] of it.
 fn asked(demand: f64, rate: f64) -> f64 {
@@ -310,7 +327,7 @@ impl QuotaTable {
                 RuleDemand {
                     counter: *counter,
                     quota: c.quota,
-                    tokens: c.holders.values().map(|h| asked(h.demand, c.rate)).sum(),
+                    tokens: c.asked(),
                 }
             })
             .collect()
@@ -321,11 +338,7 @@ impl QuotaTable {
     /// next tick pushes what it moves. A part of a rule no stream watches yet is kept for the
     /// first that joins it.
     pub fn set_part(&self, counter: u128, part: f64, now: u64) {
-        let part = if part.is_nan() {
-            0.0
-        } else {
-            part.clamp(0.0, 1.0)
-        };
+        let part = fraction(part);
         let mut inner = self.inner();
         let rounds = inner.rounds;
         match inner.counters.get_mut(&counter) {
@@ -340,7 +353,7 @@ impl QuotaTable {
     /// whole rule, 1, until set), or `None` to assign a bucket of such a rule nothing until its
     /// part is told (Envoy then applies its own `no_assignment_behavior`).
     pub fn set_unknown_part(&self, part: Option<f64>) {
-        self.inner().unknown_part = part.map(|p| if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) });
+        self.inner().unknown_part = part.map(fraction);
     }
 
     /// Opens a stream of `domain`.
@@ -453,9 +466,7 @@ impl QuotaStream {
             match out.iter_mut().find(|d| d.counter == counter) {
                 Some(d) => d.tokens += tokens,
                 None => {
-                    let held: f64 = watched.map_or(0.0, |c| {
-                        c.holders.values().map(|h| asked(h.demand, c.rate)).sum()
-                    });
+                    let held = watched.map_or(0.0, Counter::asked);
                     out.push(RuleDemand {
                         counter,
                         quota,

@@ -19,7 +19,7 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::limiter::{Backend, QuotaRenewal};
+use crate::limiter::{Backend, BackendError, QuotaRenewal};
 use crate::metrics::{QuotaFigures, QuotaRefusal};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::pb::rate_limit_quota_response::bucket_action::{
@@ -155,43 +155,44 @@ impl Fleet {
     /// Renews each of `rules` with its demand, and records the part each is told.
     async fn renew(&self, rules: &[RuleDemand]) {
         self.table.set_unknown_part((self.unknown)());
-        for chunk in rules.chunks(RENEWALS_AT_ONCE) {
-            let calls = chunk.iter().map(|rule| async move {
-                let renewal = self.renewal(rule.tokens, false);
-                (
-                    rule.counter,
-                    self.backend
-                        .quota_part(rule.counter, &rule.quota, &renewal)
-                        .await,
-                )
-            });
-            for (counter, answer) in futures_util::future::join_all(calls).await {
-                match answer {
-                    Ok(part) => self
-                        .table
-                        .set_part(counter, part.unwrap_or(1.0), self.now()),
-                    // The breaker and the Redis metrics count it; the last part told stands
-                    // until it is three quarters of a TTL old (`QuotaTable::demands`).
-                    Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
-                }
+        for (counter, answer) in self.call(rules, false).await {
+            match answer {
+                Ok(part) => self
+                    .table
+                    .set_part(counter, part.unwrap_or(1.0), self.now()),
+                // The breaker and the Redis metrics count it; the last part told stands until
+                // it is three quarters of a TTL old (`QuotaTable::demands`).
+                Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
             }
         }
     }
 
-    /// Gives up this node's part of each of `rules`.
+    /// Gives up this node's part of each of `rules`. A part not given up lapses within a TTL.
     async fn leave(&self, rules: &[RuleDemand]) {
+        let _ = self.call(rules, true).await;
+    }
+
+    /// One quota-table call for each of `rules` (a renewal with its demand, or a leave),
+    /// [`RENEWALS_AT_ONCE`] at a time: each rule's counter with Redis's answer.
+    async fn call(
+        &self,
+        rules: &[RuleDemand],
+        leave: bool,
+    ) -> Vec<(u128, Result<Option<f64>, BackendError>)> {
+        let mut answers = Vec::with_capacity(rules.len());
         for chunk in rules.chunks(RENEWALS_AT_ONCE) {
-            let calls = chunk.iter().map(|rule| {
-                let renewal = self.renewal(0.0, true);
-                async move {
-                    self.backend
-                        .quota_part(rule.counter, &rule.quota, &renewal)
-                        .await
-                }
+            let calls = chunk.iter().map(|rule| async move {
+                let demand = if leave { 0.0 } else { rule.tokens };
+                let renewal = self.renewal(demand, leave);
+                let answer = self
+                    .backend
+                    .quota_part(rule.counter, &rule.quota, &renewal)
+                    .await;
+                (rule.counter, answer)
             });
-            // A part not given up lapses within a TTL.
-            let _ = futures_util::future::join_all(calls).await;
+            answers.extend(futures_util::future::join_all(calls).await);
         }
+        answers
     }
 
     /// Renews every watched rule each `tick_interval` of the TTL, gives up the rules no stream
