@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::{RedisAuth, RedisTls};
 use sluice::limiter::{
-    Backend, KeyBuilder, MemoryStore, Mode, MonotonicClock, Op, Quota, RedisConfig, RedisStore,
-    RedisTime,
+    Backend, Charge, KeyBuilder, MemoryStore, Mode, MonotonicClock, Op, Quota, RedisConfig,
+    RedisStore, RedisTime,
 };
 
 const TASKS: u64 = 64;
@@ -26,7 +26,7 @@ fn op(i: u64) -> Op {
         key: KeyBuilder::new(3).part(&i.to_le_bytes()).finish(),
         quota: Quota::new(NANOS_PER_SEC, 1_000, 1_000).expect("valid quota"),
         cost: 1,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use sluice::limiter::gcra::{self, NANOS_PER_SEC};
-use sluice::limiter::{KeyBuilder, MemoryStore, Mode, Op, Quota};
+use sluice::limiter::{Charge, KeyBuilder, MemoryStore, Mode, Op, Quota};
 
 /// 1e9 per second: T = 1 ns, so advancing time by 1 ns per call keeps every call admitted.
 fn fast() -> Quota {
@@ -20,7 +20,7 @@ fn op(key: u128, quota: Quota) -> Op {
         key,
         quota,
         cost: 1,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }
 }

@@ -389,7 +389,7 @@ impl Decider {
                 else {
                     continue;
                 };
-                if op.refund {
+                if op.is_refund() {
                     continue;
                 }
                 let value = |i: usize| {

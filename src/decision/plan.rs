@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::request::{Descriptor, Request};
 use super::{AppliedLimit, Code, Status};
 use crate::limiter::gcra::NANOS_PER_SEC;
-use crate::limiter::{Batch, Key, KeyBuilder, Mode, Op};
+use crate::limiter::{Batch, Charge, Key, KeyBuilder, Mode, Op};
 use crate::policy::{Domain, Limit, Metadata, Rate, Resolved, Rule};
 
 /// Seed of override counter keys, distinct from any rule identity's role.
@@ -199,8 +199,25 @@ fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
         key,
         quota: rate.quota,
         cost,
-        refund: desc.is_negative_hits,
+        charge: charge(desc),
         mode,
+    }
+}
+
+/// How a descriptor charges its counters. A cost of its own above zero reports spend: Envoy
+/// sets a descriptor's `hits_addend` only from a route's `hits_addend` (Envoy Gateway's
+/// `cost.request` and `cost.response`, AI Gateway's token counts), and sends the one of
+/// `apply_on_stream_done` when the work is done, ignoring the answer. Such a charge is recorded
+/// even past the limit, or the budget would be free once one response is larger than what is
+/// left. A descriptor without a cost of its own (the request's `hits_addend`, or none) asks
+/// before the work, and a refused request charges nothing of it.
+fn charge(desc: &Descriptor) -> Charge {
+    if desc.is_negative_hits {
+        Charge::Refund
+    } else if desc.hits_addend.is_some_and(|n| n > 0) {
+        Charge::Spent
+    } else {
+        Charge::Ask
     }
 }
 

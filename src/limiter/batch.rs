@@ -17,6 +17,21 @@ pub enum Mode {
     Quota,
 }
 
+/// What an op does to its counter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Charge {
+    /// A request charged before the work: charged only when it fits, and only when its whole
+    /// request is admitted (a refused request charges nothing).
+    #[default]
+    Ask,
+    /// Spend reported for work already done: recorded whatever the outcome, into debt past the
+    /// bucket ([`gcra::record`](crate::limiter::gcra::record)); it is denied when it did not
+    /// fit, and a denial refuses its request as any other would.
+    Spent,
+    /// Gives the cost back, whatever the outcome.
+    Refund,
+}
+
 /// One counter operation of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Op {
@@ -24,19 +39,34 @@ pub struct Op {
     pub key: Key,
     /// Its rate.
     pub quota: Quota,
-    /// Requests to charge (0 = check only) or to refund.
+    /// Requests to charge (0 = check only), to record or to refund.
     pub cost: u64,
-    /// Give `cost` back instead of charging it. Refunds are applied whatever the outcome.
-    pub refund: bool,
+    /// Charge before the work, record spent work, or refund.
+    pub charge: Charge,
     /// How a denial of this op weighs on the request.
     pub mode: Mode,
+}
+
+impl Op {
+    /// Whether this op is applied whatever its request's outcome: a refund, or spend recorded.
+    #[must_use]
+    pub const fn unconditional(&self) -> bool {
+        !matches!(self.charge, Charge::Ask)
+    }
+
+    /// Whether this op gives its cost back.
+    #[must_use]
+    pub const fn is_refund(&self) -> bool {
+        matches!(self.charge, Charge::Refund)
+    }
 }
 
 /// The decision on a request's ops.
 ///
 /// The request is blocked when an [`Mode::Enforce`] op is denied, or when it has
-/// [`Mode::Quota`] ops and all of them are denied. A blocked request charges nothing; an admitted
-/// one charges every op that was admitted (denied shadow and quota ops charge nothing).
+/// [`Mode::Quota`] ops and all of them are denied. A blocked request charges nothing of what it
+/// asks ([`Charge::Ask`]); an admitted one charges every asking op that was admitted (denied
+/// shadow and quota ops charge nothing). Refunds and recorded spend apply either way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     /// Whether the request is refused.
@@ -63,7 +93,7 @@ impl Batch {
         let enforce_denied = ops
             .iter()
             .zip(outcomes)
-            .any(|(op, o)| !op.refund && op.mode == Mode::Enforce && !o.admitted);
+            .any(|(op, o)| !op.is_refund() && op.mode == Mode::Enforce && !o.admitted);
         enforce_denied || Self::all_quota_denied(ops, outcomes)
     }
 
@@ -73,7 +103,7 @@ impl Batch {
         let mut quota = ops
             .iter()
             .zip(outcomes)
-            .filter(|(op, _)| !op.refund && op.mode == Mode::Quota)
+            .filter(|(op, _)| !op.is_refund() && op.mode == Mode::Quota)
             .peekable();
         quota.peek().is_some() && quota.all(|(_, o)| !o.admitted)
     }

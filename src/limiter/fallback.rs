@@ -206,7 +206,7 @@ impl LocalFallback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::batch::Mode;
+    use crate::limiter::batch::{Charge, Mode};
     use crate::limiter::clock::ManualClock;
     use crate::limiter::gcra::NANOS_PER_SEC as SEC;
 
@@ -215,7 +215,7 @@ mod tests {
             key,
             quota,
             cost: 1,
-            refund: false,
+            charge: Charge::Ask,
             mode: Mode::Enforce,
         }
     }

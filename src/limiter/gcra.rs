@@ -13,6 +13,11 @@ pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// `TAT` below 2^62 means `max(TAT, now) + cost·T` can never overflow a `u64`.
 pub const MAX_TOLERANCE: u64 = 1 << 62;
 
+/// Periods of spend a key may owe past an empty bucket when work already done is recorded
+/// ([`record`]): a report of up to this many whole budgets more than is left is recorded whole,
+/// and no report, however large, refuses a key for longer than the bucket and this many periods.
+pub const DEBT_PERIODS: u64 = 4;
+
 /// A validated rate: `requests` per `period` nanoseconds with a bucket of `burst` requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Quota {
@@ -165,10 +170,26 @@ impl Quota {
         self.tolerance.saturating_sub(debt) / self.interval
     }
 
-    /// A TAT that owes no more than this bucket holds. Normally a no-op; after a reload lowers
-    /// the rate it caps old debt at "fully exhausted" (no fresh burst, no excess penalty).
+    /// The most a key may owe, `TAT − now`: the bucket `B·T` and [`DEBT_PERIODS`] periods of
+    /// spend recorded past it, never more than [`MAX_TOLERANCE`] (so `TAT + cost·T` stays in a
+    /// `u64`). At least `B·T`.
+    #[must_use]
+    pub const fn debt_cap(&self) -> u64 {
+        let cap = self
+            .tolerance
+            .saturating_add(DEBT_PERIODS.saturating_mul(self.period));
+        // B·T ≤ MAX_TOLERANCE for every quota, so the cut never goes below the bucket.
+        if cap < MAX_TOLERANCE {
+            cap
+        } else {
+            MAX_TOLERANCE
+        }
+    }
+
+    /// A TAT that owes no more than [`Quota::debt_cap`]. Normally a no-op; after a reload lowers
+    /// the rate it cuts old debt to what the new rule may carry.
     fn clamp(&self, tat: u64, now: u64) -> u64 {
-        tat.min(now.saturating_add(self.tolerance))
+        tat.min(now.saturating_add(self.debt_cap()))
     }
 }
 
@@ -237,6 +258,38 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
             remaining: quota.remaining(base, now),
             wait: debt - quota.tolerance,
         }
+    }
+}
+
+/// Records `cost` requests of work already done (spend reported after the work, as Envoy's
+/// `apply_on_stream_done` sends it): `TAT = min(max(TAT, now) + cost·T, now + debt cap)`, written
+/// whatever the outcome, so a charge that crosses the budget leaves the key in debt, repaid at
+/// the rule's rate. `admitted` says whether it fitted the bucket; when it did not, `wait` is the
+/// time until the debt is back within the bucket (when a check of cost 0 passes again) and
+/// `remaining` is 0. A ban records nothing and refuses.
+#[must_use]
+pub fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
+    if quota.is_ban() {
+        return decide(quota, tat, now, cost);
+    }
+    let debt = quota
+        .clamp(tat, now)
+        .max(now)
+        .saturating_sub(now)
+        .saturating_add(cost.saturating_mul(quota.interval))
+        .min(quota.debt_cap());
+    // debt ≤ 2^62, and every clock here reads far below 2^62 ns past its epoch.
+    let tat = now.saturating_add(debt);
+    let admitted = debt <= quota.tolerance;
+    CounterOutcome {
+        admitted,
+        tat,
+        remaining: quota.remaining(tat, now),
+        wait: if admitted {
+            debt
+        } else {
+            debt - quota.tolerance
+        },
     }
 }
 

@@ -20,7 +20,7 @@ pub mod share;
 pub mod store;
 
 pub use backend::Backend;
-pub use batch::{Batch, Mode, Op, Source};
+pub use batch::{Batch, Charge, Mode, Op, Source};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use error::{BackendError, ErrorKind};
 pub use fallback::{BackendMode, LocalFallback, LocalFigures};

@@ -7,7 +7,7 @@ use std::hash::Hasher;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::limiter::batch::{Batch, Op};
+use crate::limiter::batch::{Batch, Charge, Op};
 use crate::limiter::gcra::{self, CounterOutcome, Quota};
 use crate::limiter::key::{Key, KeyHash};
 
@@ -178,7 +178,7 @@ impl MemoryStore {
     /// store out of time order.
     pub fn count_batch_with(&self, ops: &[Op], clock: &dyn Fn() -> u64) -> Batch {
         if let [op] = ops
-            && !op.refund
+            && !op.unconditional()
         {
             // One charge (Envoy's usual request): deciding it is the whole plan, and a denial
             // writes nothing, so one CAS gives exactly what plan-then-commit would.
@@ -190,17 +190,22 @@ impl MemoryStore {
                 outcomes: vec![outcome],
             };
         }
-        // Refunds first, exactly once, whatever the request's outcome.
+        // Refunds and recorded spend first, exactly once, whatever the request's outcome.
         let mut outcomes: Vec<CounterOutcome> = ops
             .iter()
-            .map(|op| {
-                if op.refund {
+            .map(|op| match op.charge {
+                Charge::Ask => CounterOutcome::NONE,
+                Charge::Spent => {
+                    self.update(op.key, clock, |tat, now| {
+                        gcra::record(&op.quota, tat, now, op.cost)
+                    })
+                    .0
+                }
+                Charge::Refund => {
                     self.update(op.key, clock, |tat, now| {
                         gcra::refund(&op.quota, tat, now, op.cost)
                     })
                     .0
-                } else {
-                    CounterOutcome::NONE
                 }
             })
             .collect();
@@ -220,7 +225,7 @@ impl MemoryStore {
         }
         // Persistent contention: refuse rather than risk admitting more than a bucket holds.
         for (op, o) in ops.iter().zip(outcomes.iter_mut()) {
-            if !op.refund {
+            if !op.unconditional() {
                 o.admitted = false;
             }
         }
@@ -237,7 +242,13 @@ impl MemoryStore {
         let loaded: Vec<u64> = ops
             .iter()
             .zip(outcomes.iter())
-            .map(|(op, out)| if op.refund { out.tat } else { self.tat(op.key) })
+            .map(|(op, out)| {
+                if op.unconditional() {
+                    out.tat
+                } else {
+                    self.tat(op.key)
+                }
+            })
             .collect();
         // After the loads: never older than the time of any TAT just read.
         let now = clock();
@@ -245,7 +256,7 @@ impl MemoryStore {
         let mut overlay: Vec<(Key, u64)> = Vec::new();
         let mut before: Vec<u64> = Vec::with_capacity(ops.len());
         for ((op, out), tat) in ops.iter().zip(outcomes.iter_mut()).zip(loaded) {
-            if op.refund {
+            if op.unconditional() {
                 before.push(tat);
                 continue;
             }
@@ -264,7 +275,7 @@ impl MemoryStore {
         if blocked {
             // Nothing is charged: an op that fitted reports the state it found, uncharged.
             for ((op, out), tat) in ops.iter().zip(outcomes.iter_mut()).zip(before) {
-                if !op.refund && out.admitted {
+                if !op.unconditional() && out.admitted {
                     *out = gcra::decide(&op.quota, tat, now, 0);
                 }
             }
@@ -288,7 +299,7 @@ impl MemoryStore {
         let mut written: Vec<(Key, u64, u64, u64)> = Vec::new();
         for i in order {
             let (op, out) = (&ops[i], &mut outcomes[i]);
-            if op.refund || !out.admitted || op.cost == 0 {
+            if op.unconditional() || !out.admitted || op.cost == 0 {
                 continue;
             }
             let (o, before) = self.update(op.key, clock, |tat, now| {
@@ -474,7 +485,7 @@ mod tests {
             key,
             quota,
             cost,
-            refund: false,
+            charge: Charge::Ask,
             mode: Mode::Enforce,
         }
     }
@@ -601,7 +612,7 @@ mod tests {
         let q = Quota::new(60 * SEC, 2, 2).unwrap();
         assert!(store.count(1, &q, 0, 2).admitted);
         let refund = Op {
-            refund: true,
+            charge: Charge::Refund,
             ..op(1, q, 1)
         };
         let b = store.count_batch(&[refund, op(2, Quota::ban(SEC), 1)], 0);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 use futures_util::FutureExt;
 use proptest::prelude::*;
 use sluice::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, decide, refund};
-use sluice::limiter::{Backend, Batch, Clock, ManualClock, MemoryStore, Mode, Op, Quota};
+use sluice::limiter::{Backend, Batch, Charge, Clock, ManualClock, MemoryStore, Mode, Op, Quota};
 
 const SEC: u64 = NANOS_PER_SEC;
 const DAY: u64 = 86_400 * SEC;
@@ -152,7 +152,7 @@ fn op(key: u128, quota: Quota, cost: u64, mode: Mode, refund: bool) -> Op {
         key,
         quota,
         cost,
-        refund,
+        charge: if refund { Charge::Refund } else { Charge::Ask },
         mode,
     }
 }
@@ -564,20 +564,20 @@ proptest! {
         let none = CounterOutcome { admitted: false, tat: 0, remaining: 0, wait: 0 };
         let mut expected = vec![none; ops.len()];
         let mut tats: Vec<u64> = (0..3u128).map(|k| store.tat(k)).collect();
-        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.refund) {
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.is_refund()) {
             expected[i] = refund(&o.quota, tats[o.key as usize], now, o.cost);
             tats[o.key as usize] = expected[i].tat;
         }
         let after_refunds = tats.clone();
         let mut seen = vec![0; ops.len()];
-        for (i, o) in ops.iter().enumerate().filter(|(_, o)| !o.refund) {
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| !o.is_refund()) {
             seen[i] = tats[o.key as usize];
             expected[i] = decide(&o.quota, seen[i], now, o.cost);
             if expected[i].admitted {
                 tats[o.key as usize] = expected[i].tat;
             }
         }
-        let charges = || ops.iter().zip(&expected).filter(|(o, _)| !o.refund);
+        let charges = || ops.iter().zip(&expected).filter(|(o, _)| !o.is_refund());
         let enforce_denied = charges().any(|(o, e)| o.mode == Mode::Enforce && !e.admitted);
         let quota_ops = charges().filter(|(o, _)| o.mode == Mode::Quota).count();
         let quota_denied = charges().filter(|(o, e)| o.mode == Mode::Quota && !e.admitted).count();
@@ -585,7 +585,7 @@ proptest! {
         if blocked {
             // An op that fitted reports the state it found, uncharged.
             for (i, o) in ops.iter().enumerate() {
-                if !o.refund && expected[i].admitted {
+                if !o.is_refund() && expected[i].admitted {
                     expected[i] = decide(&o.quota, seen[i], now, 0);
                 }
             }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::{
-    Clock, LeaseConfig, LeasedStore, ManualClock, Mode, Op, Quota, RedisConfig, RedisStore,
+    Charge, Clock, LeaseConfig, LeasedStore, ManualClock, Mode, Op, Quota, RedisConfig, RedisStore,
     RedisTime,
 };
 use sluice::pb::rate_limit_response::Code;
@@ -67,7 +67,7 @@ pub(crate) fn op(key: u128, quota: Quota, cost: u64) -> Op {
         key,
         quota,
         cost,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }
 }
@@ -523,7 +523,7 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     assert!(!b.blocked);
     assert_eq!(b.outcomes[0].remaining, 5);
     let refund = Op {
-        refund: true,
+        charge: Charge::Refund,
         ..op(key, quota, 2)
     };
     let b = decide(&n, &[refund]).await;
@@ -532,7 +532,7 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     // A refund of more than this lease handed out goes to Redis (which caps it at a full
     // bucket).
     let big = Op {
-        refund: true,
+        charge: Charge::Refund,
         ..op(key, quota, 50)
     };
     decide(&n, &[big]).await;

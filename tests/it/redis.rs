@@ -10,8 +10,8 @@ use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::fits_lean;
 use sluice::limiter::{
-    Batch, Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock, Op,
-    Quota, RedisConfig, RedisStore, RedisTime,
+    Batch, Charge, Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock,
+    Op, Quota, RedisConfig, RedisStore, RedisTime,
 };
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
@@ -151,7 +151,11 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
                     },
                     quota: quotas[q],
                     cost: if mixed { rng.next(3) } else { 1 },
-                    refund: mixed && rng.next(5) == 0,
+                    charge: if mixed && rng.next(5) == 0 {
+                        Charge::Refund
+                    } else {
+                        Charge::Ask
+                    },
                     mode: match (mixed, rng.next(4)) {
                         (true, 0) => Mode::Shadow,
                         (true, 1) => Mode::Quota,
@@ -237,7 +241,7 @@ async fn coalesced_requests_on_one_counter_admit_exactly_the_burst() {
         key: 42,
         quota: Quota::new(3_600 * SEC, 10, 10).unwrap(),
         cost: 1,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }];
     let answers = futures_util::future::join_all((0..64).map(|_| store.count_batch(&op))).await;
@@ -286,7 +290,7 @@ async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() 
                             key: (c * 10 + k + 1) as u128,
                             quota: quotas[k],
                             cost: 1 + rng.next(3),
-                            refund: false,
+                            charge: Charge::Ask,
                             mode: Mode::Enforce,
                         }
                     })
@@ -357,7 +361,11 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
                     2 => u64::from(u32::MAX),
                     _ => 1,
                 },
-                refund: rng.next(8) == 0,
+                charge: if rng.next(8) == 0 {
+                    Charge::Refund
+                } else {
+                    Charge::Ask
+                },
                 mode: match rng.next(6) {
                     0 => Mode::Shadow,
                     1 => Mode::Quota,
@@ -539,7 +547,7 @@ async fn one_round_trip_per_request() {
             key,
             quota: q,
             cost: 1,
-            refund: false,
+            charge: Charge::Ask,
             mode: Mode::Enforce,
         })
         .collect();
@@ -596,7 +604,7 @@ async fn stored_counters_expire_at_their_tat() {
         key,
         quota,
         cost,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     };
     // Every debt is a minute or more, so no key expires while the test reads them.
@@ -791,7 +799,7 @@ async fn local_cache_answers_repeat_offenders_exactly() {
         key: 77,
         quota: q,
         cost: 1,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }];
     let t0 = 1_800_000_000 * SEC;
@@ -833,7 +841,7 @@ async fn a_refund_is_not_hidden_by_the_local_cache() {
                 key,
                 quota: q,
                 cost,
-                refund,
+                charge: if refund { Charge::Refund } else { Charge::Ask },
                 mode: Mode::Enforce,
             };
             for _ in 0..10 {
@@ -1013,7 +1021,7 @@ async fn a_corrupt_counter_is_repaired_and_other_keys_are_answered() {
         key,
         quota,
         cost,
-        refund,
+        charge: if refund { Charge::Refund } else { Charge::Ask },
         mode,
     };
     let ten = Quota::new(3_600 * SEC, 10, 10).unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::Password;
-use sluice::limiter::{ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime};
+use sluice::limiter::{Charge, ManualClock, Mode, Op, Quota, RedisConfig, RedisStore, RedisTime};
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::BackendKind;
 
@@ -213,7 +213,7 @@ async fn decides(config: RedisConfig) {
         key: u128::from(key),
         quota: Quota::new(3_600 * NANOS_PER_SEC, 2, 2).unwrap(),
         cost: 1,
-        refund: false,
+        charge: Charge::Ask,
         mode: Mode::Enforce,
     }];
     let mut blocked = Vec::new();

@@ -35,7 +35,7 @@ impl DenyCache {
         let mut outcomes = Vec::with_capacity(ops.len());
         let (mut enforce, mut quota) = (false, 0usize);
         for op in ops {
-            if op.refund || op.cost == 0 {
+            if op.is_refund() || op.cost == 0 {
                 return None;
             }
             let until = *self.until.get(&op.key)?;
@@ -70,7 +70,7 @@ impl DenyCache {
             return;
         }
         for (op, o) in ops.iter().zip(&batch.outcomes) {
-            if op.refund {
+            if op.is_refund() {
                 // Tokens given back: the counter may fit a request again before the instant
                 // cached for it.
                 if op.cost > 0 {
@@ -112,6 +112,7 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::batch::Charge;
     use crate::limiter::gcra::Quota;
 
     fn op(cost: u64, refund: bool) -> Op {
@@ -119,7 +120,7 @@ mod tests {
             key: 7,
             quota: Quota::new(1_000, 10, 10).unwrap(),
             cost,
-            refund,
+            charge: if refund { Charge::Refund } else { Charge::Ask },
             mode: Mode::Enforce,
         }
     }

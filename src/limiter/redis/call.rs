@@ -260,7 +260,7 @@ fn kind_code(op: &Op) -> u64 {
         Mode::Shadow => 1,
         Mode::Quota => 2,
     };
-    mode + if op.refund { 4 } else { 0 }
+    mode + if op.is_refund() { 4 } else { 0 }
 }
 
 /// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`, then
@@ -361,6 +361,7 @@ pub(super) fn classify(e: RedisError, timeout: Duration) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::batch::Charge;
     use crate::limiter::gcra::Quota;
 
     const SEC: u64 = 1_000_000_000;
@@ -370,7 +371,7 @@ mod tests {
             key: 7,
             quota: Quota::new(period, burst, burst).unwrap(),
             cost,
-            refund,
+            charge: if refund { Charge::Refund } else { Charge::Ask },
             mode,
         }
     }

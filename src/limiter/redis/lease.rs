@@ -290,7 +290,7 @@ impl LeasedStore {
     /// requests overflow to the exact path only while the bucket has room.
     fn learn_debts(&self, ops: &[Op], batch: &Batch) {
         for (op, out) in ops.iter().zip(&batch.outcomes) {
-            if op.refund {
+            if op.is_refund() {
                 continue;
             }
             let Some(lease) = self.leases.get(&op.key).map(|l| Arc::clone(&l)) else {
@@ -366,7 +366,7 @@ impl LeasedStore {
                 answerable = false;
                 continue;
             }
-            let hits = if op.refund { 0 } else { op.cost };
+            let hits = if op.is_refund() { 0 } else { op.cost };
             let rate = self.heat(op.key, hits, now);
             if let Some(c) = counters.iter_mut().find(|c| c.0 == op.key) {
                 c.1 = c.1.max(rate);
@@ -393,7 +393,7 @@ impl LeasedStore {
         }
         let at = |key: Key| counters.iter().position(|c| c.0 == key).unwrap_or(0);
         // A shared counter's demand: every hit offered here, whatever the answer.
-        for op in ops.iter().filter(|op| !op.refund) {
+        for op in ops.iter().filter(|op| !op.is_refund()) {
             if let Some(share) = guards[at(op.key)].share.as_mut() {
                 share.demand.hit(op.cost);
             }
@@ -414,7 +414,7 @@ impl LeasedStore {
                 fits = false;
                 break;
             }
-            if !op.refund {
+            if !op.is_refund() {
                 continue;
             }
             if op.cost > l.used() - refunded[i] {
@@ -432,7 +432,7 @@ impl LeasedStore {
         }
         if fits {
             for (k, (op, out)) in ops.iter().zip(outcomes.iter_mut()).enumerate() {
-                if op.refund {
+                if op.is_refund() {
                     continue;
                 }
                 let i = at(op.key);
@@ -495,7 +495,7 @@ impl LeasedStore {
         if blocked {
             // Nothing is charged: an op that fit reports the state it found.
             for ((op, out), avail) in ops.iter().zip(outcomes.iter_mut()).zip(&found) {
-                if !op.refund && out.admitted {
+                if !op.is_refund() && out.admitted {
                     out.remaining = *avail;
                     out.wait = wait(&guards[at(op.key)], &op.quota, *avail, now);
                 }
@@ -551,7 +551,7 @@ impl LeasedStore {
             l.expire(now, self.config.max_age_nanos());
             if let Some(share) = l.share.as_mut() {
                 if !counted {
-                    let hits = ops.iter().filter(|o| o.key == *key && !o.refund);
+                    let hits = ops.iter().filter(|o| o.key == *key && !o.is_refund());
                     share.demand.hit(hits.map(|o| o.cost).sum());
                 }
                 self.start_renewal(*key, &mut l, now);

@@ -30,7 +30,7 @@ use redis::Script;
 use redis::cluster_async::ClusterConnection;
 
 pub use crate::histogram::LatencySnapshot;
-use crate::limiter::batch::{Batch, Op, Source};
+use crate::limiter::batch::{Batch, Charge, Op, Source};
 use crate::limiter::clock::Clock;
 pub use crate::limiter::error::ConnectError;
 use crate::limiter::error::{BackendError, ErrorKind};
@@ -380,9 +380,9 @@ impl RedisStore {
                 for &i in idx {
                     let op = &ops[i];
                     let o = &mut outcomes[i];
-                    if !op.refund && o.admitted && op.cost > 0 {
+                    if op.charge == Charge::Ask && o.admitted && op.cost > 0 {
                         group.push(Op {
-                            refund: true,
+                            charge: Charge::Refund,
                             ..*op
                         });
                         o.remaining = (o.remaining + op.cost).min(op.quota.burst());
