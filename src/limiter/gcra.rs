@@ -413,6 +413,74 @@ mod tests {
     }
 
     #[test]
+    fn spend_past_the_bucket_is_recorded_as_debt() {
+        // 1,000 per minute: T = 60 ms, B·T = 60 s.
+        let q = Quota::new(60 * SEC, 1_000, 1_000).unwrap();
+        let first = record(&q, 0, 0, 800);
+        assert!(first.admitted, "800 fits an empty bucket");
+        assert_eq!((first.remaining, first.wait), (200, 48 * SEC));
+        assert!(
+            decide(&q, first.tat, 0, 0).admitted,
+            "a check while 200 are left"
+        );
+        let second = record(&q, first.tat, 0, 800);
+        assert!(!second.admitted, "1,600 does not fit");
+        assert_eq!(second.tat, 96 * SEC, "but it is recorded whole");
+        assert_eq!((second.remaining, second.wait), (0, 36 * SEC));
+        let check = decide(&q, second.tat, 0, 0);
+        assert!(!check.admitted, "a check is refused while in debt");
+        assert_eq!(
+            (check.remaining, check.wait, check.tat),
+            (0, 36 * SEC, 96 * SEC)
+        );
+        // The debt is repaid at the rule's rate, exactly.
+        assert!(!decide(&q, second.tat, 36 * SEC - 1, 0).admitted);
+        assert!(decide(&q, second.tat, 36 * SEC, 0).admitted);
+        let plain = decide(&q, second.tat, 36 * SEC, 1);
+        assert!(!plain.admitted, "a request of one needs one more interval");
+        assert_eq!(plain.wait, 60_000_000);
+    }
+
+    #[test]
+    fn debt_is_capped_at_the_bucket_and_four_periods() {
+        let q = Quota::new(60 * SEC, 1_000, 1_000).unwrap();
+        assert_eq!(q.debt_cap(), 60 * SEC + DEBT_PERIODS * 60 * SEC);
+        let huge = record(&q, 0, 7, u64::MAX);
+        assert!(!huge.admitted);
+        assert_eq!(huge.tat, 7 + q.debt_cap(), "cut at the cap, no wrap");
+        assert_eq!(huge.wait, DEBT_PERIODS * 60 * SEC);
+        let again = record(&q, huge.tat, 7, u64::MAX);
+        assert_eq!(again.tat, huge.tat, "nothing past the cap");
+        // Five budgets past an empty bucket is exactly the cap: recorded whole.
+        let five = record(&q, 0, 0, 5_000);
+        assert_eq!(five.tat, q.debt_cap());
+        // A quota whose bucket is already near the ceiling keeps its bucket as its cap.
+        let year = 365 * 86_400 * SEC;
+        let wide = Quota::new(year, 1_000, 146_000).unwrap();
+        assert_eq!(wide.debt_cap(), MAX_TOLERANCE);
+        assert!(wide.debt_cap() >= wide.tolerance());
+        let o = record(&wide, 0, 1, u64::MAX);
+        assert_eq!(o.tat, 1 + MAX_TOLERANCE);
+    }
+
+    #[test]
+    fn a_ban_records_nothing() {
+        let q = Quota::ban(60 * SEC);
+        let o = record(&q, 0, 5, 10);
+        assert!(!o.admitted);
+        assert_eq!((o.tat, o.remaining, o.wait), (0, 0, 60 * SEC));
+    }
+
+    #[test]
+    fn a_refund_settles_debt() {
+        let q = Quota::new(10 * SEC, 10, 10).unwrap(); // T = 1 s
+        let owed = record(&q, 0, 0, 15);
+        assert_eq!(owed.tat, 15 * SEC);
+        let settled = refund(&q, owed.tat, 0, 6);
+        assert_eq!((settled.tat, settled.remaining), (9 * SEC, 1));
+    }
+
+    #[test]
     fn a_scaled_quota_is_rate_over_n_with_burst_rounded_up() {
         let q = Quota::new(60 * SEC, 100, 10).unwrap(); // T = 0.6 s, B = 10
         let s = q.scaled(3);
@@ -470,13 +538,20 @@ mod tests {
     }
 
     #[test]
-    fn lowered_rate_clamps_old_debt_to_a_full_bucket() {
+    fn lowered_rate_keeps_old_debt_up_to_the_new_cap() {
         let old = Quota::new(60 * SEC, 100, 100).unwrap();
         let exhausted = decide(&old, 0, 0, 100);
         let new = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s, B·T = 60 s
         let o = decide(&new, exhausted.tat, 0, 1);
-        assert!(!o.admitted);
+        assert!(!o.admitted, "no fresh burst");
         assert_eq!(o.wait, 6 * SEC);
         assert!(decide(&new, exhausted.tat, 6 * SEC, 1).admitted);
+        // What was spent stays owed under a smaller bucket, up to the new rule's cap.
+        let strict = Quota::new(60 * SEC, 10, 1).unwrap(); // B·T = 6 s, cap 246 s
+        let o = decide(&strict, exhausted.tat, 0, 1);
+        assert_eq!(o.wait, 60 * SEC);
+        let far = record(&old, 0, 0, 10_000).tat; // 600 s owed under the old rule's cap
+        assert_eq!(far, old.debt_cap());
+        assert_eq!(decide(&strict, far, 0, 0).wait, strict.debt_cap() - 6 * SEC);
     }
 }

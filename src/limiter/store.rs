@@ -357,9 +357,10 @@ impl MemoryStore {
         }
     }
 
-    /// Runs `f(TAT, now)` on `key` and stores the result when it admits, by compare-and-swap,
-    /// reading `now` after each load of the TAT. Returns the outcome and the TAT it replaced. A
-    /// key is inserted only when an admitted outcome must be written.
+    /// Runs `f(TAT, now)` on `key` and stores the TAT it gives when that changed (an admission,
+    /// or recorded spend), by compare-and-swap, reading `now` after each load of the TAT.
+    /// Returns the outcome and the TAT it replaced. A key is inserted only when a TAT past now
+    /// must be written.
     #[inline]
     fn update(
         &self,
@@ -373,8 +374,9 @@ impl MemoryStore {
         }
         let now = clock();
         let o = f(0, now);
-        if !o.admitted || o.tat <= now {
-            // Nothing to remember: a denial writes nothing and a full bucket is the default.
+        if o.tat <= now {
+            // Nothing to remember: a denial leaves the TAT as it was and a full bucket is the
+            // default.
             return (o, 0);
         }
         self.reserve(now);
@@ -464,7 +466,8 @@ fn cas(
     let mut current = cell.load(Ordering::Acquire);
     loop {
         let o = f(current, clock());
-        if !o.admitted || o.tat == current {
+        // A denial leaves the TAT as it was; recorded spend writes whatever the outcome.
+        if o.tat == current {
             return (o, current);
         }
         match cell.compare_exchange_weak(current, o.tat, Ordering::AcqRel, Ordering::Acquire) {

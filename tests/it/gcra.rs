@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 
 use futures_util::FutureExt;
 use proptest::prelude::*;
-use sluice::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, decide, refund};
+use sluice::limiter::gcra::{CounterOutcome, NANOS_PER_SEC, decide, record, refund};
 use sluice::limiter::{Backend, Batch, Charge, Clock, ManualClock, MemoryStore, Mode, Op, Quota};
 
 const SEC: u64 = NANOS_PER_SEC;
@@ -147,12 +147,12 @@ fn live(tat: u64, now: u64) -> u64 {
     tat.max(now)
 }
 
-fn op(key: u128, quota: Quota, cost: u64, mode: Mode, refund: bool) -> Op {
+fn op(key: u128, quota: Quota, cost: u64, mode: Mode, charge: Charge) -> Op {
     Op {
         key,
         quota,
         cost,
-        charge: if refund { Charge::Refund } else { Charge::Ask },
+        charge,
         mode,
     }
 }
@@ -530,7 +530,7 @@ proptest! {
     }
 
     /// P14: a request's ops are decided all or nothing against a model of the documented rules
-    /// (refunds first and always; blocked iff an Enforce op is denied or every Quota op is; a
+    /// (refunds and recorded spend first and always; blocked iff an Enforce op is denied or every Quota op is; a
     /// blocked request charges nothing; an admitted one charges exactly its admitted ops). In
     /// particular a denied Enforce op leaves every other key's TAT as it was, and denied Shadow
     /// ops never block. Driven through the memory [`Backend`] on a [`ManualClock`].
@@ -555,22 +555,34 @@ proptest! {
             .iter()
             .map(|&(k, c, m, r)| {
                 let mode = [Mode::Enforce, Mode::Shadow, Mode::Quota][usize::from(m)];
-                op(k as u128, qs[k], c.min(qs[k].burst() + 1), mode, r == 0)
+                let charge = match r {
+                    0 => Charge::Refund,
+                    1 => Charge::Spent,
+                    _ => Charge::Ask,
+                };
+                // Spend may pass the burst; a request's cost at most just past it.
+                let cost = if r == 1 { c * 3 } else { c.min(qs[k].burst() + 1) };
+                op(k as u128, qs[k], cost, mode, charge)
             })
             .collect();
 
-        // The model: refunds first, in order; then each charge against the TATs left by the
-        // refunds and the earlier charges of the same request.
+        // The model: refunds and spend first, in order; then each charge against the TATs left
+        // by them and the earlier charges of the same request.
         let none = CounterOutcome { admitted: false, tat: 0, remaining: 0, wait: 0 };
         let mut expected = vec![none; ops.len()];
         let mut tats: Vec<u64> = (0..3u128).map(|k| store.tat(k)).collect();
-        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.is_refund()) {
-            expected[i] = refund(&o.quota, tats[o.key as usize], now, o.cost);
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.unconditional()) {
+            let tat = tats[o.key as usize];
+            expected[i] = if o.is_refund() {
+                refund(&o.quota, tat, now, o.cost)
+            } else {
+                record(&o.quota, tat, now, o.cost)
+            };
             tats[o.key as usize] = expected[i].tat;
         }
         let after_refunds = tats.clone();
         let mut seen = vec![0; ops.len()];
-        for (i, o) in ops.iter().enumerate().filter(|(_, o)| !o.is_refund()) {
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| !o.unconditional()) {
             seen[i] = tats[o.key as usize];
             expected[i] = decide(&o.quota, seen[i], now, o.cost);
             if expected[i].admitted {
@@ -585,7 +597,7 @@ proptest! {
         if blocked {
             // An op that fitted reports the state it found, uncharged.
             for (i, o) in ops.iter().enumerate() {
-                if !o.is_refund() && expected[i].admitted {
+                if !o.unconditional() && expected[i].admitted {
                     expected[i] = decide(&o.quota, seen[i], now, 0);
                 }
             }
@@ -608,7 +620,7 @@ proptest! {
         for k in 0..3 {
             let tat = store.tat(k as u128);
             if blocked {
-                // Nothing charged: every key is as the refunds left it.
+                // Nothing charged: every key is as the refunds and spend left it.
                 prop_assert_eq!(
                     live(tat, now), live(after_refunds[k], now), "key {} charged by a blocked request", k
                 );
@@ -675,7 +687,7 @@ proptest! {
         let prior = decide(&q, store.tat(KEY), now, 0).remaining;
         let charge = store.count(KEY, &q, now, n);
         if charge.admitted {
-            let back = store.count_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
+            let back = store.count_batch(&[op(KEY, q, n, Mode::Enforce, Charge::Refund)], now);
             prop_assert!(!back.blocked);
             prop_assert_eq!(back.outcomes[0].remaining, prior);
             prop_assert_eq!(decide(&q, store.tat(KEY), now, 0).remaining, prior);
@@ -683,7 +695,7 @@ proptest! {
 
         // Any refund: never below now, exactly TAT − n·T otherwise.
         let tat = store.tat(KEY);
-        let r = store.count_batch(&[op(KEY, q, n, Mode::Enforce, true)], now);
+        let r = store.count_batch(&[op(KEY, q, n, Mode::Enforce, Charge::Refund)], now);
         let got = r.outcomes[0];
         prop_assert!(got.admitted && !r.blocked);
         prop_assert!(got.tat >= now);
@@ -691,6 +703,149 @@ proptest! {
         prop_assert_eq!(live(store.tat(KEY), now), got.tat);
         prop_assert_eq!(got.remaining, q.remaining(got.tat, now));
     }
+}
+
+/// One event of a schedule of spend reported after the work, at `at` ns.
+#[derive(Clone, Copy, Debug)]
+enum Usage {
+    /// A check of cost 0 before request `id`'s work.
+    Check { id: usize },
+    /// Request `id`'s spend, reported when its work is done.
+    Report { id: usize, cost: u64 },
+}
+
+/// Runs a schedule of checks and reports against one key through the memory store, as Envoy
+/// sends them: a check (`hits_addend: 0`) at each arrival, and, for a request it admitted, the
+/// spend reported (`Charge::Spent`) `busy` ns later. `rogue` requests report whether or not their
+/// check passed. Returns each event's time, whether it was an admitted check, and the spend it
+/// recorded in ns of the key's TAT.
+fn run_usage(
+    q: &Quota,
+    t0: u64,
+    requests: &[(u64, u64, u64, bool)],
+) -> Vec<(u64, Usage, bool, u64)> {
+    let store = MemoryStore::new();
+    let mut events: Vec<(u64, Usage, bool)> = Vec::new();
+    let mut at = t0;
+    for (id, &(gap, busy, cost, rogue)) in requests.iter().enumerate() {
+        at += gap;
+        events.push((at, Usage::Check { id }, rogue));
+        events.push((at + busy, Usage::Report { id, cost }, rogue));
+    }
+    // Reports before checks at one instant: what is done is recorded before what asks.
+    events.sort_by_key(|(t, e, _)| (*t, matches!(e, Usage::Check { .. })));
+    let mut admitted = vec![false; requests.len()];
+    let mut out = Vec::with_capacity(events.len());
+    for (now, event, rogue) in events {
+        let before = store.tat(KEY).max(now);
+        match event {
+            Usage::Check { id } => {
+                let ask = op(KEY, *q, 0, Mode::Enforce, Charge::Ask);
+                admitted[id] = !store.count_batch(&[ask], now).blocked;
+                out.push((now, event, admitted[id], 0));
+            }
+            Usage::Report { id, cost } => {
+                if !admitted[id] && !rogue {
+                    continue;
+                }
+                let spent = op(KEY, *q, cost, Mode::Enforce, Charge::Spent);
+                store.count_batch(&[spent], now);
+                let after = store.tat(KEY);
+                assert!(after.saturating_sub(now) <= q.debt_cap(), "debt past the cap");
+                out.push((now, event, false, after.max(now) - before));
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    /// Spend reported after the work: in every span [t_i, t_j] of a schedule, the spend
+    /// recorded is at most `B·T + W + F·T` ns, where F is the spend reported, up to t_j, after
+    /// the last admitted check (by requests in flight when the budget ran out); and, whatever
+    /// the clients (rogue reports without an admitted check included), at most
+    /// `W + debt_cap`. No arithmetic wraps, however large the costs.
+    #[test]
+    fn spend_recorded_stays_within_the_stated_bound(
+        q in quota(50),
+        t0 in start(),
+        raw in prop::collection::vec(
+            (0u8..6, any::<u64>(), 0u8..4, any::<u64>(), 0u8..16), 1..=40
+        ),
+    ) {
+        let (t, bt) = (q.interval(), q.tolerance());
+        let requests: Vec<(u64, u64, u64, bool)> = raw
+            .iter()
+            .map(|&(kind, g, busy_kind, c, rogue)| {
+                let cost = match c % 8 {
+                    0 => c,                       // anything, up to u64::MAX
+                    1 => 0,
+                    _ => 1 + c % (3 * q.burst()), // up to three buckets
+                };
+                let busy = gap(&q, busy_kind, g.rotate_left(17));
+                (gap(&q, kind, g), busy, cost, rogue == 0)
+            })
+            .collect();
+        let honest = requests.iter().all(|r| !r.3);
+        let events = run_usage(&q, t0, &requests);
+        for j in 0..events.len() {
+            let end = events[j].0;
+            // F: the spend reported after the last admitted check, up to event j.
+            let last_check = (0..=j).rev().find(|&k| events[k].2);
+            let in_flight: u128 = events[last_check.map_or(0, |k| k + 1)..=j]
+                .iter()
+                .map(|e| match e.1 {
+                    Usage::Report { cost, .. } => u128::from(cost) * u128::from(t),
+                    Usage::Check { .. } => 0,
+                })
+                .sum();
+            let mut recorded: u128 = 0;
+            for i in (0..=j).rev() {
+                recorded += u128::from(events[i].3);
+                let w = u128::from(end - events[i].0);
+                prop_assert!(
+                    recorded <= w + u128::from(q.debt_cap()),
+                    "events {}..={}: {} ns recorded in {} ns", i, j, recorded, w
+                );
+                if honest {
+                    prop_assert!(
+                        recorded <= u128::from(bt) + w + in_flight,
+                        "events {}..={}: {} ns recorded in {} ns, {} in flight",
+                        i, j, recorded, w, in_flight
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The recipe of Envoy Gateway's `UsageRateLimit` and AI Gateway's token limits on one key: a
+/// check of cost 0 before each request, its cost reported after. "A budget of N against a cost
+/// of C allows N/C + 1 calls", and the next admission comes when the debt is repaid.
+#[test]
+fn a_budget_of_n_against_cost_c_allows_n_over_c_plus_one_calls() {
+    let store = MemoryStore::new();
+    let check = |q: &Quota, now: u64| {
+        !store
+            .count_batch(&[op(KEY, *q, 0, Mode::Enforce, Charge::Ask)], now)
+            .blocked
+    };
+    let spend = |q: &Quota, cost: u64, now: u64| {
+        store.count_batch(&[op(KEY, *q, cost, Mode::Enforce, Charge::Spent)], now)
+    };
+    // 1,000 tokens a minute, 800-token answers: two calls, then 36 s of debt.
+    let q = Quota::new(60 * SEC, 1_000, 1_000).expect("valid");
+    let t0 = 10 * SEC;
+    let calls = (0..6)
+        .take_while(|_| check(&q, t0) && !spend(&q, 800, t0).outcomes.is_empty())
+        .count();
+    assert_eq!(calls, 2);
+    let refused = store.count_batch(&[op(KEY, q, 0, Mode::Enforce, Charge::Ask)], t0);
+    assert_eq!(refused.outcomes[0].wait, 36 * SEC);
+    assert!(!check(&q, t0 + 36 * SEC - 1));
+    assert!(check(&q, t0 + 36 * SEC));
 }
 
 /// Admits unit requests as greedily as the limiter allows from `t0` until `end`, retrying each
@@ -846,8 +1001,8 @@ fn p13_threads_on_a_batch() {
                     let (store, admitted, start) = (&store, &admitted, &start);
                     s.spawn(move || {
                         let mut ops = [
-                            op(1, q1, 1, Mode::Enforce, false),
-                            op(2, q2, 1, Mode::Enforce, false),
+                            op(1, q1, 1, Mode::Enforce, Charge::Ask),
+                            op(2, q2, 1, Mode::Enforce, Charge::Ask),
                         ];
                         if k % 2 == 1 {
                             ops.reverse();
@@ -900,8 +1055,8 @@ fn p16_zero_requests_is_a_ban() {
         let ok = Quota::new(SEC, 10, 10).expect("valid");
         let enforce = store.count_batch(
             &[
-                op(1, ok, 1, Mode::Enforce, false),
-                op(2, q, 0, Mode::Enforce, false),
+                op(1, ok, 1, Mode::Enforce, Charge::Ask),
+                op(2, q, 0, Mode::Enforce, Charge::Ask),
             ],
             5,
         );
@@ -909,8 +1064,8 @@ fn p16_zero_requests_is_a_ban() {
         assert_eq!(store.tat(1), 0);
         let shadow = store.count_batch(
             &[
-                op(1, ok, 1, Mode::Enforce, false),
-                op(2, q, 1, Mode::Shadow, false),
+                op(1, ok, 1, Mode::Enforce, Charge::Ask),
+                op(2, q, 1, Mode::Shadow, Charge::Ask),
             ],
             5,
         );
@@ -945,12 +1100,12 @@ fn p13_undo_never_cancels_a_concurrent_charge() {
         if n == 4 {
             assert!(
                 !store
-                    .count_batch(&[op(k2, q, 1, Mode::Enforce, false)], 0)
+                    .count_batch(&[op(k2, q, 1, Mode::Enforce, Charge::Ask)], 0)
                     .blocked
             );
             assert!(
                 !store
-                    .count_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+                    .count_batch(&[op(k1, q, 1, Mode::Enforce, Charge::Ask)], t)
                     .blocked
             );
         }
@@ -958,8 +1113,8 @@ fn p13_undo_never_cancels_a_concurrent_charge() {
     };
     let batch = store.count_batch_with(
         &[
-            op(k1, q, 1, Mode::Enforce, false),
-            op(k2, q, 1, Mode::Enforce, false),
+            op(k1, q, 1, Mode::Enforce, Charge::Ask),
+            op(k2, q, 1, Mode::Enforce, Charge::Ask),
         ],
         &clock,
     );
@@ -971,7 +1126,7 @@ fn p13_undo_never_cancels_a_concurrent_charge() {
     // Still refused at T: the third request's charge was not taken back.
     assert!(
         store
-            .count_batch(&[op(k1, q, 1, Mode::Enforce, false)], t)
+            .count_batch(&[op(k1, q, 1, Mode::Enforce, Charge::Ask)], t)
             .blocked
     );
     assert!(store.tat(k1) >= 2 * t);
