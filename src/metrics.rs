@@ -30,6 +30,10 @@ pub const NEAR_LIMIT: &str = "ratelimit_service_rate_limit_near_limit";
 pub const WITHIN_LIMIT: &str = "ratelimit_service_rate_limit_within_limit";
 /// Hits a shadow-mode rule would have refused.
 pub const SHADOW_MODE: &str = "ratelimit_service_rate_limit_shadow_mode";
+/// Spend reported after the work (a descriptor's own `hits_addend`), recorded.
+pub const SPEND_RECORDED: &str = "sluice_spend_recorded_total";
+/// Spend reported after the work that did not fit the bucket, recorded as debt.
+pub const SPEND_OVER_LIMIT: &str = "sluice_spend_over_limit_total";
 /// Descriptors of requests for a domain no policy defines.
 pub const DOMAIN_NOT_FOUND: &str = "ratelimit_service_rate_limit_domain_not_found";
 /// Successful policy loads (startup and reloads).
@@ -122,7 +126,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 41] = [
+const FAMILIES: [(&str, Kind, &str); 43] = [
     (
         TRACING_EXPORTED,
         Kind::Counter,
@@ -153,6 +157,16 @@ const FAMILIES: [(&str, Kind, &str); 41] = [
         SHADOW_MODE,
         Kind::Counter,
         "Hits a shadow-mode rule would have refused.",
+    ),
+    (
+        SPEND_RECORDED,
+        Kind::Counter,
+        "Spend reported after the work (a descriptor's own hits_addend above 0), recorded whatever the outcome.",
+    ),
+    (
+        SPEND_OVER_LIMIT,
+        Kind::Counter,
+        "Spend reported after the work that did not fit the bucket, recorded as debt that later checks wait out.",
     ),
     (
         DOMAIN_NOT_FOUND,
@@ -300,12 +314,14 @@ const FAMILIES: [(&str, Kind, &str); 41] = [
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 17] = [
+const RECORDED: [&str; 19] = [
     TOTAL_HITS,
     OVER_LIMIT,
     NEAR_LIMIT,
     WITHIN_LIMIT,
     SHADOW_MODE,
+    SPEND_RECORDED,
+    SPEND_OVER_LIMIT,
     DOMAIN_NOT_FOUND,
     CONFIG_LOAD_SUCCESS,
     CONFIG_LOAD_ERROR,
@@ -438,6 +454,8 @@ pub struct RuleHit<'a> {
     pub depth: usize,
     /// Its cost.
     pub hits: u64,
+    /// Whether it reports spend already made, recorded whatever the outcome.
+    pub spent: bool,
     /// Whether the backend found it over its limit (whatever shadow mode answered).
     pub denied: bool,
     /// Requests left after it.
@@ -463,6 +481,8 @@ struct RuleCounters {
     near: Counter,
     within: Counter,
     shadow: Counter,
+    spent: Counter,
+    spent_over: Counter,
 }
 
 impl RuleCounters {
@@ -478,6 +498,8 @@ impl RuleCounters {
             near: metrics::counter!(NEAR_LIMIT, &labels),
             within: metrics::counter!(WITHIN_LIMIT, &labels),
             shadow: metrics::counter!(SHADOW_MODE, &labels),
+            spent: metrics::counter!(SPEND_RECORDED, &labels),
+            spent_over: metrics::counter!(SPEND_OVER_LIMIT, &labels),
         }
     }
 }
@@ -637,6 +659,12 @@ impl Metrics {
     pub fn rule_hit(&self, hit: &RuleHit<'_>) {
         let record = |c: &RuleCounters| {
             c.total.increment(hit.hits);
+            if hit.spent {
+                c.spent.increment(hit.hits);
+                if hit.denied {
+                    c.spent_over.increment(hit.hits);
+                }
+            }
             if hit.denied {
                 c.over.increment(hit.hits);
                 if hit.rule.shadow_mode {

@@ -15,7 +15,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::{Backend, BackendError, Batch, LocalFallback, Source};
+use crate::limiter::{Backend, BackendError, Batch, Charge, LocalFallback, Source};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
@@ -404,6 +404,7 @@ impl Decider {
                     // The rule's own depth: a cost node's request is deeper than its ancestor.
                     depth: rule.levels.len(),
                     hits: op.cost,
+                    spent: op.charge == Charge::Spent,
                     denied: !outcome.admitted,
                     remaining: outcome.remaining.min(u64::from(u32::MAX)),
                     burst: u64::from(rate.burst),
@@ -804,6 +805,104 @@ descriptors:
         let mut check = search();
         check.descriptors[0].hits_addend = Some(0);
         assert_eq!(left(&check).2, 7);
+    }
+
+    const USAGE: &str = r"
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {name: usage, unit: hour, requests_per_unit: 21}
+  - key: tokens
+    rate_limit: {name: tokens, unit: minute, requests_per_unit: 1000}
+";
+
+    /// A request whose descriptors carry their own cost, as Envoy's `apply_on_stream_done`
+    /// sends them (a check has `hits_addend: 0`).
+    fn costed(descs: &[(&str, &str, u64)]) -> Request {
+        let mut r = Request::from_entries("d", &[]);
+        r.descriptors = descs
+            .iter()
+            .map(|&(key, value, cost)| Descriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value: value.into(),
+                }],
+                hits_addend: Some(cost),
+                ..Descriptor::default()
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn spend_reported_after_the_work_is_recorded_past_the_limit() {
+        let clock = Arc::new(ManualClock::new(1 << 40));
+        let headers = HeaderOptions {
+            mode: HeaderMode::Draft,
+            ..HeaderOptions::default()
+        };
+        let d = decider_of(
+            USAGE,
+            Backend::memory(MemoryStore::new(), clock.clone()),
+            Options {
+                headers,
+                ..Options::default()
+            },
+        );
+        // Envoy Gateway's UsageRateLimit: 21 an hour, request cost 0, response cost 10.
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            let check = now(d.decide(&costed(&[("user", "u", 0)]))).unwrap();
+            codes.push(check.overall);
+            if check.overall == Code::Ok {
+                now(d.decide(&costed(&[("user", "u", 10)]))).unwrap();
+            }
+        }
+        assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+        // 30 recorded against 21: nine of debt at T = 171.43 s, and the check says so.
+        let check = now(d.decide(&costed(&[("user", "u", 0)]))).unwrap();
+        assert_eq!(
+            first(&check),
+            (Code::OverLimit, "usage".into(), 0, Some(1543))
+        );
+        assert!(header(&check, "RateLimit").contains("r=0"), "{check:?}");
+        // The report that crossed the budget was answered over the limit, and recorded.
+        let mut fresh = costed(&[("user", "v", 15)]);
+        assert_eq!(now(d.decide(&fresh)).unwrap().overall, Code::Ok);
+        let crossing = now(d.decide(&fresh)).unwrap();
+        assert_eq!(crossing.overall, Code::OverLimit);
+        assert_eq!(crossing.statuses[0].remaining, 0);
+        fresh.descriptors[0].hits_addend = Some(0);
+        assert_eq!(now(d.decide(&fresh)).unwrap().overall, Code::OverLimit);
+
+        // A plain request (no cost of its own) that is refused still charges nothing.
+        let mut plain = req(&[&[("tokens", "t")]]);
+        plain.hits_addend = 1_200;
+        assert_eq!(first(&now(d.decide(&plain)).unwrap()).0, Code::OverLimit);
+        plain.hits_addend = 1;
+        assert_eq!(first(&now(d.decide(&plain)).unwrap()).2, 999);
+
+        // A report charges each of its descriptors, even when one is over: no all or nothing
+        // for spend already made. The other key is untouched by the first's debt.
+        let both = costed(&[("tokens", "a", 5_000), ("tokens", "b", 100)]);
+        let r = now(d.decide(&both)).unwrap();
+        assert_eq!(r.overall, Code::OverLimit);
+        assert_eq!(
+            (r.statuses[0].code, r.statuses[1].code),
+            (Code::OverLimit, Code::Ok)
+        );
+        assert_eq!(r.statuses[1].remaining, 900);
+        // Five budgets past an empty bucket: refused for four minutes, to the second.
+        let a = costed(&[("tokens", "a", 0)]);
+        assert_eq!(first(&now(d.decide(&a)).unwrap()).3, Some(240));
+        clock.advance(240 * NANOS_PER_SEC - 1);
+        assert_eq!(now(d.decide(&a)).unwrap().overall, Code::OverLimit);
+        clock.advance(1);
+        assert_eq!(now(d.decide(&a)).unwrap().overall, Code::Ok);
+        assert_eq!(
+            first(&now(d.decide(&costed(&[("tokens", "b", 0)]))).unwrap()).2,
+            1_000
+        );
     }
 
     #[test]

@@ -751,7 +751,10 @@ fn run_usage(
                 let spent = op(KEY, *q, cost, Mode::Enforce, Charge::Spent);
                 store.count_batch(&[spent], now);
                 let after = store.tat(KEY);
-                assert!(after.saturating_sub(now) <= q.debt_cap(), "debt past the cap");
+                assert!(
+                    after.saturating_sub(now) <= q.debt_cap(),
+                    "debt past the cap"
+                );
                 out.push((now, event, false, after.max(now) - before));
             }
         }
