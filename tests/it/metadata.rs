@@ -66,7 +66,9 @@ async fn dynamic_metadata_on_the_wire_merges_what_passed() {
                 descriptor(&[("shadowed", "x")]),
             ],
         );
-        r.descriptors[1].hits_addend = Some(1);
+        // A check of its own cost 0: a cost above 0 would report spend, recorded even when
+        // the request is refused.
+        r.descriptors[1].hits_addend = Some(0);
         r
     };
     let first = s.ok(both()).await;
@@ -76,7 +78,7 @@ async fn dynamic_metadata_on_the_wire_merges_what_passed() {
             "domain": "meta",
             "descriptors": [
                 {"entries": ["service=service_1"]},
-                {"entries": ["service=service_2"], "hitsAddend": 1.0},
+                {"entries": ["service=service_2"], "hitsAddend": 0.0},
                 {"entries": ["shadowed=x"]},
             ],
             "metadata": {
