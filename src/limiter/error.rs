@@ -64,6 +64,9 @@ pub enum BackendError {
     /// The circuit breaker is open after repeated failures.
     #[error("redis circuit breaker is open")]
     BreakerOpen,
+    /// More calls wait for Redis than the queue holds: Redis is too slow for the load.
+    #[error("more calls wait for redis than sluice queues")]
+    QueueFull,
     /// Redis answered with an error.
     #[error("redis refused the rate-limit call")]
     Redis(#[source] ::redis::RedisError),
@@ -106,7 +109,7 @@ impl BackendError {
     #[must_use]
     pub const fn kind(&self) -> ErrorKind {
         match self {
-            Self::Timeout(_) => ErrorKind::Timeout,
+            Self::Timeout(_) | Self::QueueFull => ErrorKind::Timeout,
             Self::NotConnected | Self::Connection(_) | Self::Setup(_) => ErrorKind::Connection,
             Self::BreakerOpen => ErrorKind::BreakerOpen,
             Self::Redis(_) | Self::Reply(_) => ErrorKind::Redis,

@@ -23,6 +23,16 @@ pub(super) enum Call {
     Lease(LeaseCall),
 }
 
+impl Call {
+    /// Whether its caller stopped waiting for the answer.
+    pub(super) fn abandoned(&self) -> bool {
+        match self {
+            Self::Count(c) => c.reply.is_closed(),
+            Self::Lease(l) => l.reply.is_closed(),
+        }
+    }
+}
+
 /// A request waiting for a lean-script call.
 pub(super) struct CountCall {
     pub(super) ops: Vec<Op>,

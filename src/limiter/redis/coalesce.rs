@@ -4,6 +4,12 @@
 //! counters); nothing waits on a timer. `gcra_lean.lua` decides a call's requests one after the
 //! other, each all or nothing on its own, exactly as separate calls in that order would; each
 //! lease call is atomic on its own as when sent alone. The calls themselves come from `call`.
+//!
+//! The queue is bounded ([`QUEUE`]): past it a call fails at once, and `on_backend_error`
+//! answers it. A call whose caller stopped waiting (timed out, and so answered by
+//! `on_backend_error`) is dropped before it is sent; one already sent when its caller left has
+//! what it charged given back as soon as its answer arrives, so a request answered otherwise is
+//! not charged in Redis as well.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -11,7 +17,7 @@ use redis::Value;
 use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
-use crate::limiter::batch::Batch;
+use crate::limiter::batch::{Batch, Charge, Op};
 use crate::limiter::error::BackendError;
 use crate::limiter::figures::Purpose;
 use crate::limiter::redis::RedisStore;
@@ -30,11 +36,13 @@ pub(super) const MAX_REQUESTS: usize = 128;
 pub(super) const MAX_KEYS: usize = 1_024;
 /// Most `lease.lua` calls in one round trip.
 pub(super) const MAX_LEASE_CALLS: usize = 64;
+/// Most calls waiting for a round trip: eight full calls behind the ones in flight.
+pub(super) const QUEUE: usize = 8 * MAX_REQUESTS;
 
 impl RedisStore {
     /// Sends the queued requests, [`IN_FLIGHT`] calls at most at a time, until the queue closes
     /// (the store is dropped) or this future is dropped.
-    pub(super) async fn coalesce(&self, mut queue: mpsc::UnboundedReceiver<Call>) {
+    pub(super) async fn coalesce(&self, mut queue: mpsc::Receiver<Call>) {
         let mut in_flight = FuturesUnordered::new();
         let mut carry: Option<Call> = None;
         loop {
@@ -44,6 +52,8 @@ impl RedisStore {
                     let (mut batch, mut leases, mut keys) = (Vec::new(), Vec::new(), 0);
                     loop {
                         match job {
+                            // Its caller stopped waiting: nobody is answered by it.
+                            _ if job.abandoned() => {}
                             Call::Count(p) => {
                                 if batch.first().is_some_and(|f: &CountCall| {
                                     p.now != f.now || keys + p.ops.len() > MAX_KEYS
@@ -65,6 +75,9 @@ impl RedisStore {
                         let Ok(next) = queue.try_recv() else { break };
                         job = next;
                     }
+                    if batch.is_empty() && leases.is_empty() {
+                        continue;
+                    }
                     in_flight.push(self.send(batch, leases));
                 }
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
@@ -85,8 +98,16 @@ impl RedisStore {
         };
         match answers {
             Ok(answers) => {
+                // Every request of a call was decided at one time.
+                let now = batch.first().and_then(|p| p.now);
+                let mut late = Vec::new();
                 for (p, a) in batch.into_iter().zip(answers) {
-                    let _ = p.reply.send(Ok(a));
+                    if let Err(Ok(a)) = p.reply.send(Ok(a)) {
+                        late.extend(charged(&p.ops, &a));
+                    }
+                }
+                if !late.is_empty() {
+                    self.give_back(late, now).await;
                 }
             }
             Err(e) => {
@@ -97,6 +118,20 @@ impl RedisStore {
         }
         for (l, a) in leases.into_iter().zip(leased) {
             let _ = l.reply.send(a);
+        }
+    }
+
+    /// Gives back, in one call, the charges of requests whose callers stopped waiting before
+    /// their answer came. Best effort: a failure leaves the charge, which can only refuse more.
+    async fn give_back(&self, refunds: Vec<Op>, now: Option<u64>) {
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let call = CountCall {
+            ops: refunds,
+            now,
+            reply,
+        };
+        if let Err(e) = self.call(std::slice::from_ref(&call)).await {
+            tracing::debug!(error = %e.detail(), "redis: charges of abandoned calls not given back");
         }
     }
 
@@ -193,6 +228,23 @@ impl RedisStore {
     }
 }
 
+/// The refunds of what an answered request charged: its asking ops that were admitted, when
+/// the request was. Spend already made stays recorded (its caller's answer recorded it too,
+/// which can only refuse more).
+fn charged(ops: &[Op], answer: &Batch) -> Vec<Op> {
+    if answer.blocked {
+        return Vec::new();
+    }
+    ops.iter()
+        .zip(&answer.outcomes)
+        .filter(|(op, o)| op.charge == Charge::Ask && o.admitted && op.cost > 0)
+        .map(|(op, _)| Op {
+            charge: Charge::Refund,
+            ..*op
+        })
+        .collect()
+}
+
 /// The lean script's answers to a batch, one per request.
 type Answers = Result<Vec<Batch>, BackendError>;
 /// The replies to the lease calls of a round trip, one per call.
@@ -212,7 +264,7 @@ impl RedisStore {
 }
 
 /// The carried-over job if any, else the next one from the queue.
-async fn recv(carry: &mut Option<Call>, queue: &mut mpsc::UnboundedReceiver<Call>) -> Option<Call> {
+async fn recv(carry: &mut Option<Call>, queue: &mut mpsc::Receiver<Call>) -> Option<Call> {
     match carry.take() {
         Some(p) => Some(p),
         None => queue.recv().await,

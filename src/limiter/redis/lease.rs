@@ -967,9 +967,7 @@ impl RedisStore {
                         purpose,
                         reply,
                     };
-                    self.queue
-                        .send(Call::Lease(call))
-                        .map_err(|_| BackendError::NotConnected)?;
+                    self.enqueue(Call::Lease(call))?;
                     match answer.await.map_err(|_| BackendError::NotConnected)?? {
                         Value::Array(values) => Ok(values),
                         other => Err(BackendError::Reply(format!("{other:?}"))),

@@ -93,11 +93,11 @@ pub struct RedisStore {
     clock: Arc<dyn Clock>,
     time: RedisTime,
     /// Requests for the lean script on a single node, coalesced by [`RedisStore::connect`].
-    queue: tokio::sync::mpsc::UnboundedSender<Call>,
+    queue: tokio::sync::mpsc::Sender<Call>,
     /// Whether the last call sent to Redis got an answer (a deny-cache answer is not one).
     answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
-    queued: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Call>>>,
+    queued: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Call>>>,
     /// This node's id in the quota tables of the rules it hands to Envoys (RLQS).
     quota_holder: String,
 }
@@ -125,7 +125,7 @@ impl RedisStore {
         clock: Arc<dyn Clock>,
         time: RedisTime,
     ) -> Result<Arc<Self>, BackendError> {
-        let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
+        let (queue, queued) = tokio::sync::mpsc::channel(coalesce::QUEUE);
         Ok(Arc::new(Self {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
@@ -300,6 +300,17 @@ impl RedisStore {
         true
     }
 
+    /// Queues a call for the coalescing loop; a full queue is a backend error, answered by
+    /// `on_backend_error` rather than waited out.
+    fn enqueue(&self, call: Call) -> Result<(), BackendError> {
+        use tokio::sync::mpsc::error::TrySendError;
+        self.queue.try_send(call).map_err(|e| match e {
+            TrySendError::Full(_) => BackendError::QueueFull,
+            // The sending loop stopped (shutdown).
+            TrySendError::Closed(_) => BackendError::NotConnected,
+        })
+    }
+
     async fn run(&self, ops: &[Op], now: Option<u64>) -> Result<Batch, BackendError> {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
@@ -312,9 +323,7 @@ impl RedisStore {
                     now,
                     reply,
                 };
-                self.queue
-                    .send(Call::Count(count))
-                    .map_err(|_| BackendError::NotConnected)?;
+                self.enqueue(Call::Count(count))?;
                 // A dropped answer: the sending loop stopped (shutdown).
                 answer.await.map_err(|_| BackendError::NotConnected)?
             }

@@ -289,9 +289,10 @@ impl Sentinels {
     /// Whether a failed call calls for asking the sentinels again.
     pub(super) fn wakes(e: &BackendError) -> bool {
         match e {
-            BackendError::Timeout(_) | BackendError::Connection(_) | BackendError::BreakerOpen => {
-                true
-            }
+            BackendError::Timeout(_)
+            | BackendError::QueueFull
+            | BackendError::Connection(_)
+            | BackendError::BreakerOpen => true,
             BackendError::Redis(e) => {
                 e.code() == Some("READONLY") || e.to_string().contains("READONLY")
             }

@@ -73,6 +73,25 @@ impl RedisProcess {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Stops the server as a hung host would (`SIGSTOP`): connections stay open, nothing is
+    /// answered, until [`RedisProcess::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

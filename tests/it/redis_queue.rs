@@ -1,0 +1,90 @@
+//! The queue of calls in front of one Redis node when Redis stops answering (`SIGSTOP`) under
+//! load: bounded, so a call past it fails at once for `on_backend_error` to answer; and a call
+//! whose caller stopped waiting charges nothing once Redis answers again, whether it was still
+//! queued (dropped) or already sent (given back).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::limiter::gcra::NANOS_PER_SEC;
+use sluice::limiter::{
+    BackendError, Charge, Mode, MonotonicClock, Op, Quota, RedisStore, RedisTime,
+};
+
+use crate::helpers::redis::{RedisProcess, config};
+use crate::helpers::{eventually, redis_missing};
+
+/// Calls fired at once while Redis is paused: more than the queue holds.
+const CALLS: usize = 3_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_nobody_waits_for_charge_nothing_when_redis_resumes() {
+    if redis_missing("calls_nobody_waits_for_charge_nothing_when_redis_resumes") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut settings = config(&redis.url());
+    settings.timeout = Duration::from_millis(100);
+    // A slow Redis that never trips the breaker: every call waits for its deadline.
+    settings.breaker_failures = 0;
+    let store =
+        RedisStore::new(settings, Arc::new(MonotonicClock::new()), RedisTime::Server).unwrap();
+    let connecting = Arc::clone(&store);
+    tokio::spawn(async move { connecting.connect().await });
+    // A million a day: T = 86.4 ms, so what the calls could charge does not come back on its
+    // own while the test waits (a hundred tokens in ten seconds).
+    let quota = Quota::new(86_400 * NANOS_PER_SEC, 1_000_000, 1_000_000).unwrap();
+    let op = move |cost| Op {
+        key: 7,
+        quota,
+        cost,
+        charge: Charge::Ask,
+        mode: Mode::Enforce,
+    };
+    let remaining = move |store: Arc<RedisStore>| async move {
+        store
+            .count_batch(&[op(0)])
+            .await
+            .ok()
+            .map(|b| b.outcomes[0].remaining)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = Arc::clone(&store);
+            async move { remaining(s).await == Some(1_000_000) }
+        })
+        .await,
+        "redis never answered"
+    );
+
+    redis.pause();
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let s = Arc::clone(&store);
+            tokio::spawn(async move { s.count_batch(&[op(1)]).await })
+        })
+        .collect();
+    let (mut full, mut timed_out) = (0, 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Err(BackendError::QueueFull) => full += 1,
+            Err(BackendError::Timeout(_)) => timed_out += 1,
+            other => panic!("a call to a paused redis answered {other:?}"),
+        }
+    }
+    assert!(full > 0, "the queue never filled: {timed_out} timed out");
+    redis.resume();
+
+    // Every charge that reached Redis is given back once its late answer arrives, and nothing
+    // still queued is sent: the counter is full again, not short by the calls answered
+    // otherwise.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = Arc::clone(&store);
+            async move { remaining(s).await == Some(1_000_000) }
+        })
+        .await,
+        "after resuming, {:?} left of 1,000,000 ({full} refused at the queue, {timed_out} timed out)",
+        remaining(Arc::clone(&store)).await
+    );
+}
