@@ -18,7 +18,7 @@ use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
 use crate::limiter::fallback::{BackendMode, LocalFigures};
 use crate::limiter::figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
 use crate::limiter::key::KeyHash;
-use crate::policy::Rule;
+use crate::policy::{PolicySet, Rule};
 
 /// Hits on a limited rule (weighted by cost).
 pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
@@ -701,6 +701,19 @@ impl Metrics {
         c.increment(descriptors);
     }
 
+    /// Forgets the counter handles of rules that `set` no longer has, after a reload swapped
+    /// it in, so that reloads that rename rules do not grow the maps. The series already
+    /// exposed stay exposed, as Prometheus counters do; a rule that comes back continues its.
+    pub fn keep_rules_of(&self, set: &PolicySet) {
+        let kept: std::collections::HashSet<u128> = set
+            .domains()
+            .into_iter()
+            .flat_map(|d| d.rules().map(|r| r.id))
+            .collect();
+        self.rules.retain(|id, _| kept.contains(id));
+        self.detailed.retain(|(id, _, _), _| kept.contains(id));
+    }
+
     fn with_rule(&self, rule: &Rule, domain: &str, f: impl FnOnce(&RuleCounters)) {
         if let Some(c) = self.rules.get(&rule.id) {
             return f(&c);
@@ -930,5 +943,46 @@ fn describe() {
             Kind::Gauge => metrics::describe_gauge!(name, help),
             Kind::Histogram => metrics::describe_histogram!(name, help),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::load_str;
+
+    fn hit(metrics: &Metrics, set: &PolicySet, domain: &str) {
+        for rule in set.domain(domain).unwrap().rules() {
+            metrics.rule_hit(&RuleHit {
+                domain,
+                rule,
+                values: [Some(("k", "v")), None],
+                depth: 1,
+                hits: 1,
+                spent: false,
+                denied: false,
+                remaining: 1,
+                burst: 2,
+            });
+        }
+    }
+
+    #[test]
+    fn a_reload_forgets_the_rules_it_removed() {
+        let metrics = Metrics::install(10);
+        let policy = |name: &str| {
+            format!(
+                "domain: {name}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n  - key: d\n    detailed_metric: true\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            )
+        };
+        let before = load_str(&[("a.yaml", &policy("a")), ("b.yaml", &policy("b"))]).unwrap();
+        hit(&metrics, &before, "a");
+        hit(&metrics, &before, "b");
+        assert_eq!((metrics.rules.len(), metrics.detailed.len()), (2, 2));
+        let after = load_str(&[("a.yaml", &policy("a"))]).unwrap();
+        metrics.keep_rules_of(&after);
+        assert_eq!((metrics.rules.len(), metrics.detailed.len()), (1, 1));
+        hit(&metrics, &after, "a");
+        assert_eq!((metrics.rules.len(), metrics.detailed.len()), (1, 1));
     }
 }

@@ -74,6 +74,7 @@ impl Reloader {
         match loaded {
             Ok(set) => {
                 let summary = set.summary();
+                self.metrics.keep_rules_of(&set);
                 let old = self.policies.swap(set);
                 self.metrics
                     .policy_loaded(LoadResult::Success, LoadTrigger::Reload);

@@ -6,7 +6,7 @@
 //! cannot be read is reported as such and served as rustls accepted it.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The gauge of each served certificate's end of validity, in Unix seconds.
@@ -100,9 +100,9 @@ impl Expiry {
     /// is logged again at most once a day while it is not plainly valid.
     pub fn judge(&self, file: &Path, der: &[u8], now: i64) {
         let print = xxhash_rust::xxh3::xxh3_64(der);
-        let Ok(mut judged) = self.judged.lock() else {
-            return;
-        };
+        // A panic under this lock leaves a record that is still whole (two plain fields), so
+        // a poisoned lock is taken as it is: every later certificate is still judged.
+        let mut judged = self.judged.lock().unwrap_or_else(PoisonError::into_inner);
         let fresh = std::mem::replace(&mut judged.print, print) != print;
         let Some(v) = validity(der) else {
             if fresh {
@@ -325,6 +325,23 @@ mod tests {
         };
         assert_eq!(long.at(0), Standing::Valid);
         assert_eq!(long.at(86 * 86_400), Standing::EndsSoon);
+    }
+
+    #[test]
+    fn a_panic_under_the_lock_does_not_stop_the_judging() {
+        let expiry = Expiry::new("grpc");
+        let poisoned = std::panic::catch_unwind(|| {
+            let _held = expiry.judged.lock().unwrap();
+            panic!("a panic while the record is held");
+        });
+        assert!(poisoned.is_err() && expiry.judged.is_poisoned());
+        expiry.judge(Path::new("cert.pem"), b"not a certificate", 0);
+        let judged = expiry.judged.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(
+            judged.print,
+            xxhash_rust::xxh3::xxh3_64(b"not a certificate"),
+            "the certificate was judged"
+        );
     }
 
     #[test]
