@@ -2,6 +2,8 @@
 //! then one every `T`, so at most `B + floor(W / T)` in any span of `W` (both ends included;
 //! `src/limiter/gcra.rs`). Beside it, what a fixed window of the same limit `L` lets through in
 //! its worst second: `2L`, `L` at the end of one window and `L` at the start of the next.
+//! And the bound on spend reported after the work ([`SpendBound`]): what a counter records when
+//! its charges come at stream end and are recorded even past the limit.
 //!
 //! Pure arithmetic over a [`PolicySet`]; nothing here counts or reads a clock.
 
@@ -9,7 +11,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::limiter::gcra::NANOS_PER_SEC;
+use crate::limiter::gcra::{DEBT_PERIODS, NANOS_PER_SEC};
 use crate::policy::{Limit, PolicySet, Rate};
 
 /// One limited rule's guarantee.
@@ -41,12 +43,49 @@ pub struct Guarantee {
     pub worst_period: u64,
     /// The most a fixed window of `L` per period admits in any 1 s: `2L`.
     pub fixed_window_worst_second: u64,
+    /// The bound on spend reported after the work.
+    pub spend: SpendBound,
     /// The bound under leased counting (`redis.lease`), when it is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leased: Option<LeasedBound>,
     /// The bound under Envoy's quota filter (`rlqs`), when the service is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rlqs: Option<QuotaBound>,
+}
+
+/// What a counter records of spend reported after the work (a descriptor's own `hits_addend`,
+/// recorded even past the limit into debt of at most the debt cap `D`): in any span W at most
+/// `B + floor(W / T) + F`, F the spend of requests in flight (checked and admitted, not yet
+/// reported) when the budget ran out; and, whatever the clients, at most `floor((W + D) / T)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SpendBound {
+    /// `D`: the most a key may owe, the bucket `B·T` and four periods, in nanoseconds.
+    pub debt_cap_ns: u64,
+    /// The longest a key is refused after one report, however large: `D − B·T`.
+    pub locked_ns: u64,
+    /// The most recorded in any 1 s, less F: `B + floor(1 s / T)`.
+    pub worst_second: u64,
+    /// The most recorded in any span of the period, less F: `B + floor(P / T)`.
+    pub worst_period: u64,
+    /// The most recorded in any 1 s whatever the clients: `floor((1 s + D) / T)`.
+    pub cap_worst_second: u64,
+    /// The most recorded in any span of the period whatever the clients: `floor((P + D) / T)`.
+    pub cap_worst_period: u64,
+}
+
+impl SpendBound {
+    fn of(q: &crate::limiter::Quota) -> Self {
+        let (b, t, d) = (q.burst(), q.interval(), q.debt_cap());
+        let capped = |w: u64| w.saturating_add(d).checked_div(t).unwrap_or(0);
+        Self {
+            debt_cap_ns: d,
+            locked_ns: d - q.tolerance(),
+            worst_second: most_in_span(b, t, NANOS_PER_SEC),
+            worst_period: most_in_span(b, t, q.period()),
+            cap_worst_second: capped(NANOS_PER_SEC),
+            cap_worst_period: capped(q.period()),
+        }
+    }
 }
 
 /// What a rule admits under leased counting with leases living at most L: in any span W at most
@@ -96,6 +135,7 @@ impl Guarantee {
             worst_second: most_in_span(b, t, NANOS_PER_SEC),
             worst_period: most_in_span(b, t, q.period()),
             fixed_window_worst_second: 2 * u64::from(rate.requests_per_unit),
+            spend: SpendBound::of(&q),
             leased: None,
             rlqs: None,
         })
@@ -173,6 +213,46 @@ impl Guarantee {
         out.push('\n');
     }
 
+    /// The two lines of spend reported after the work: its bound, and the debt cap.
+    fn render_spend(&self, out: &mut String) {
+        let s = &self.spend;
+        let _ = write!(
+            out,
+            "  spend reported after the work: at most {} + F in any second",
+            s.worst_second
+        );
+        if self.period_seconds > 1 {
+            let _ = write!(
+                out,
+                ", {} + F in any {}",
+                s.worst_period,
+                self.period_name()
+            );
+        }
+        let _ = write!(
+            out,
+            " (F: the spend in flight when the budget ran out); whatever the clients, at most {} \
+             in any second",
+            s.cap_worst_second
+        );
+        if self.period_seconds > 1 {
+            let _ = write!(
+                out,
+                ", {} in any {}",
+                s.cap_worst_period,
+                self.period_name()
+            );
+        }
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "  debt cap: {} (the bucket and {DEBT_PERIODS} periods): one report, however large, \
+             refuses a key for at most {}",
+            span(s.debt_cap_ns),
+            span(s.locked_ns)
+        );
+    }
+
     /// The period in words: `second`, `minute`, `5 minutes`.
     #[must_use]
     pub fn period_name(&self) -> String {
@@ -233,6 +313,7 @@ impl Guarantee {
              of one window, L at the start of the next)",
             self.requests_per_unit, self.fixed_window_worst_second
         );
+        self.render_spend(&mut out);
         if let Some(l) = &self.leased {
             let label = format!(
                 "leased, in slices or shares (L = {})",
@@ -371,6 +452,24 @@ pub fn duration(ns: u64) -> String {
     trim(format!("{whole}.{thousandths:03}")) + unit
 }
 
+/// A span that may be long, in whole units from days down: `4min 2s`, `4d 1s`, `1.5s`; below
+/// two minutes as [`duration`] writes it.
+#[must_use]
+pub fn span(ns: u64) -> String {
+    if ns < 120 * NANOS_PER_SEC {
+        return duration(ns);
+    }
+    let mut secs = ns / NANOS_PER_SEC;
+    let mut parts = Vec::new();
+    for (unit, per) in [("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1)] {
+        if secs >= per {
+            parts.push(format!("{}{unit}", secs / per));
+            secs %= per;
+        }
+    }
+    parts.join(" ")
+}
+
 fn trim(s: String) -> String {
     let t = s.trim_end_matches('0').trim_end_matches('.');
     t.to_string()
@@ -462,6 +561,7 @@ descriptors:
             worst_second: 120,
             worst_period: 120,
             fixed_window_worst_second: 200,
+            spend: SpendBound::of(&q),
             leased: None,
             rlqs: None,
         }
@@ -499,7 +599,49 @@ descriptors:
     }
 
     #[test]
+    fn the_spend_bound_adds_in_flight_spend_and_is_capped_by_the_debt() {
+        let set = load_str(&[(
+            "d.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 600, burst: 20}\n",
+        )])
+        .unwrap();
+        let g = &guarantees(&set)[0];
+        // T = 100 ms, B·T = 2 s, D = 2 s + 4 × 60 s = 242 s: (1 s + D) / T = 2430 and
+        // (60 s + D) / T = 3020; B + W / T = 30 and 620.
+        assert_eq!(
+            g.spend,
+            SpendBound {
+                debt_cap_ns: 242 * NANOS_PER_SEC,
+                locked_ns: 240 * NANOS_PER_SEC,
+                worst_second: 30,
+                worst_period: 620,
+                cap_worst_second: 2430,
+                cap_worst_period: 3020,
+            }
+        );
+        let text = g.render();
+        assert!(
+            text.contains(
+                "  spend reported after the work: at most 30 + F in any second, 620 + F in any \
+                 minute (F: the spend in flight when the budget ran out); whatever the clients, \
+                 at most 2430 in any second, 3020 in any minute\n  debt cap: 4min 2s (the bucket \
+                 and 4 periods): one report, however large, refuses a key for at most 4min\n"
+            ),
+            "{text}"
+        );
+        // A day's rule: the cap is the bucket and four days, and no sum wraps.
+        let huge =
+            crate::limiter::Quota::new(86_400 * NANOS_PER_SEC, u64::from(u32::MAX), 1).unwrap();
+        let s = SpendBound::of(&huge);
+        assert_eq!(s.locked_ns, 4 * 86_400 * NANOS_PER_SEC);
+        assert!(s.cap_worst_period > s.worst_period);
+    }
+
+    #[test]
     fn durations_read_well() {
+        assert_eq!(span(242 * NANOS_PER_SEC), "4min 2s");
+        assert_eq!(span(4 * 86_400 * NANOS_PER_SEC + NANOS_PER_SEC), "4d 1s");
+        assert_eq!(span(90 * NANOS_PER_SEC), "90s");
         assert_eq!(duration(NANOS_PER_SEC), "1s");
         assert_eq!(duration(60 * NANOS_PER_SEC), "60s");
         assert_eq!(duration(1_500_000_000), "1.5s");

@@ -1,7 +1,8 @@
 //! The stampede lab, behind `sluice check` and `sluice replay`: what a policy promises
 //! ([`guarantee`]), and what it and the usual alternatives ([`algorithms`]) actually let through
 //! on a trace ([`trace`]) or a built-in scenario ([`scenario`]), replayed through the server's
-//! own decider ([`mod@replay`]) and drawn as a chart ([`svg`]). The lab never serves and never
+//! own decider ([`mod@replay`]) and drawn as a chart ([`svg`]). A token trace, whose costs are
+//! reported after the work, is replayed with GCRA and the reference's fixed window only. The lab never serves and never
 //! touches a network; a trace line is read by the admin port's own `/json` parser
 //! ([`crate::wire::json`]), so it means exactly what the admin port would take it to.
 
@@ -23,7 +24,7 @@ use crate::policy::PolicySet;
 pub use guarantee::{CheckReport, Guarantee, guarantees};
 pub use replay::{Algorithm, Lab, ReplayError, Report};
 pub use scenario::Scenario;
-pub use trace::{Event, TraceError, TraceReader};
+pub use trace::{Event, TraceError, TraceReader, Usage};
 
 /// Why a replay failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,27 +50,39 @@ pub enum LabError {
     Svg(String),
 }
 
-/// Replays a whole trace through every algorithm, showing progress on stderr.
+/// Replays a whole trace through every algorithm, or through [`Algorithm::TOKENS`] when its
+/// first request has its cost reported after the work (a token trace), showing progress on
+/// stderr.
 ///
 /// # Errors
 ///
 /// [`LabError`] naming the first bad line.
 pub fn replay_trace(policies: PolicySet, mut trace: TraceReader) -> Result<Report, LabError> {
-    let mut lab = Lab::new(policies, &Algorithm::ALL);
-    let mut progress = Progress::new();
     let path = trace.path().to_path_buf();
-    while let Some(event) = trace.next() {
-        let event = event?;
-        lab.offer(event.t, &event.request)
-            .map_err(|source| LabError::Request {
-                path: path.clone(),
-                line: trace.lines_read(),
-                source,
-            })?;
+    let mut next = trace.next().transpose()?;
+    let tokens = next.as_ref().is_some_and(|e| e.usage.is_some());
+    let algorithms: &[Algorithm] = if tokens {
+        &Algorithm::TOKENS
+    } else {
+        &Algorithm::ALL
+    };
+    let mut lab = Lab::new(policies, algorithms);
+    let mut progress = Progress::new();
+    while let Some(event) = next {
+        let verdicts = match event.usage {
+            Some(usage) => lab.offer_usage(event.t, &event.request, usage),
+            None => lab.offer(event.t, &event.request),
+        };
+        verdicts.map_err(|source| LabError::Request {
+            path: path.clone(),
+            line: trace.lines_read(),
+            source,
+        })?;
         progress.tick(trace.lines_read(), event.t);
+        next = trace.next().transpose()?;
     }
     progress.done();
-    Ok(lab.finish())
+    Ok(lab.finish()?)
 }
 
 /// What to replay.
@@ -144,6 +157,33 @@ impl Progress {
     }
 }
 
+/// A rule of a token trace: calls admitted and refused at their check, and the tokens they
+/// spent, reported at their end, or would have spent.
+fn render_tokens(out: &mut String, rule: &replay::RuleReport) {
+    let _ = writeln!(
+        out,
+        "  {:<15} {:>7} {:>7} {:>8} {:>8} {:>9} {:>13}",
+        "algorithm", "calls", "refused", "spent", "refused", "worst 1s", "worst period"
+    );
+    for a in Algorithm::ALL {
+        let Some(t) = rule.algorithms.get(a) else {
+            continue;
+        };
+        let calls = t.calls.unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<15} {:>7} {:>7} {:>8} {:>8} {:>9} {:>13}",
+            a.name(),
+            calls.admitted,
+            calls.denied,
+            t.admitted,
+            t.denied,
+            t.worst_second,
+            t.worst_period
+        );
+    }
+}
+
 /// The report as tables, one per rule.
 #[must_use]
 pub fn render(report: &Report) -> String {
@@ -169,6 +209,10 @@ pub fn render(report: &Report) -> String {
             rule.burst,
             if rule.burst_set { "set" } else { "inherited" }
         );
+        if report.tokens {
+            render_tokens(&mut out, rule);
+            continue;
+        }
         let _ = writeln!(
             out,
             "  {:<15} {:>9} {:>9} {:>9} {:>13} {:>14}",

@@ -3,9 +3,14 @@
 //! awaits), and, for comparison, through the three counters of [`super::algorithms`] with
 //! each matched rule's limit. Every algorithm answers a whole request as the server does, all
 //! or nothing: it goes through only when each of its counted descriptors fits, and only then is
-//! each charged. What each let through is tallied per rule ([`Tally`]).
+//! each charged; spend reported after the work (a descriptor's own `hits_addend` above 0) is
+//! recorded whatever the answer, as the server records it and as the reference's `INCRBY`
+//! lands. A request whose cost is known only at its end ([`Lab::offer_usage`]) is the AI
+//! Gateway's recipe: a check of cost 0 on arrival and, when admitted, its tokens reported at its
+//! end. What each let through is tallied per rule ([`Tally`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Not;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -18,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle, PolicySet, Rule};
 
 use super::algorithms::{FixedWindow, Peak, SlidingLog, SlidingWindow, WindowCounter};
+use super::trace::Usage;
 
 /// Where the decider's clock stands at a trace's time 0, so that no request is ever decided
 /// at time 0 (a TAT of 0 means a fresh key). GCRA does not depend on the origin; the
@@ -41,6 +47,10 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// The two a token trace is replayed with: GCRA, whose debt is repaid at the rule's rate,
+    /// and the reference's fixed window, whose count forgets the debt at the boundary.
+    pub const TOKENS: [Self; 2] = [Self::Gcra, Self::FixedWindow];
+
     /// All four, GCRA first.
     pub const ALL: [Self; 4] = [
         Self::Gcra,
@@ -85,7 +95,8 @@ pub enum ReplayError {
 
 /// One algorithm's tally for one rule. It counts hits (a request's cost, 1 unless `hitsAddend`
 /// says otherwise) of the requests that reached the rule, over all of its keys together: what
-/// the service behind it receives.
+/// the service behind it receives. For a request whose cost is reported after the work, its
+/// tokens: admitted when they are reported (at its end), refused when it arrives.
 #[derive(Debug, Serialize)]
 pub struct Tally {
     /// Hits admitted.
@@ -98,9 +109,15 @@ pub struct Tally {
     pub worst_period: u64,
     /// The most offered (admitted or not) in any 1 s.
     pub offered_worst_second: u64,
+    /// Requests whose cost is reported after the work: how many were admitted and refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls: Option<Calls>,
     /// Admitted per [`BIN_NS`], by bin index (time / `BIN_NS`).
     #[serde(skip)]
     pub bins: BTreeMap<u64, u64>,
+    /// Refused per [`BIN_NS`], by bin index.
+    #[serde(skip)]
+    pub refused_bins: BTreeMap<u64, u64>,
     #[serde(skip)]
     second: Peak,
     #[serde(skip)]
@@ -117,7 +134,9 @@ impl Tally {
             worst_second: 0,
             worst_period: 0,
             offered_worst_second: 0,
+            calls: None,
             bins: BTreeMap::new(),
+            refused_bins: BTreeMap::new(),
             second: Peak::new(NANOS_PER_SEC),
             period: Peak::new(period),
             offered: Peak::new(NANOS_PER_SEC),
@@ -125,19 +144,54 @@ impl Tally {
     }
 
     fn count(&mut self, t: u64, cost: u64, admitted: bool) {
-        self.offered.add(t, cost);
-        self.offered_worst_second = self.offered.max();
+        self.offer(t, cost);
         if admitted {
-            self.admitted += cost;
-            self.second.add(t, cost);
-            self.period.add(t, cost);
-            self.worst_second = self.second.max();
-            self.worst_period = self.period.max();
-            *self.bins.entry(t / BIN_NS).or_default() += cost;
+            self.admit(t, cost);
         } else {
-            self.denied += cost;
+            self.deny(t, cost);
         }
     }
+
+    fn offer(&mut self, t: u64, cost: u64) {
+        self.offered.add(t, cost);
+        self.offered_worst_second = self.offered.max();
+    }
+
+    fn admit(&mut self, t: u64, cost: u64) {
+        self.admitted += cost;
+        self.second.add(t, cost);
+        self.period.add(t, cost);
+        self.worst_second = self.second.max();
+        self.worst_period = self.period.max();
+        *self.bins.entry(t / BIN_NS).or_default() += cost;
+    }
+
+    fn deny(&mut self, t: u64, cost: u64) {
+        self.denied += cost;
+        *self.refused_bins.entry(t / BIN_NS).or_default() += cost;
+    }
+
+    /// A request whose cost is reported after the work, offered at `t`: counted as a call, and
+    /// its tokens refused now when it is (when admitted, they count when reported).
+    fn call(&mut self, t: u64, tokens: u64, admitted: bool) {
+        self.offer(t, tokens);
+        let calls = self.calls.get_or_insert_default();
+        if admitted {
+            calls.admitted += 1;
+        } else {
+            calls.denied += 1;
+            self.deny(t, tokens);
+        }
+    }
+}
+
+/// Requests whose cost is reported after the work, by their check's answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Calls {
+    /// Passed the check of cost 0; their tokens were then reported.
+    pub admitted: u64,
+    /// Refused at the check; they spent nothing.
+    pub denied: u64,
 }
 
 /// The four tallies of one rule (only those that ran).
@@ -223,8 +277,11 @@ pub struct RuleReport {
 /// The results of a replay, rules in the order they were first matched.
 #[derive(Debug, Default, Serialize)]
 pub struct Report {
-    /// Requests decided.
+    /// Requests decided (a token trace's check and report are one request).
     pub requests: u64,
+    /// Whether requests of the replay had their cost reported after the work (tokens).
+    #[serde(skip_serializing_if = "<&bool>::not")]
+    pub tokens: bool,
     /// Per rule.
     pub rules: Vec<RuleReport>,
 }
@@ -242,6 +299,7 @@ impl Report {
     /// rules this one lacks), for runs of one algorithm each.
     pub fn merge(&mut self, other: Self) {
         self.requests = self.requests.max(other.requests);
+        self.tokens |= other.tokens;
         for rule in other.rules {
             match self
                 .rules
@@ -281,7 +339,22 @@ pub struct Lab {
     /// Rule id → index into `report.rules` and `comparisons`.
     index: HashMap<u128, usize>,
     comparisons: Vec<Comparisons>,
+    /// Token reports not yet made, by (end, order offered): the request as reported, its
+    /// tokens, and the algorithms that admitted it.
+    pending: BTreeMap<(u64, u64), (Request, u64, Vec<Algorithm>)>,
+    offered: u64,
     report: Report,
+}
+
+/// How [`Lab::decide`] tallies what it decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tallying {
+    /// Each descriptor's cost, admitted or refused with the request.
+    Hits,
+    /// A check of a request whose cost comes at its end: its tokens, as a call.
+    Call(u64),
+    /// Tokens reported for work done: admitted spend.
+    Spend,
 }
 
 impl std::fmt::Debug for Lab {
@@ -310,6 +383,8 @@ impl Lab {
             algorithms: algorithms.to_vec(),
             index: HashMap::new(),
             comparisons: Vec::new(),
+            pending: BTreeMap::new(),
+            offered: 0,
             report: Report::default(),
         }
     }
@@ -320,13 +395,96 @@ impl Lab {
     ///
     /// [`ReplayError`] when the request is malformed.
     pub fn offer(&mut self, t: u64, req: &Request) -> Result<Vec<Verdict>, ReplayError> {
+        self.settle(t)?;
+        self.report.requests += 1;
+        let all = self.algorithms.clone();
+        self.decide(t, req, &all, Tallying::Hits)
+    }
+
+    /// Offers at `t` a request whose cost is reported after the work, as Envoy AI Gateway sends
+    /// one: each descriptor checked with a `hits_addend` of 0 now and, for each algorithm that
+    /// admits it, reported with a `hits_addend` of `usage.tokens` at its end (`t +
+    /// usage.duration`), decided in time order with the other requests. The verdicts are the
+    /// check's.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError`] when the request is malformed.
+    pub fn offer_usage(
+        &mut self,
+        t: u64,
+        req: &Request,
+        usage: Usage,
+    ) -> Result<Vec<Verdict>, ReplayError> {
+        self.settle(t)?;
+        self.report.requests += 1;
+        self.report.tokens = true;
+        let with_cost = |cost: u64| {
+            let mut r = req.clone();
+            for d in &mut r.descriptors {
+                d.hits_addend = Some(cost);
+                d.is_negative_hits = false;
+            }
+            r
+        };
+        let all = self.algorithms.clone();
+        let verdicts = self.decide(t, &with_cost(0), &all, Tallying::Call(usage.tokens))?;
+        let admitted: Vec<Algorithm> = verdicts
+            .iter()
+            .filter(|v| v.admitted)
+            .map(|v| v.algorithm)
+            .collect();
+        // A report of 0 tokens is a check of its own, and records nothing.
+        if !admitted.is_empty() && usage.tokens > 0 {
+            let end = t.saturating_add(usage.duration);
+            self.offered += 1;
+            self.pending.insert(
+                (end, self.offered),
+                (with_cost(usage.tokens), usage.tokens, admitted),
+            );
+        }
+        Ok(verdicts)
+    }
+
+    /// Makes every pending token report due by `t`, in time order.
+    fn settle(&mut self, t: u64) -> Result<(), ReplayError> {
+        while let Some(entry) = self.pending.first_entry() {
+            if entry.key().0 > t {
+                break;
+            }
+            let ((end, _), (req, _, algorithms)) = entry.remove_entry();
+            self.decide(end, &req, &algorithms, Tallying::Spend)?;
+        }
+        Ok(())
+    }
+
+    /// Decides `req` at `t` with `algorithms`, tallied as `tallying` says.
+    fn decide(
+        &mut self,
+        t: u64,
+        req: &Request,
+        algorithms: &[Algorithm],
+        tallying: Tallying,
+    ) -> Result<Vec<Verdict>, ReplayError> {
         self.clock.set(ORIGIN + t);
+        // The decider matches the rules for every algorithm; when GCRA is not among them it
+        // only checks (cost 0 everywhere), so its counters stay as GCRA left them.
+        let check;
+        let decided = if algorithms.contains(&Algorithm::Gcra) {
+            req
+        } else {
+            let mut r = req.clone();
+            for d in &mut r.descriptors {
+                d.hits_addend = Some(0);
+            }
+            check = r;
+            &check
+        };
         let decision = self
             .decider
-            .decide(req)
+            .decide(decided)
             .now_or_never()
             .ok_or(ReplayError::Pending)??;
-        self.report.requests += 1;
         let gcra_admitted = decision.overall == Code::Ok;
         let gcra_retry = decision
             .statuses
@@ -335,8 +493,9 @@ impl Lab {
             .filter_map(|s| s.reset_seconds)
             .max()
             .unwrap_or(0);
-        // The counted descriptors: (rule slot, counter key, cost).
-        let mut counted: Vec<(usize, String, u64)> = Vec::with_capacity(req.descriptors.len());
+        // The counted descriptors: (rule slot, counter key, cost, spend reported after the work).
+        let mut counted: Vec<(usize, String, u64, bool)> =
+            Vec::with_capacity(req.descriptors.len());
         for (i, status) in decision.statuses.iter().enumerate() {
             let Some(rule) = status.limit.as_ref().and_then(|l| l.rule.as_ref()) else {
                 continue;
@@ -351,26 +510,37 @@ impl Lab {
                 key.push_str(&e.value);
                 key.push('\u{1e}');
             }
-            counted.push((self.rule_slot(&req.domain, rule), key, req.cost(i)));
+            let spent = req.descriptors[i].hits_addend.is_some_and(|n| n > 0);
+            counted.push((self.rule_slot(&req.domain, rule), key, req.cost(i), spent));
         }
-        let mut verdicts = Vec::with_capacity(self.algorithms.len());
-        for &algorithm in &self.algorithms {
+        let mut verdicts = Vec::with_capacity(algorithms.len());
+        for &algorithm in algorithms {
             let (admitted, retry_after) = if algorithm == Algorithm::Gcra {
                 (gcra_admitted, gcra_retry)
             } else {
-                // All or nothing, as the server decides: admitted only when every counted
-                // descriptor fits, and then charged to every one of them.
+                // As the server decides: spend reported is recorded first, whatever fits (as
+                // the reference's INCRBY always lands); then the request is admitted only when
+                // every counted descriptor fitted, and only then are the others charged.
                 let mut wait: Option<u64> = None;
-                for (slot, key, cost) in &counted {
+                let mut over = |w: u64| wait = Some(wait.unwrap_or(0).max(w));
+                for (slot, key, cost, _) in counted.iter().filter(|c| c.3) {
+                    if let Some(c) = self.comparisons[*slot].counter(algorithm) {
+                        if let Err(w) = c.fits(key, t, *cost) {
+                            over(w);
+                        }
+                        c.charge(key, t, *cost);
+                    }
+                }
+                for (slot, key, cost, _) in counted.iter().filter(|c| !c.3) {
                     if let Some(Err(w)) = self.comparisons[*slot]
                         .counter(algorithm)
                         .map(|c| c.fits(key, t, *cost))
                     {
-                        wait = Some(wait.unwrap_or(0).max(w));
+                        over(w);
                     }
                 }
                 if wait.is_none() {
-                    for (slot, key, cost) in &counted {
+                    for (slot, key, cost, _) in counted.iter().filter(|c| !c.3) {
                         if let Some(c) = self.comparisons[*slot].counter(algorithm) {
                             c.charge(key, t, *cost);
                         }
@@ -381,9 +551,13 @@ impl Lab {
                     wait.map_or(0, |w| w.div_ceil(NANOS_PER_SEC)),
                 )
             };
-            for (slot, _, cost) in &counted {
+            for (slot, _, cost, _) in &counted {
                 if let Some(tally) = self.report.rules[*slot].algorithms.slot(algorithm) {
-                    tally.count(t, *cost, admitted);
+                    match tallying {
+                        Tallying::Hits => tally.count(t, *cost, admitted),
+                        Tallying::Call(tokens) => tally.call(t, tokens, admitted),
+                        Tallying::Spend => tally.admit(t, *cost),
+                    }
                 }
             }
             verdicts.push(Verdict {
@@ -428,10 +602,14 @@ impl Lab {
         self.report.rules.len() - 1
     }
 
-    /// The results so far.
-    #[must_use]
-    pub fn finish(self) -> Report {
-        self.report
+    /// The results, once every pending token report is made.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError`], which a report of a request already decided never causes.
+    pub fn finish(mut self) -> Result<Report, ReplayError> {
+        self.settle(u64::MAX)?;
+        Ok(self.report)
     }
 }
 
@@ -464,7 +642,7 @@ mod tests {
             &Request::from_entries("d", &[&[("x", "y")]]),
         )
         .unwrap();
-        let report = lab.finish();
+        let report = lab.finish().unwrap();
         assert_eq!(report.requests, 5);
         let rule = report.rule("d", "d.k").unwrap();
         for a in Algorithm::ALL {
@@ -491,7 +669,7 @@ mod tests {
         assert!(lab.offer(s, &both).unwrap().iter().all(|v| !v.admitted));
         let v = lab.offer(s, &wide).unwrap();
         assert!(v.iter().all(|v| v.admitted), "{v:?}");
-        let report = lab.finish();
+        let report = lab.finish().unwrap();
         for a in Algorithm::ALL {
             let wide = report
                 .rule("d", "d.wide")

@@ -1,7 +1,8 @@
 //! The built-in scenarios of `sluice replay --scenario`, each with its own policy: the essay's
-//! fixed-window boundary, its midnight stampede, and a retry storm.
+//! fixed-window boundary, its midnight stampede, a retry storm, and a token budget charged after
+//! each response.
 //!
-//! `boundary` and `stampede` are fixed traces. `retry-storm` is a closed loop: refused clients
+//! `boundary`, `stampede` and `tokens` are fixed traces. `retry-storm` is a closed loop: refused clients
 //! come back after the `Retry-After` each algorithm gives (GCRA's from the real decision),
 //! once in lockstep and once with a random jitter added, so each algorithm runs alone with
 //! its own clients.
@@ -14,7 +15,7 @@ use crate::limiter::gcra::NANOS_PER_SEC;
 use crate::policy::{PolicyError, PolicySet, load_str};
 
 use super::replay::{Algorithm, Lab, ReplayError, Report};
-use super::trace::Event;
+use super::trace::{Event, Usage};
 
 const MS: u64 = 1_000_000;
 
@@ -29,6 +30,9 @@ pub enum Scenario {
     /// 3,000 clients over the last 10 s of a minute against 1,000 per minute; refused clients
     /// retry after `Retry-After`, in lockstep or with up to 30 s of jitter.
     RetryStorm,
+    /// 6,000 tokens per minute for one tenant; a call a second from 30 s to 210 s, each of 500
+    /// to 1,500 tokens reported 1 to 4 s after it arrives, checked with a cost of 0.
+    Tokens,
 }
 
 /// The `boundary` policy.
@@ -81,6 +85,24 @@ descriptors:
       requests_per_unit: 1000
 ";
 
+/// The `tokens` policy.
+pub const TOKENS_POLICY: &str = "\
+# A token budget: 6,000 tokens per minute for each tenant, charged when each response ends.
+domain: ai
+descriptors:
+  - key: tenant
+    rate_limit:
+      name: tokens_per_minute
+      unit: minute
+      requests_per_unit: 6000
+";
+
+/// Calls of the `tokens` scenario, one a second from [`TOKENS_START_SECONDS`].
+pub const TOKEN_CALLS: u64 = 180;
+/// When the `tokens` scenario's first call arrives, in seconds: mid-window, so that a fixed
+/// window's boundary falls inside the run.
+pub const TOKENS_START_SECONDS: u64 = 30;
+
 /// Clients of the retry storm, per group.
 pub const STORM_CLIENTS: u64 = 3_000;
 /// Most attempts a storm client makes.
@@ -96,6 +118,7 @@ impl Scenario {
             Self::Boundary => ("boundary.yaml", BOUNDARY_POLICY),
             Self::Stampede => ("stampede.yaml", STAMPEDE_POLICY),
             Self::RetryStorm => ("retry-storm.yaml", RETRY_STORM_POLICY),
+            Self::Tokens => ("tokens.yaml", TOKENS_POLICY),
         }
     }
 
@@ -116,15 +139,28 @@ impl Scenario {
             Self::Boundary => "sluice replay --scenario boundary",
             Self::Stampede => "sluice replay --scenario stampede",
             Self::RetryStorm => "sluice replay --scenario retry-storm",
+            Self::Tokens => "sluice replay --scenario tokens",
         }
     }
 
-    /// The fixed trace of `boundary` and `stampede`; `None` for the closed-loop retry storm.
+    /// The algorithms it is replayed with: a token budget with GCRA and the reference's fixed
+    /// window, the others with all four.
+    #[must_use]
+    pub const fn algorithms(self) -> &'static [Algorithm] {
+        match self {
+            Self::Tokens => &Algorithm::TOKENS,
+            _ => &Algorithm::ALL,
+        }
+    }
+
+    /// The fixed trace of `boundary`, `stampede` and `tokens`; `None` for the closed-loop retry
+    /// storm.
     #[must_use]
     pub fn trace(self) -> Option<Vec<Event>> {
         let at = |t: u64, domain: &str, key: &str, value: &str| Event {
             t,
             request: Request::from_entries(domain, &[&[(key, value)]]),
+            usage: None,
         };
         match self {
             Self::Boundary => Some(
@@ -153,6 +189,18 @@ impl Scenario {
                 )
             }
             Self::RetryStorm => None,
+            Self::Tokens => Some(
+                (0..TOKEN_CALLS)
+                    .map(|i| Event {
+                        t: (TOKENS_START_SECONDS + i) * NANOS_PER_SEC,
+                        request: Request::from_entries("ai", &[&[("tenant", "a")]]),
+                        usage: Some(Usage {
+                            tokens: 500 + splitmix(i) % 1_001,
+                            duration: NANOS_PER_SEC + splitmix(i | 1 << 32) % 3_000 * MS,
+                        }),
+                    })
+                    .collect(),
+            ),
         }
     }
 }
@@ -164,17 +212,20 @@ impl Scenario {
 /// [`ReplayError`], which a built-in scenario never causes.
 pub fn run(scenario: Scenario, lab: impl Fn(&[Algorithm]) -> Lab) -> Result<Report, ReplayError> {
     if let Some(trace) = scenario.trace() {
-        let mut lab = lab(&Algorithm::ALL);
+        let mut lab = lab(scenario.algorithms());
         for e in &trace {
-            lab.offer(e.t, &e.request)?;
+            match e.usage {
+                Some(usage) => lab.offer_usage(e.t, &e.request, usage)?,
+                None => lab.offer(e.t, &e.request)?,
+            };
         }
-        return Ok(lab.finish());
+        return lab.finish();
     }
     let mut report = Report::default();
     for a in Algorithm::ALL {
         let mut lab = lab(&[a]);
         storm(&mut lab)?;
-        report.merge(lab.finish());
+        report.merge(lab.finish()?);
     }
     Ok(report)
 }
@@ -227,7 +278,12 @@ mod tests {
 
     #[test]
     fn built_in_policies_load_and_traces_hold_what_the_essay_says() {
-        for s in [Scenario::Boundary, Scenario::Stampede, Scenario::RetryStorm] {
+        for s in [
+            Scenario::Boundary,
+            Scenario::Stampede,
+            Scenario::RetryStorm,
+            Scenario::Tokens,
+        ] {
             let set = s.policies().unwrap();
             assert_eq!(set.summary().files, 1, "{s:?}");
         }
@@ -244,6 +300,12 @@ mod tests {
             "in time order"
         );
         assert!(Scenario::RetryStorm.trace().is_none());
+        let tokens = Scenario::Tokens.trace().unwrap();
+        assert_eq!(tokens.len(), 180);
+        assert!(tokens.iter().all(
+            |e| e.usage.is_some_and(|u| (500..=1_500).contains(&u.tokens)
+                && (NANOS_PER_SEC..4 * NANOS_PER_SEC).contains(&u.duration))
+        ));
         assert_ne!(splitmix(1), splitmix(2));
     }
 }

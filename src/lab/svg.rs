@@ -1,6 +1,8 @@
 //! The replay as a chart: admitted per 100 ms for each algorithm on one time axis, one panel
 //! per rule, with the rule's limit marked as its average per 100 ms (and its burst when it
-//! was chosen). Drawn with plotters' SVG backend, text as SVG text (no font files).
+//! was chosen). A token replay is drawn as the tokens spent and refused so far, beside the
+//! bucket and the rate since the first call. Drawn with plotters' SVG backend, text as SVG
+//! text (no font files).
 
 use std::path::Path;
 
@@ -28,6 +30,9 @@ fn colour(a: Algorithm) -> RGBColor {
 ///
 /// [`LabError::Svg`] when there is nothing to draw or the file cannot be written.
 pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
+    if report.tokens {
+        return draw_tokens(report, path, title);
+    }
     let err = |e: &dyn std::fmt::Display| LabError::Svg(format!("{}: {e}", path.display()));
     let bins = || {
         report
@@ -184,6 +189,150 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::MiddleRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// A line of (time, total so far) points.
+type Steps = Vec<(f64, f64)>;
+
+/// A token replay: per rule, each algorithm's tokens spent (solid) and refused (dashed) so far,
+/// and `B + R·t` from the first call, what GCRA holds spend to but for the calls in flight.
+fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
+    let err = |e: &dyn std::fmt::Display| LabError::Svg(format!("{}: {e}", path.display()));
+    let tallies = || {
+        report.rules.iter().flat_map(|r| {
+            Algorithm::ALL
+                .into_iter()
+                .filter_map(|a| r.algorithms.get(a))
+        })
+    };
+    let bins = || tallies().flat_map(|t| t.bins.keys().chain(t.refused_bins.keys()).copied());
+    let (Some(first), Some(last)) = (bins().min(), bins().max()) else {
+        return Err(err(&"nothing was offered, so there is nothing to draw"));
+    };
+    let secs = |bin: u64| (bin * BIN_NS) as f64 / NANOS_PER_SEC as f64;
+    let (x0, x1) = (secs(first), secs(last + 1));
+    let panels = report.rules.len();
+    let height = u32::try_from(60 + 340 * panels).unwrap_or(u32::MAX);
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root
+        .titled(title, ("sans-serif", 22))
+        .map_err(|e| err(&e))?;
+    for (rule, area) in report.rules.iter().zip(root.split_evenly((panels, 1))) {
+        // (algorithm, spent so far, refused so far), as steps at each bin's end.
+        let cumulative = |bins: &std::collections::BTreeMap<u64, u64>| {
+            let mut total = 0u64;
+            let mut points = vec![(x0, 0.0)];
+            for (&bin, &n) in bins {
+                points.push((secs(bin), total as f64));
+                total += n;
+                points.push((secs(bin), total as f64));
+            }
+            points.push((x1, total as f64));
+            points
+        };
+        let lines: Vec<(Algorithm, Steps, Steps)> = Algorithm::ALL
+            .into_iter()
+            .filter_map(|a| {
+                let t = rule.algorithms.get(a)?;
+                Some((a, cumulative(&t.bins), cumulative(&t.refused_bins)))
+            })
+            .collect();
+        let rate = f64::from(rule.limit) / rule.period_seconds.max(1) as f64;
+        let budget = |x: f64| f64::from(rule.burst) + rate * (x - x0);
+        let top = lines
+            .iter()
+            .flat_map(|(_, s, r)| s.iter().chain(r).map(|(_, y)| *y))
+            .fold(budget(x1), f64::max)
+            * 1.08;
+        let caption = format!(
+            "{}{}: {} tokens per {} s, burst {} ({})",
+            rule.path,
+            if rule.name.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rule.name)
+            },
+            rule.limit,
+            rule.period_seconds,
+            rule.burst,
+            if rule.burst_set { "set" } else { "inherited" }
+        );
+        let mut chart = ChartBuilder::on(&area)
+            .caption(caption, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, 0f64..top)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("time (s)")
+            .y_desc("tokens so far")
+            .light_line_style(RGBColor(238, 238, 238))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| err(&e))?;
+        let period = rule.period_seconds.max(1) as f64;
+        let boundaries: Vec<f64> = ((x0 / period).ceil() as u64..=(x1 / period).floor() as u64)
+            .map(|k| k as f64 * period)
+            .take(200)
+            .collect();
+        for (i, &b) in boundaries.iter().enumerate() {
+            let series = chart
+                .draw_series(DashedLineSeries::new(
+                    [(b, 0.0), (b, top)],
+                    3,
+                    3,
+                    RGBColor(150, 150, 150).stroke_width(1),
+                ))
+                .map_err(|e| err(&e))?;
+            if i == 0 {
+                series.label("window boundary").legend(|(x, y)| {
+                    PathElement::new([(x, y), (x + 18, y)], RGBColor(150, 150, 150))
+                });
+            }
+        }
+        for (a, spent, refused) in &lines {
+            let c = colour(*a);
+            chart
+                .draw_series(LineSeries::new(spent.iter().copied(), c.stroke_width(3)))
+                .map_err(|e| err(&e))?
+                .label(format!("{}: spent", a.name()))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(3)));
+            chart
+                .draw_series(DashedLineSeries::new(
+                    refused.iter().copied(),
+                    7,
+                    4,
+                    c.stroke_width(2),
+                ))
+                .map_err(|e| err(&e))?
+                .label(format!("{}: refused", a.name()))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 7, y)], c.stroke_width(2)));
+        }
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x0, budget(x0)), (x1, budget(x1))],
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?
+            .label("the bucket and the rate since the first call")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(180, 180, 180))
             .label_font(("sans-serif", 13))

@@ -1,6 +1,7 @@
 //! Traces: JSON Lines, one request per line ([`parse_line`]), optionally gzip-compressed
-//! (recognised by its magic bytes, whatever the file is called), read by [`TraceReader`]. Lines
-//! must be in time order; blank lines and lines starting with `#` are skipped. A bad line is an
+//! (recognised by its magic bytes, whatever the file is called), read by [`TraceReader`]. A line
+//! with `"tokens"` is a request whose cost is reported after the work ([`Usage`]). Lines must
+//! be in time order of arrival; blank lines and lines starting with `#` are skipped. A bad line is an
 //! error naming its line number; reading stops there.
 
 use std::fs::File;
@@ -20,6 +21,18 @@ pub struct Event {
     pub t: u64,
     /// The request.
     pub request: Request,
+    /// For a request whose cost is known only at its end (a token trace's line), that cost and
+    /// when it is reported; `None` for a request charged as it arrives.
+    pub usage: Option<Usage>,
+}
+
+/// What a request whose cost is reported after the work spends, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Its cost (tokens), reported when it ends.
+    pub tokens: u64,
+    /// From its arrival to its end, in nanoseconds.
+    pub duration: u64,
 }
 
 /// Why a trace cannot be read.
@@ -164,6 +177,14 @@ impl Iterator for TraceReader {
 /// {"t": 60.1, "domain": "db", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}], "hitsAddend": 2}
 /// ```
 ///
+/// A line of a token trace adds `"tokens"` (a whole number ≥ 0, the cost known only at the
+/// request's end) and `"duration"` (seconds from its arrival to its end); it is replayed as a
+/// check of cost 0 on arrival and, when that is admitted, the tokens reported at its end:
+///
+/// ```text
+/// {"t": 12.5, "duration": 3.2, "tokens": 812, "domain": "ai", "descriptors": [{"entries": [{"key": "tenant", "value": "a"}]}]}
+/// ```
+///
 /// # Errors
 ///
 /// What is wrong with it, for [`TraceError::Line`].
@@ -183,9 +204,37 @@ pub fn parse_line(text: &str) -> Result<Event, String> {
     }
     // Rounded to the nanosecond: 59.9 is 59 900 000 000 ns, not 59 899 999 999.
     let t = (t * NANOS_PER_SEC as f64).round() as u64;
+    let usage = usage(object)?;
     let body = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
     let request = json::parse(&body).map_err(|e| e.to_string())?;
-    Ok(Event { t, request })
+    Ok(Event { t, request, usage })
+}
+
+/// `"tokens"` and `"duration"`, taken out of a line: both or neither.
+fn usage(object: &mut serde_json::Map<String, Value>) -> Result<Option<Usage>, String> {
+    let (tokens, duration) = (object.remove("tokens"), object.remove("duration"));
+    let (tokens, duration) = match (tokens, duration) {
+        (None, None) => return Ok(None),
+        (Some(t), Some(d)) => (t, d),
+        (Some(_), None) => return Err("\"tokens\" without \"duration\" (seconds)".into()),
+        (None, Some(_)) => return Err("\"duration\" without \"tokens\"".into()),
+    };
+    let Some(tokens) = tokens.as_u64() else {
+        return Err(format!(
+            "\"tokens\" must be a whole number ≥ 0, found {tokens}"
+        ));
+    };
+    let duration = duration.as_f64().unwrap_or(f64::NAN);
+    // At most a day: a request still running after that is not one a token budget waits for.
+    if !(0.0..=86_400.0).contains(&duration) {
+        return Err(format!(
+            "\"duration\" = {duration} is not a number of seconds from 0 to 86400"
+        ));
+    }
+    Ok(Some(Usage {
+        tokens,
+        duration: (duration * NANOS_PER_SEC as f64).round() as u64,
+    }))
 }
 
 /// `ns` as seconds, e.g. `59.9`.
@@ -217,6 +266,33 @@ mod tests {
         assert_eq!(events[0].t, 59_900_000_000);
         assert_eq!(events[1].t, 60_100_000_000);
         assert_eq!(events[1].request.descriptors[0].entries[0].value, "v");
+        assert_eq!(events[0].usage, None);
+    }
+
+    #[test]
+    fn a_token_line_carries_its_tokens_and_duration() {
+        let text = format!("{LINE},\"t\":1,\"tokens\":812,\"duration\":3.2}}\n");
+        let events: Vec<Event> = read(&text).into_iter().map(Result::unwrap).collect();
+        assert_eq!(
+            events[0].usage,
+            Some(Usage {
+                tokens: 812,
+                duration: 3_200_000_000
+            })
+        );
+        for (extra, expected) in [
+            ("\"tokens\":5", "\"tokens\" without \"duration\""),
+            ("\"duration\":1", "\"duration\" without \"tokens\""),
+            (
+                "\"tokens\":-5,\"duration\":1",
+                "\"tokens\" must be a whole number",
+            ),
+            ("\"tokens\":5,\"duration\":-1", "\"duration\" = -1 is not"),
+        ] {
+            let text = format!("{LINE},\"t\":1,{extra}}}\n");
+            let err = read(&text).into_iter().find_map(Result::err).unwrap();
+            assert!(err.to_string().contains(expected), "{err} / {expected}");
+        }
     }
 
     #[test]

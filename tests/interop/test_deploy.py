@@ -7,6 +7,10 @@
   sluice cluster over HTTP/2 with the policy's domain, and every bucket its matchers build is
   assigned a token bucket by a running sluice with config/policies (asked over RLQS with Envoy's
   generated client): each matches a limited rule.
+- deploy/envoy/envoy-token-budget.yaml (a token budget charged when the response ends) parses
+  strictly too; each route's pair of rate limits checks with hits_addend 0 and charges the
+  tokens from dynamic metadata with apply_on_stream_done, and the policy in its header passes
+  `sluice check` and limits the descriptor both send.
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
 - Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
@@ -153,6 +157,53 @@ def buckets(matcher):
                 entries[key] = sample.format(action=action["name"])
         built.append((action["name"], entries))
     return built
+
+
+class EnvoyTokenBudget(unittest.TestCase):
+    def setUp(self):
+        (self.config,) = load_yaml_docs("deploy", "envoy", "envoy-token-budget.yaml")
+
+    def routes(self, bootstrap):
+        hcm = http_connection_manager_pb2.HttpConnectionManager()
+        bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+        return hcm, [r for vh in hcm.route_config.virtual_hosts for r in vh.routes]
+
+    def test_parses_strictly_into_the_bootstrap_proto(self):
+        bootstrap = json_format.ParseDict(self.config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
+        hcm, routes = self.routes(bootstrap)
+        self.assertEqual([f.name for f in hcm.http_filters][-1], "envoy.filters.http.router")
+        rl = rate_limit_pb2.RateLimit()
+        self.assertTrue(hcm.http_filters[0].typed_config.Unpack(rl))
+        self.assertEqual(rl.domain, "ai")
+        self.assertEqual(rl.rate_limit_service.grpc_service.envoy_grpc.cluster_name, "ratelimit")
+        self.assertTrue(routes)
+        for route in routes:
+            check, spend = route.route.rate_limits
+            # The check: a cost of 0 before the request.
+            self.assertTrue(check.HasField("hits_addend"))
+            self.assertEqual(check.hits_addend.number.value, 0)
+            self.assertFalse(check.apply_on_stream_done)
+            # The spend: the tokens from the AI gateway's metadata, when the stream is done.
+            self.assertTrue(spend.apply_on_stream_done)
+            self.assertRegex(spend.hits_addend.format, r"^%DYNAMIC_METADATA\(io\.envoy\.ai_gateway:llm_total_token\)%$")
+            self.assertEqual(json_format.MessageToDict(check.actions[0]), json_format.MessageToDict(spend.actions[0]))
+            self.assertEqual(json_format.MessageToDict(check.actions[1]), json_format.MessageToDict(spend.actions[1]))
+
+    def test_the_policy_in_its_header_passes_check_and_limits_the_descriptor(self):
+        with open(path("deploy", "envoy", "envoy-token-budget.yaml")) as f:
+            header = f.read().split("The policy it matches")[1].split("# Descriptors sent")[0]
+        policy = "\n".join(line[4:] for line in header.splitlines()[1:])
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "ai.yaml"), "w") as f:
+                f.write(policy)
+            result = sluice_check(d)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("ai.generic_key_llm_tokens.tenant", result.stdout)
+            self.assertIn("spend reported after the work", result.stdout)
+        doc = yaml.safe_load(policy)
+        self.assertEqual(doc["domain"], "ai")
+        self.assertEqual(doc["descriptors"][0]["key"], "generic_key")
+        self.assertEqual(doc["descriptors"][0]["descriptors"][0]["key"], "tenant")
 
 
 class EnvoyQuota(unittest.TestCase):

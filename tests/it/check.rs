@@ -413,3 +413,34 @@ fn check_shows_the_quota_bound_under_the_configured_ttl() {
     assert!(!out[2].contains("rlqs"), "{}", out[2]);
     assert!(!out[3].contains("quota streams"), "{}", out[3]);
 }
+
+/// Each limited rule shows the bound on spend reported after the work, `B + W / T` plus what
+/// was in flight, `(W + D) / T` whatever the clients, and the debt cap D; a ban has no such line.
+#[test]
+fn check_shows_the_bound_on_spend_reported_after_the_work() {
+    let out = check_rule(
+        "{unit: second, requests_per_unit: 100, burst: 20}",
+        &[(None, &[]), (None, &["--json"])],
+    );
+    // T = 10 ms, B·T = 200 ms, D = 200 ms + 4 s: (1 s + D) / T = 520.
+    assert!(
+        out[0].contains(
+            "  spend reported after the work: at most 120 + F in any second (F: the spend in \
+             flight when the budget ran out); whatever the clients, at most 520 in any second\n  \
+             debt cap: 4.2s (the bucket and 4 periods): one report, however large, refuses a key \
+             for at most 4s\n"
+        ),
+        "{}",
+        out[0]
+    );
+    let doc: serde_json::Value = serde_json::from_str(&out[1]).unwrap();
+    let spend = &doc["rules"][0]["spend"];
+    assert_eq!(spend["debt_cap_ns"], 4_200_000_000_u64);
+    assert_eq!(spend["locked_ns"], 4_000_000_000_u64);
+    assert_eq!(
+        (&spend["worst_second"], &spend["cap_worst_second"]),
+        (&serde_json::json!(120), &serde_json::json!(520))
+    );
+    let ban = check_rule("{unit: second, requests_per_unit: 0}", &[(None, &[])]);
+    assert!(!ban[0].contains("spend"), "{}", ban[0]);
+}

@@ -228,6 +228,124 @@ fn token_bucket_example_as_a_gzipped_trace() {
     assert_eq!(numbers(&r, "tb.user", "gcra"), (16, 9, 10, 10));
 }
 
+/// 1,000 tokens a minute and an 800-token answer a second, each reported 0.5 s after its check
+/// of cost 0, for 70 s, replayed as a token trace (the AI Gateway recipe).
+#[test]
+fn a_token_trace_gcra_stays_in_debt_where_the_fixed_window_forgets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("policies");
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(
+        policies.join("ai.yaml"),
+        "domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    let body = r#""domain":"ai","descriptors":[{"entries":[{"key":"tenant","value":"a"}]}]"#;
+    let mut lines = String::from("# t, then tokens reported duration seconds later\n");
+    for t in 0..70 {
+        lines.push_str(&format!(
+            "{{\"t\":{t},\"tokens\":800,\"duration\":0.5,{body}}}\n"
+        ));
+    }
+    let trace = dir.path().join("tokens.jsonl");
+    std::fs::write(&trace, &lines).unwrap();
+    let r = json(&sluice(&[
+        "replay",
+        "--policies",
+        policies.to_str().unwrap(),
+        trace.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(r["tokens"], true);
+    let rule = &r["rules"][0];
+    assert_eq!(rule["path"], "ai.tenant");
+    assert!(
+        rule["algorithms"].get("sliding_log").is_none(),
+        "a token trace runs GCRA and the fixed window only: {rule}"
+    );
+    let calls = |a: &str| {
+        let c = &rule["algorithms"][a]["calls"];
+        (
+            c["admitted"].as_u64().unwrap(),
+            c["denied"].as_u64().unwrap(),
+        )
+    };
+    // GCRA, T = 60 ms: the checks at 0 s and 1 s pass, and their reports leave a debt of
+    // 48 s + 48 s − 1 s = 95 s at 1.5 s, past the bucket's 60 s: checks are refused until
+    // 36.5 s. The check at 37 s passes (debt 59.5 s) and its report takes the debt to 107 s,
+    // back within the bucket only at 84.5 s, after the trace. Three calls, 2,400 tokens.
+    assert_eq!(calls("gcra"), (3, 67));
+    assert_eq!(
+        numbers(&r, "ai.tenant", "gcra"),
+        (2_400, 67 * 800, 1_600, 2_400)
+    );
+    // The fixed window: the checks at 0 s and 1 s pass, the count is then 1,600 > 1,000 and
+    // checks are refused until the window ends at 60 s, which forgets the 600 over; 60 s and
+    // 61 s pass again. Four calls, 3,200 tokens; three reports (1.5 s, 60.5 s and 61.5 s) in
+    // one closed minute.
+    assert_eq!(calls("fixed_window"), (4, 66));
+    assert_eq!(
+        numbers(&r, "ai.tenant", "fixed_window"),
+        (3_200, 66 * 800, 1_600, 2_400)
+    );
+    // The same calls through the lab's own API, one verdict per check: GCRA refuses at 60 s,
+    // still in debt, where the fixed window's new window admits.
+    let set = load_str(&[(
+        "ai.yaml",
+        &std::fs::read_to_string(policies.join("ai.yaml")).unwrap(),
+    )])
+    .unwrap();
+    let mut lab = Lab::new(set, &Algorithm::TOKENS);
+    let req = sluice::decision::Request::from_entries("ai", &[&[("tenant", "a")]]);
+    let usage = sluice::lab::Usage {
+        tokens: 800,
+        duration: 500_000_000,
+    };
+    let (mut gcra, mut fixed) = (Vec::new(), Vec::new());
+    for t in 0..70u64 {
+        let v = lab.offer_usage(t * 1_000_000_000, &req, usage).unwrap();
+        if v[0].admitted {
+            gcra.push(t);
+        }
+        if v[1].admitted {
+            fixed.push(t);
+        }
+        if t == 2 {
+            assert_eq!(
+                v[0].retry_after, 35,
+                "the debt is back in the bucket at 36.5 s"
+            );
+        }
+    }
+    assert_eq!(gcra, [0, 1, 37]);
+    assert_eq!(fixed, [0, 1, 60, 61]);
+    assert_eq!(lab.finish().unwrap().requests, 70);
+}
+
+/// The built-in token scenario: GCRA holds every minute to the bucket, the rate and what was in
+/// flight; the fixed window admits more, at the start of each window.
+#[test]
+fn token_scenario_matches_the_bound() {
+    let r = json(&sluice(&["replay", "--scenario", "tokens", "--json"]));
+    let p = "ai.tenant";
+    let a = |alg: &str| &r["rules"][0]["algorithms"][alg];
+    let calls = |alg: &str| {
+        (
+            a(alg)["calls"]["admitted"].as_u64().unwrap(),
+            a(alg)["calls"]["denied"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(calls("gcra"), (24, 156));
+    assert_eq!(calls("fixed_window"), (34, 146));
+    let (gcra, _, _, gcra_minute) = numbers(&r, p, "gcra");
+    let (fixed, _, _, fixed_minute) = numbers(&r, p, "fixed_window");
+    assert_eq!((gcra, fixed), (24_340, 33_466));
+    // B + P / T = 12,000 in any minute, plus at most one call in flight (≤ 1,500 tokens).
+    assert!((12_000..=13_500).contains(&gcra_minute), "{gcra_minute}");
+    assert_eq!(gcra_minute, 12_798);
+    assert_eq!(fixed_minute, 14_593);
+}
+
 #[test]
 fn a_bad_trace_line_is_named_and_nothing_panics() {
     let dir = tempfile::tempdir().unwrap();
