@@ -357,9 +357,11 @@ impl MemoryStore {
         }
     }
 
-    /// Runs `f(TAT, now)` on `key` and stores the result when it admits, by compare-and-swap,
-    /// reading `now` after each load of the TAT. Returns the outcome and the TAT it replaced. A
-    /// key is inserted only when an admitted outcome must be written.
+    /// Runs `f(TAT, now)` on `key` and stores the TAT it returns when that moved (an admitted
+    /// charge, a refund, spend recorded whether or not it fitted; a denial returns the TAT it
+    /// found), by compare-and-swap, reading `now` after each load of the TAT. Returns the
+    /// outcome and the TAT it replaced. A key is inserted only when a TAT ahead of now must be
+    /// written.
     #[inline]
     fn update(
         &self,
@@ -373,8 +375,9 @@ impl MemoryStore {
         }
         let now = clock();
         let o = f(0, now);
-        if !o.admitted || o.tat <= now {
-            // Nothing to remember: a denial writes nothing and a full bucket is the default.
+        if o.tat <= now {
+            // Nothing to remember: a denial leaves the TAT it found (none) and a full bucket is
+            // the default.
             return (o, 0);
         }
         self.reserve(now);
@@ -463,8 +466,9 @@ fn cas(
     // writer's. (Free on x86; the CAS alone would order the TAT values themselves.)
     let mut current = cell.load(Ordering::Acquire);
     loop {
+        // A denial returns the TAT it found; spend recorded past the bucket, denied, a new one.
         let o = f(current, clock());
-        if !o.admitted || o.tat == current {
+        if o.tat == current {
             return (o, current);
         }
         match cell.compare_exchange_weak(current, o.tat, Ordering::AcqRel, Ordering::Acquire) {
@@ -488,6 +492,28 @@ mod tests {
             charge: Charge::Ask,
             mode: Mode::Enforce,
         }
+    }
+
+    #[test]
+    fn spend_past_the_bucket_is_recorded_and_refuses_the_next_check() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s
+        let spent = Op {
+            charge: Charge::Spent,
+            ..op(1, q, 15)
+        };
+        // On a new key and on a key in debt: recorded, denied, the debt past the bucket its wait.
+        let b = store.count_batch(&[spent, op(2, q, 0)], 0);
+        assert!(b.blocked && !b.outcomes[0].admitted);
+        assert_eq!((b.outcomes[0].remaining, b.outcomes[0].wait), (0, 30 * SEC));
+        assert_eq!(store.tat(1), 90 * SEC);
+        let b = store.count_batch(&[spent, op(2, q, 0)], 0);
+        assert_eq!(b.outcomes[0].wait, 120 * SEC);
+        assert_eq!(store.tat(1), 180 * SEC);
+        let check = store.count_batch(&[op(1, q, 0), op(2, q, 0)], 0);
+        assert!(check.blocked && !check.outcomes[0].admitted);
+        assert_eq!(check.outcomes[0].wait, 120 * SEC);
+        assert!(store.count(1, &q, 120 * SEC, 0).admitted);
     }
 
     #[test]
