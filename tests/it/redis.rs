@@ -70,8 +70,9 @@ async fn connected(store: &Arc<RedisStore>) {
 
 /// P17: the same (time, keys, costs, modes) schedule gives the same decisions, remaining counts
 /// and waits from the memory store and from the script in Redis, including costs above the
-/// burst, check-only costs, refunds, bans, shadow and quota modes, repeated keys in one request,
-/// and periods long enough that nanosecond times exceed a double's exact range.
+/// burst, check-only costs, refunds, spend recorded past the bucket, bans, shadow and quota
+/// modes, repeated keys in one request, and periods long enough that nanosecond times exceed a
+/// double's exact range.
 #[tokio::test]
 async fn same_schedule_same_decisions_as_memory() {
     if redis_missing("same_schedule_same_decisions_as_memory") {
@@ -109,7 +110,7 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
 }
 
 /// The same against the lean script alone: every quota's tolerance is under its bound (the year
-/// long one is replaced by a 30-day one), so every call goes to `gcra_lean.lua`.
+/// long one is replaced by a week-long one), so every call goes to `gcra_lean.lua`.
 #[tokio::test]
 async fn the_lean_script_gives_the_same_decisions_as_memory() {
     if redis_missing("the_lean_script_gives_the_same_decisions_as_memory") {
@@ -123,8 +124,8 @@ async fn the_lean_script_gives_the_same_decisions_as_memory() {
 /// Requests of hundreds of descriptors, on both sides of the lean script's 256-op switch from
 /// one unpack of its arguments to one per op, and one of 9,000, more counters than one unpack
 /// can hand `MGET` (about 8,000), with a reply of 27,001 values: plain charges, then a mix of
-/// refunds, shadow and quota ops and repeated counters (the general path), each answer the
-/// memory store's.
+/// refunds, spend recorded, shadow and quota ops and repeated counters (the general path), each
+/// answer the memory store's.
 #[tokio::test]
 async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
     if redis_missing("requests_of_hundreds_of_descriptors_decide_as_in_memory") {
@@ -151,10 +152,10 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
                     },
                     quota: quotas[q],
                     cost: if mixed { rng.next(3) } else { 1 },
-                    charge: if mixed && rng.next(5) == 0 {
-                        Charge::Refund
-                    } else {
-                        Charge::Ask
+                    charge: match (mixed, rng.next(5)) {
+                        (true, 0) => Charge::Refund,
+                        (true, 1) => Charge::Spent,
+                        _ => Charge::Ask,
                     },
                     mode: match (mixed, rng.next(4)) {
                         (true, 0) => Mode::Shadow,
@@ -270,7 +271,7 @@ async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() 
     }
     const CLIENTS: usize = 4;
     let (_redis, clock, store) = store_at("edge:", 0).await;
-    // Bursts of 3, 4 and 7 (T = 333,333,334 ns, 6 s and 4.3 days) against costs of 1 to 3: many
+    // Bursts of 3, 4 and 7 (T = 333,333,334 ns, 6 s and a day) against costs of 1 to 3: many
     // requests are refused, with waits from nanoseconds to days.
     let quotas = &lean_quotas()[..3];
     let memories: Vec<MemoryStore> = (0..CLIENTS).map(|_| MemoryStore::new()).collect();
@@ -361,10 +362,10 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
                     2 => u64::from(u32::MAX),
                     _ => 1,
                 },
-                charge: if rng.next(8) == 0 {
-                    Charge::Refund
-                } else {
-                    Charge::Ask
+                charge: match rng.next(8) {
+                    0 => Charge::Refund,
+                    1 => Charge::Spent,
+                    _ => Charge::Ask,
                 },
                 mode: match rng.next(6) {
                     0 => Mode::Shadow,
@@ -377,10 +378,11 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
 }
 
 /// The quotas of the parity schedules.
-/// [`quotas`] with the year-long one replaced by a 30-day one: every op fits the lean script.
+/// [`quotas`] with the year-long one replaced by a week-long one: every op fits the lean script
+/// (a week's bucket and four weeks of debt stay below 2^52 ns).
 fn lean_quotas() -> [Quota; 5] {
     let mut quotas = quotas();
-    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    quotas[2] = Quota::new(7 * 86_400 * SEC, 7, 7).unwrap();
     quotas
 }
 
