@@ -688,3 +688,77 @@ async fn takes_and_give_backs_survive_a_script_flush() {
     assert_eq!(a.figures().tokens_returned, 30);
     assert_eq!(shared_remaining(&probe, key, quota).await, 100);
 }
+
+/// Two leased nodes on one counter (100 per second, burst 20, L = 200 ms), each sent charges
+/// made before the work (which keep the counter hot and leased) and checks of cost 0 each
+/// followed by the spend of the call it admitted (1 to 5), seven times the rate in all. Spend
+/// goes to Redis whole, so in every window W the fleet's charges and spend stay within
+/// `B + floor((W + L) / T) + F`, F the largest spend of one call in flight (5); checks are
+/// refused once spend passes the budget, and the leases still answer charges.
+#[tokio::test]
+async fn two_leased_nodes_reporting_spend_stay_within_the_bound() {
+    if redis_missing("two_leased_nodes_reporting_spend_stay_within_the_bound") {
+        return;
+    }
+    const MAX_SPEND: u64 = 5;
+    let redis = RedisProcess::start();
+    let start = 1_700_000_000 * NANOS_PER_SEC;
+    let clock = Arc::new(ManualClock::new(start));
+    let lease = LeaseConfig {
+        max_age: Duration::from_millis(200),
+        min_rate: 5,
+        max_burst_share: 0.25,
+        low_water: 0.5,
+    };
+    let quota = Quota::new(NANOS_PER_SEC, 100, 20).unwrap(); // T = 10 ms
+    let nodes = [
+        node(&redis.url(), &clock, lease).await,
+        node(&redis.url(), &clock, lease).await,
+    ];
+    let key = 0x5e4d;
+    let mut rng = Lcg(0x39);
+    // One instant per unit charged or spent.
+    let mut units = Vec::new();
+    let (mut refused_checks, mut spent) = (0, 0);
+    let mut now = start;
+    while now < start + 3 * NANOS_PER_SEC {
+        now += rng.next(4 * 1_000_000);
+        clock.set(now);
+        let n = &nodes[rng.next(2) as usize];
+        if rng.next(2) == 0 {
+            if !decide(n, &[op(key, quota, 1)]).await.blocked {
+                units.push(now);
+            }
+            continue;
+        }
+        if decide(n, &[op(key, quota, 0)]).await.blocked {
+            refused_checks += 1;
+            continue;
+        }
+        let cost = 1 + rng.next(MAX_SPEND);
+        let report = Op {
+            charge: Charge::Spent,
+            ..op(key, quota, cost)
+        };
+        decide(n, &[report]).await;
+        spent += cost;
+        units.extend(std::iter::repeat_n(now, cost as usize));
+    }
+    // The bound's B + F as the burst of a quota of the same T.
+    let with_flight = Quota::new(NANOS_PER_SEC, 100, 20 + MAX_SPEND).unwrap();
+    check_windows(
+        &units,
+        (&with_flight, lease.max_age_nanos()),
+        &[quota.interval(), 100 * MS, 500 * MS, NANOS_PER_SEC],
+        "two leased nodes with spend",
+    );
+    let by_lease: u64 = nodes.iter().map(|n| n.figures().by_lease).sum();
+    assert!(
+        spent > 0 && refused_checks > 0,
+        "{spent} spent, {refused_checks} checks refused"
+    );
+    assert!(by_lease > 0, "the counter was leased");
+    for n in &nodes {
+        n.close().await;
+    }
+}
