@@ -357,10 +357,11 @@ impl MemoryStore {
         }
     }
 
-    /// Runs `f(TAT, now)` on `key` and stores the TAT it gives when that changed (an admission,
-    /// or recorded spend), by compare-and-swap, reading `now` after each load of the TAT.
-    /// Returns the outcome and the TAT it replaced. A key is inserted only when a TAT past now
-    /// must be written.
+    /// Runs `f(TAT, now)` on `key` and stores the TAT it returns when that moved (an admitted
+    /// charge, a refund, spend recorded whether or not it fitted; a denial returns the TAT it
+    /// found), by compare-and-swap, reading `now` after each load of the TAT. Returns the
+    /// outcome and the TAT it replaced. A key is inserted only when a TAT ahead of now must be
+    /// written.
     #[inline]
     fn update(
         &self,
@@ -375,8 +376,8 @@ impl MemoryStore {
         let now = clock();
         let o = f(0, now);
         if o.tat <= now {
-            // Nothing to remember: a denial leaves the TAT as it was and a full bucket is the
-            // default.
+            // Nothing to remember: a denial leaves the TAT it found (none) and a full bucket is
+            // the default.
             return (o, 0);
         }
         self.reserve(now);
@@ -465,8 +466,8 @@ fn cas(
     // writer's. (Free on x86; the CAS alone would order the TAT values themselves.)
     let mut current = cell.load(Ordering::Acquire);
     loop {
+        // A denial returns the TAT it found; spend recorded past the bucket, denied, a new one.
         let o = f(current, clock());
-        // A denial leaves the TAT as it was; recorded spend writes whatever the outcome.
         if o.tat == current {
             return (o, current);
         }
@@ -491,6 +492,28 @@ mod tests {
             charge: Charge::Ask,
             mode: Mode::Enforce,
         }
+    }
+
+    #[test]
+    fn spend_past_the_bucket_is_recorded_and_refuses_the_next_check() {
+        let store = MemoryStore::new();
+        let q = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s
+        let spent = Op {
+            charge: Charge::Spent,
+            ..op(1, q, 15)
+        };
+        // On a new key and on a key in debt: recorded, denied, the debt past the bucket its wait.
+        let b = store.count_batch(&[spent, op(2, q, 0)], 0);
+        assert!(b.blocked && !b.outcomes[0].admitted);
+        assert_eq!((b.outcomes[0].remaining, b.outcomes[0].wait), (0, 30 * SEC));
+        assert_eq!(store.tat(1), 90 * SEC);
+        let b = store.count_batch(&[spent, op(2, q, 0)], 0);
+        assert_eq!(b.outcomes[0].wait, 120 * SEC);
+        assert_eq!(store.tat(1), 180 * SEC);
+        let check = store.count_batch(&[op(1, q, 0), op(2, q, 0)], 0);
+        assert!(check.blocked && !check.outcomes[0].admitted);
+        assert_eq!(check.outcomes[0].wait, 120 * SEC);
+        assert!(store.count(1, &q, 120 * SEC, 0).admitted);
     }
 
     #[test]

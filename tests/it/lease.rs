@@ -485,9 +485,9 @@ async fn cold_counters_stay_exact() {
     assert_eq!(n.redis().figures().round_trips, 3 * 9 * 50);
 }
 
-/// Shadow and quota modes, check-only ops and refunds keep their meaning when answered from a
-/// lease: the same verdicts the stores give, and the lease's tokens moving as the bucket's
-/// would.
+/// Shadow and quota modes and refunds keep their meaning when answered from a lease: the same
+/// verdicts the stores give, and the lease's tokens moving as the bucket's would. A check-only
+/// op goes to Redis, which alone knows what spend the fleet recorded.
 #[tokio::test]
 async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     if redis_missing("modes_checks_and_refunds_keep_their_meaning_on_a_lease") {
@@ -511,12 +511,13 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     assert_eq!(held, 8, "rate × L covers the whole share");
     let local = |n: &Arc<LeasedStore>| n.figures().by_lease;
 
-    // Check-only: admitted, nothing consumed, remaining = the lease's tokens.
+    // Check-only: answered by Redis, nothing consumed; the shared bucket's tokens are all
+    // leased.
     let before = local(&n);
     let b = decide(&n, &[op(key, quota, 0)]).await;
     assert!(!b.blocked && b.outcomes[0].admitted);
-    assert_eq!(b.outcomes[0].remaining, 8);
-    assert_eq!((n.held(key), local(&n)), (8, before + 1));
+    assert_eq!(b.outcomes[0].remaining, 0);
+    assert_eq!((n.held(key), local(&n)), (8, before));
 
     // Charges from the lease; then a refund of two of them goes back to the lease.
     let b = decide(&n, &[op(key, quota, 3)]).await;
@@ -528,7 +529,7 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     };
     let b = decide(&n, &[refund]).await;
     assert!(!b.blocked && b.outcomes[0].admitted);
-    assert_eq!((n.held(key), local(&n)), (7, before + 3));
+    assert_eq!((n.held(key), local(&n)), (7, before + 2));
     // A refund of more than this lease handed out goes to Redis (which caps it at a full
     // bucket).
     let big = Op {
@@ -536,7 +537,7 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
         ..op(key, quota, 50)
     };
     decide(&n, &[big]).await;
-    assert_eq!(local(&n), before + 3, "answered by Redis");
+    assert_eq!(local(&n), before + 2, "answered by Redis");
 
     // Two ops on the counter in one request: all or nothing. 7 held: 4 + 4 does not fit. The
     // counter is contended (2 hits a second against 10 a minute: the take got less than it
@@ -545,7 +546,7 @@ async fn modes_checks_and_refunds_keep_their_meaning_on_a_lease() {
     let b = decide(&n, &[op(key, quota, 4), op(key, quota, 4)]).await;
     assert!(b.blocked);
     assert!(b.outcomes[0].admitted && !b.outcomes[1].admitted);
-    assert_eq!((n.held(key), local(&n)), (7, before + 4));
+    assert_eq!((n.held(key), local(&n)), (7, before + 3));
     assert_eq!(n.figures().shares, 1);
     // Use up the lease and the shared bucket, so the lease knows Redis has none. (The counter
     // is contended by then, and shared: any token the lease still holds is reserved ahead, not
@@ -686,4 +687,78 @@ async fn takes_and_give_backs_survive_a_script_flush() {
     a.expire().await;
     assert_eq!(a.figures().tokens_returned, 30);
     assert_eq!(shared_remaining(&probe, key, quota).await, 100);
+}
+
+/// Two leased nodes on one counter (100 per second, burst 20, L = 200 ms), each sent charges
+/// made before the work (which keep the counter hot and leased) and checks of cost 0 each
+/// followed by the spend of the call it admitted (1 to 5), seven times the rate in all. Spend
+/// goes to Redis whole, so in every window W the fleet's charges and spend stay within
+/// `B + floor((W + L) / T) + F`, F the largest spend of one call in flight (5); checks are
+/// refused once spend passes the budget, and the leases still answer charges.
+#[tokio::test]
+async fn two_leased_nodes_reporting_spend_stay_within_the_bound() {
+    if redis_missing("two_leased_nodes_reporting_spend_stay_within_the_bound") {
+        return;
+    }
+    const MAX_SPEND: u64 = 5;
+    let redis = RedisProcess::start();
+    let start = 1_700_000_000 * NANOS_PER_SEC;
+    let clock = Arc::new(ManualClock::new(start));
+    let lease = LeaseConfig {
+        max_age: Duration::from_millis(200),
+        min_rate: 5,
+        max_burst_share: 0.25,
+        low_water: 0.5,
+    };
+    let quota = Quota::new(NANOS_PER_SEC, 100, 20).unwrap(); // T = 10 ms
+    let nodes = [
+        node(&redis.url(), &clock, lease).await,
+        node(&redis.url(), &clock, lease).await,
+    ];
+    let key = 0x5e4d;
+    let mut rng = Lcg(0x39);
+    // One instant per unit charged or spent.
+    let mut units = Vec::new();
+    let (mut refused_checks, mut spent) = (0, 0);
+    let mut now = start;
+    while now < start + 3 * NANOS_PER_SEC {
+        now += rng.next(4 * 1_000_000);
+        clock.set(now);
+        let n = &nodes[rng.next(2) as usize];
+        if rng.next(2) == 0 {
+            if !decide(n, &[op(key, quota, 1)]).await.blocked {
+                units.push(now);
+            }
+            continue;
+        }
+        if decide(n, &[op(key, quota, 0)]).await.blocked {
+            refused_checks += 1;
+            continue;
+        }
+        let cost = 1 + rng.next(MAX_SPEND);
+        let report = Op {
+            charge: Charge::Spent,
+            ..op(key, quota, cost)
+        };
+        decide(n, &[report]).await;
+        spent += cost;
+        units.extend(std::iter::repeat_n(now, cost as usize));
+    }
+    // The bound's B + F as the burst of a quota of the same T.
+    let with_flight = Quota::new(NANOS_PER_SEC, 100, 20 + MAX_SPEND).unwrap();
+    check_windows(
+        &units,
+        (&with_flight, lease.max_age_nanos()),
+        &[quota.interval(), 100 * MS, 500 * MS, NANOS_PER_SEC],
+        "two leased nodes with spend",
+    );
+    let by_lease: u64 = nodes.iter().map(|n| n.figures().by_lease).sum();
+    assert!(
+        spent > 0 && refused_checks > 0,
+        "{spent} spent, {refused_checks} checks refused"
+    );
+    assert!(by_lease > 0, "the counter was leased");
+    for n in &nodes {
+        n.close().await;
+    }
 }

@@ -70,8 +70,9 @@ async fn connected(store: &Arc<RedisStore>) {
 
 /// P17: the same (time, keys, costs, modes) schedule gives the same decisions, remaining counts
 /// and waits from the memory store and from the script in Redis, including costs above the
-/// burst, check-only costs, refunds, bans, shadow and quota modes, repeated keys in one request,
-/// and periods long enough that nanosecond times exceed a double's exact range.
+/// burst, check-only costs, refunds, spend recorded past the bucket, bans, shadow and quota
+/// modes, repeated keys in one request, and periods long enough that nanosecond times exceed a
+/// double's exact range.
 #[tokio::test]
 async fn same_schedule_same_decisions_as_memory() {
     if redis_missing("same_schedule_same_decisions_as_memory") {
@@ -109,7 +110,7 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
 }
 
 /// The same against the lean script alone: every quota's tolerance is under its bound (the year
-/// long one is replaced by a 30-day one), so every call goes to `gcra_lean.lua`.
+/// long one is replaced by a week-long one), so every call goes to `gcra_lean.lua`.
 #[tokio::test]
 async fn the_lean_script_gives_the_same_decisions_as_memory() {
     if redis_missing("the_lean_script_gives_the_same_decisions_as_memory") {
@@ -123,8 +124,8 @@ async fn the_lean_script_gives_the_same_decisions_as_memory() {
 /// Requests of hundreds of descriptors, on both sides of the lean script's 256-op switch from
 /// one unpack of its arguments to one per op, and one of 9,000, more counters than one unpack
 /// can hand `MGET` (about 8,000), with a reply of 27,001 values: plain charges, then a mix of
-/// refunds, shadow and quota ops and repeated counters (the general path), each answer the
-/// memory store's.
+/// refunds, spend recorded, shadow and quota ops and repeated counters (the general path), each
+/// answer the memory store's.
 #[tokio::test]
 async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
     if redis_missing("requests_of_hundreds_of_descriptors_decide_as_in_memory") {
@@ -151,10 +152,10 @@ async fn requests_of_hundreds_of_descriptors_decide_as_in_memory() {
                     },
                     quota: quotas[q],
                     cost: if mixed { rng.next(3) } else { 1 },
-                    charge: if mixed && rng.next(5) == 0 {
-                        Charge::Refund
-                    } else {
-                        Charge::Ask
+                    charge: match (mixed, rng.next(5)) {
+                        (true, 0) => Charge::Refund,
+                        (true, 1) => Charge::Spent,
+                        _ => Charge::Ask,
                     },
                     mode: match (mixed, rng.next(4)) {
                         (true, 0) => Mode::Shadow,
@@ -270,7 +271,7 @@ async fn decisions_at_the_end_of_a_wait_and_1_ns_before_are_the_memory_stores() 
     }
     const CLIENTS: usize = 4;
     let (_redis, clock, store) = store_at("edge:", 0).await;
-    // Bursts of 3, 4 and 7 (T = 333,333,334 ns, 6 s and 4.3 days) against costs of 1 to 3: many
+    // Bursts of 3, 4 and 7 (T = 333,333,334 ns, 6 s and a day) against costs of 1 to 3: many
     // requests are refused, with waits from nanoseconds to days.
     let quotas = &lean_quotas()[..3];
     let memories: Vec<MemoryStore> = (0..CLIENTS).map(|_| MemoryStore::new()).collect();
@@ -361,10 +362,10 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
                     2 => u64::from(u32::MAX),
                     _ => 1,
                 },
-                charge: if rng.next(8) == 0 {
-                    Charge::Refund
-                } else {
-                    Charge::Ask
+                charge: match rng.next(8) {
+                    0 => Charge::Refund,
+                    1 => Charge::Spent,
+                    _ => Charge::Ask,
                 },
                 mode: match rng.next(6) {
                     0 => Mode::Shadow,
@@ -377,10 +378,11 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
 }
 
 /// The quotas of the parity schedules.
-/// [`quotas`] with the year-long one replaced by a 30-day one: every op fits the lean script.
+/// [`quotas`] with the year-long one replaced by a week-long one: every op fits the lean script
+/// (a week's bucket and four weeks of debt stay below 2^52 ns).
 fn lean_quotas() -> [Quota; 5] {
     let mut quotas = quotas();
-    quotas[2] = Quota::new(30 * 86_400 * SEC, 7, 7).unwrap();
+    quotas[2] = Quota::new(7 * 86_400 * SEC, 7, 7).unwrap();
     quotas
 }
 
@@ -1249,4 +1251,250 @@ async fn the_quota_table_water_fills_as_divide_does() {
         (part - 1.0).abs() < 1e-4,
         "a table of another type is replaced: {part}"
     );
+}
+
+/// An op of `charge` on counter `key`, enforced.
+fn charged(key: u128, quota: Quota, cost: u64, charge: Charge) -> Op {
+    Op {
+        key,
+        quota,
+        cost,
+        charge,
+        mode: Mode::Enforce,
+    }
+}
+
+/// Sends `ops` to Redis and to `memory` at `now`, asserts the two answers are one, and returns
+/// it.
+async fn both(store: &RedisStore, memory: &MemoryStore, ops: &[Op], now: u64) -> Batch {
+    let expected = memory.count_batch(ops, now);
+    let got = store.count_batch(ops).await.unwrap();
+    assert_same(&got, &expected, ops, &format!("at {now}"));
+    got
+}
+
+/// Spend reported after the work, in Redis as in memory, with Envoy Gateway's usage limit and an
+/// AI gateway's token budget: a check of cost 0, then the spend; the spend is recorded when it
+/// passes the budget, and the next check is refused until the debt is repaid.
+async fn spend_after_the_work(store: &RedisStore, clock: &ManualClock) {
+    let memory = MemoryStore::new();
+    let start = 1_800_000_000 * SEC;
+    clock.set(start);
+    let check = |key, q| charged(key, q, 0, Charge::Ask);
+    // 21 per hour, each call costing 10 after it: OK, OK, OK, then the check is refused.
+    let hourly = Quota::new(3_600 * SEC, 21, 21).unwrap();
+    let mut verdicts = Vec::new();
+    for _ in 0..4 {
+        let b = both(store, &memory, &[check(1, hourly)], start).await;
+        verdicts.push(!b.blocked);
+        if !b.blocked {
+            both(
+                store,
+                &memory,
+                &[charged(1, hourly, 10, Charge::Spent)],
+                start,
+            )
+            .await;
+        }
+    }
+    assert_eq!(verdicts, [true, true, true, false]);
+    // 1,000 per minute against 800 spent per call: two calls, then the next waits until the
+    // debt of 1,600 is back within the bucket, 36 s.
+    let tokens = Quota::new(60 * SEC, 1_000, 1_000).unwrap(); // T = 60 ms
+    let mut admitted = 0;
+    let mut wait = 0;
+    for _ in 0..3 {
+        let b = both(store, &memory, &[check(2, tokens)], start).await;
+        if b.blocked {
+            wait = b.outcomes[0].wait;
+            break;
+        }
+        admitted += 1;
+        let s = both(
+            store,
+            &memory,
+            &[charged(2, tokens, 800, Charge::Spent)],
+            start,
+        )
+        .await;
+        assert_eq!(
+            s.outcomes[0].admitted,
+            admitted == 1,
+            "the second spend passes the budget"
+        );
+    }
+    assert_eq!((admitted, wait), (2, 36 * SEC));
+    clock.set(start + wait - 1);
+    assert!(
+        both(store, &memory, &[check(2, tokens)], start + wait - 1)
+            .await
+            .blocked
+    );
+    clock.set(start + wait);
+    assert!(
+        !both(store, &memory, &[check(2, tokens)], start + wait)
+            .await
+            .blocked
+    );
+    // One report of five budgets: recorded up to the debt cap (the bucket and four periods, 5
+    // minutes here), so the key is refused for 4 minutes; other keys are untouched.
+    let minute = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s
+    // The store's time only moves forward: each scenario starts after the last.
+    let start = start + wait;
+    let b = both(
+        store,
+        &memory,
+        &[charged(3, minute, 50, Charge::Spent)],
+        start,
+    )
+    .await;
+    assert!(b.blocked && !b.outcomes[0].admitted);
+    assert_eq!(
+        (b.outcomes[0].remaining, b.outcomes[0].wait),
+        (0, 240 * SEC)
+    );
+    let b = both(store, &memory, &[check(3, minute), check(4, minute)], start).await;
+    assert!(b.blocked && !b.outcomes[0].admitted && b.outcomes[1].admitted);
+    assert_eq!(
+        (b.outcomes[0].wait, b.outcomes[1].remaining),
+        (240 * SEC, 10)
+    );
+    clock.set(start + 240 * SEC - 1);
+    assert!(
+        both(store, &memory, &[check(3, minute)], start + 240 * SEC - 1)
+            .await
+            .blocked
+    );
+    clock.set(start + 240 * SEC);
+    let b = both(
+        store,
+        &memory,
+        &[charged(3, minute, 1, Charge::Ask)],
+        start + 240 * SEC,
+    )
+    .await;
+    assert!(b.blocked, "a request of one fits a T later");
+    clock.set(start + 246 * SEC);
+    let b = both(
+        store,
+        &memory,
+        &[charged(3, minute, 1, Charge::Ask)],
+        start + 246 * SEC,
+    )
+    .await;
+    assert!(!b.blocked && b.outcomes[0].remaining == 0);
+    // A request charged before the work, refused, charges nothing; spend in the same request is
+    // recorded all the same, and no charge of the refused request is.
+    let start = start + 246 * SEC;
+    for _ in 0..10 {
+        both(store, &memory, &[charged(5, minute, 1, Charge::Ask)], start).await;
+    }
+    let b = both(
+        store,
+        &memory,
+        &[
+            charged(6, minute, 3, Charge::Ask),
+            charged(5, minute, 1, Charge::Ask),
+        ],
+        start,
+    )
+    .await;
+    assert!(b.blocked);
+    let b = both(store, &memory, &[check(6, minute), check(5, minute)], start).await;
+    assert_eq!((b.outcomes[0].remaining, b.outcomes[1].remaining), (10, 0));
+    let b = both(
+        store,
+        &memory,
+        &[
+            charged(6, minute, 2, Charge::Spent),
+            charged(5, minute, 1, Charge::Ask),
+        ],
+        start,
+    )
+    .await;
+    assert!(b.blocked && b.outcomes[0].admitted);
+    let b = both(store, &memory, &[check(6, minute)], start).await;
+    assert_eq!(
+        b.outcomes[0].remaining, 8,
+        "the spend, not the refused charge"
+    );
+}
+
+/// Spend after the work on one Redis: the scenarios of issue 39 give the memory store's answers.
+#[tokio::test]
+async fn spend_after_the_work_is_recorded_as_in_memory() {
+    if redis_missing("spend_after_the_work_is_recorded_as_in_memory") {
+        return;
+    }
+    let (_redis, clock, store) = store_at("spend:", 0).await;
+    spend_after_the_work(&store, &clock).await;
+}
+
+/// The same on a Redis Cluster, where a request's counters sit in several hash slots: spend in
+/// one slot is kept when a charge in another refuses the request (only charges made before the
+/// work are given back).
+#[tokio::test]
+async fn cluster_spend_after_the_work_is_recorded_as_in_memory() {
+    if redis_missing("cluster_spend_after_the_work_is_recorded_as_in_memory") {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    let mut config = config("");
+    config.urls = cluster.urls();
+    config.cluster = true;
+    config.timeout = Duration::from_secs(2);
+    let clock = Arc::new(ManualClock::new(0));
+    let store = open_at(config, &clock);
+    connected(&store).await;
+    spend_after_the_work(&store, &clock).await;
+}
+
+/// Spend past the bucket at Redis `TIME`: the key lives as long as its debt (its TAT, the
+/// bucket and the spend past it), and the exact script, for a bucket the lean one cannot hold,
+/// records it the same way.
+#[tokio::test]
+async fn a_key_in_debt_expires_at_its_tat() {
+    if redis_missing("a_key_in_debt_expires_at_its_tat") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut settings = config(&redis.url());
+    settings.key_prefix = "debt:".into();
+    let store = open(settings);
+    connected(&store).await;
+    let minute = Quota::new(60 * SEC, 10, 10).unwrap(); // T = 6 s, debt cap 300 s
+    let month = Quota::new(30 * 86_400 * SEC, 10, 10).unwrap(); // T = 3 days: the exact script
+    assert!(!fits_lean(&[charged(2, month, 1, Charge::Ask)]));
+    for (key, q, cost) in [(1, minute, 25), (2, month, 15)] {
+        let b = store
+            .count_batch(&[charged(key, q, cost, Charge::Spent)])
+            .await
+            .unwrap();
+        assert!(b.blocked && !b.outcomes[0].admitted);
+        let debt = cost * q.interval();
+        // At most the time the call took short of the debt past the bucket.
+        let past = b.outcomes[0].wait;
+        assert!(
+            past <= debt - q.tolerance() && past + 2 * SEC > debt - q.tolerance(),
+            "{past}"
+        );
+    }
+    let cli = |args: &[&str]| redis.cli(args);
+    for key in [
+        "debt:00000000000000000000000000000001",
+        "debt:00000000000000000000000000000002",
+    ] {
+        let (tat, at) = (cli(&["GET", key]), cli(&["PEXPIRETIME", key]));
+        let (tat, at): (u128, u128) = (tat.trim().parse().unwrap(), at.trim().parse().unwrap());
+        assert_eq!(
+            at,
+            tat / 1_000_000,
+            "{key}: TAT {tat} ns, expires at {at} ms"
+        );
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        assert!(at > now_ms + 140_000, "{key}: in debt past the bucket");
+    }
 }

@@ -3,12 +3,14 @@
 //! refused here without a round trip. The cache only ever refuses, and only until an instant at
 //! or before the one Redis gave (dated from when the request started, before Redis saw it), so
 //! it never admits anything and never refuses what Redis would admit, short of refunds made
-//! through other nodes meanwhile (a refund through this node drops the counter's entry).
-//! Bounded; expired entries are dropped as they are met.
+//! through other nodes meanwhile (a refund through this node drops the counter's entry). A
+//! request that gives back or reports spend is never answered here: Redis must apply it, whatever
+//! the counter owes. Spend recorded past the bucket is learnt as the instant a request of one
+//! fits again. Bounded; expired entries are dropped as they are met.
 
 use dashmap::DashMap;
 
-use crate::limiter::batch::{Batch, Mode, Op};
+use crate::limiter::batch::{Batch, Charge, Mode, Op};
 use crate::limiter::gcra::CounterOutcome;
 use crate::limiter::key::{Key, KeyHash};
 
@@ -35,7 +37,8 @@ impl DenyCache {
         let mut outcomes = Vec::with_capacity(ops.len());
         let (mut enforce, mut quota) = (false, 0usize);
         for op in ops {
-            if op.is_refund() || op.cost == 0 {
+            // A refund or spend is applied in Redis whatever the outcome; a check asks nothing.
+            if op.unconditional() || op.cost == 0 {
                 return None;
             }
             let until = *self.until.get(&op.key)?;
@@ -85,12 +88,17 @@ impl DenyCache {
                 self.until.remove(&op.key);
                 continue;
             }
-            if o.remaining != 0 || (op.cost > op.quota.burst() && !op.quota.is_ban()) {
+            let spent = op.charge == Charge::Spent;
+            if o.remaining != 0 || (op.cost > op.quota.burst() && !op.quota.is_ban() && !spent) {
                 continue;
             }
-            // The wait of one unit request: this cost's wait less the extra intervals.
+            // The wait of one unit request: this cost's wait less the extra intervals; after
+            // spend recorded past the bucket, the wait until its debt is back within the bucket
+            // and one interval more.
             let unit_wait = if op.quota.is_ban() {
                 o.wait
+            } else if spent {
+                o.wait.saturating_add(op.quota.interval())
             } else {
                 o.wait
                     .saturating_sub((op.cost - 1).saturating_mul(op.quota.interval()))
@@ -123,6 +131,41 @@ mod tests {
             charge: if refund { Charge::Refund } else { Charge::Ask },
             mode: Mode::Enforce,
         }
+    }
+
+    fn spent(cost: u64) -> Op {
+        Op {
+            charge: Charge::Spent,
+            ..op(cost, false)
+        }
+    }
+
+    #[test]
+    fn spend_is_never_answered_here_and_is_learnt_as_the_debt_it_left() {
+        let cache = DenyCache::new(16);
+        cache.learn(&[op(1, false)], &denied(500), 0);
+        assert!(
+            cache.answer(&[spent(3)], 10).is_none(),
+            "spend reaches Redis, to be recorded"
+        );
+        assert!(cache.answer(&[op(1, false), spent(3)], 10).is_none());
+        // Spend of 50 (T = 100 ns, B·T = 1,000 ns) on a full bucket: a debt of 5,000 ns, 4,000
+        // past the bucket. A request of one fits once 4,100 ns have passed.
+        let over = Batch {
+            blocked: true,
+            outcomes: vec![CounterOutcome {
+                wait: 4_000,
+                ..CounterOutcome::NONE
+            }],
+        };
+        cache.learn(&[spent(50)], &over, 1_000);
+        let refused = cache.answer(&[op(2, false)], 1_100).unwrap();
+        assert_eq!(
+            refused.outcomes[0].wait,
+            4_000 + 100,
+            "the wait Redis gives"
+        );
+        assert!(cache.answer(&[op(1, false)], 5_100).is_none(), "fits then");
     }
 
     fn denied(wait: u64) -> Batch {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{RedisError, Script, ScriptInvocation, Value};
 use tokio::sync::oneshot;
 
-use crate::limiter::batch::{Batch, Mode, Op};
+use crate::limiter::batch::{Batch, Charge, Mode, Op};
 use crate::limiter::error::BackendError;
 use crate::limiter::figures::Purpose;
 use crate::limiter::gcra::{CounterOutcome, Quota};
@@ -207,13 +207,14 @@ pub(super) const LEAN_LIMIT: u64 = 1 << 52;
 /// Below this every integer is a double, exactly: the bound on the lean script's arguments.
 pub(super) const EXACT_DOUBLE: u64 = 1 << 53;
 
-/// Whether `gcra_lean.lua` decides these ops exactly: every counter's `B·T + T` is below
-/// 2^52 ns, and its period and cost are below 2^53, so that every argument is exact as a
-/// double. The rest (a tolerance of weeks or more, a period of over 104 days, a cost of 2^53)
-/// go to the pair arithmetic of `gcra.lua`.
+/// Whether `gcra_lean.lua` decides these ops exactly: every counter's debt cap plus `T` (the
+/// most debt it may carry, [`Quota::debt_cap`], and one request more) is below 2^52 ns, and its
+/// period and cost are below 2^53, so that every argument is exact as a double. The rest (a
+/// period of more than about ten days, whose four periods of debt pass 2^52 ns; a period of
+/// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`.
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
     ops.into_iter().all(|op| {
-        op.quota.tolerance().saturating_add(op.quota.interval()) < LEAN_LIMIT
+        (op.quota.is_ban() || op.quota.debt_cap().saturating_add(op.quota.interval()) < LEAN_LIMIT)
             && op.quota.period() < EXACT_DOUBLE
             && op.cost < EXACT_DOUBLE
     })
@@ -263,14 +264,19 @@ pub(super) fn exact_args<'a>(
     }
 }
 
-/// An op's kind in the scripts' arguments: 0 enforce, 1 shadow, 2 quota; plus 4 for a refund.
+/// An op's kind in the scripts' arguments: 0 enforce, 1 shadow, 2 quota; plus 4 for a refund,
+/// or 8 for spend recorded.
 fn kind_code(op: &Op) -> u64 {
     let mode = match op.mode {
         Mode::Enforce => 0,
         Mode::Shadow => 1,
         Mode::Quota => 2,
     };
-    mode + if op.is_refund() { 4 } else { 0 }
+    mode + match op.charge {
+        Charge::Ask => 0,
+        Charge::Refund => 4,
+        Charge::Spent => 8,
+    }
 }
 
 /// Reads `gcra.lua`'s reply: `{blocked, now, then per op: admitted, remaining, wait}`, then
@@ -371,7 +377,6 @@ pub(super) fn classify(e: RedisError, timeout: Duration) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::batch::Charge;
     use crate::limiter::gcra::Quota;
 
     const SEC: u64 = 1_000_000_000;
@@ -482,13 +487,18 @@ mod tests {
             quota: Quota::ban(365 * 86_400 * SEC),
             ..yearly
         }));
+        // A week's bucket: with four weeks of debt it stays below 2^52 ns. A 30-day one is
+        // within the bound, but its four periods of debt (120 days) are not.
         assert!(fits(op(
-            30 * 86_400 * SEC,
+            7 * 86_400 * SEC,
             1_000_000,
             1,
             Mode::Enforce,
             false
         )));
+        let monthly = op(30 * 86_400 * SEC, 1_000_000, 1, Mode::Enforce, false);
+        assert!(monthly.quota.tolerance() + monthly.quota.interval() < LEAN_LIMIT);
+        assert!(!fits(monthly));
         // A cost of 2^53 (a client's hits_addend) is not a double.
         assert!(!fits(op(SEC, 10, 1 << 53, Mode::Enforce, false)));
         assert!(fits(op(SEC, 10, (1 << 53) - 1, Mode::Enforce, false)));

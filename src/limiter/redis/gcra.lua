@@ -11,8 +11,9 @@
 -- ARGV[2]  1 when the whole request is decided here; 0 when this call is one hash-slot group of
 --          a Redis Cluster request: a denied enforced op still blocks the group, but whether all
 --          quota-mode ops are over is for the caller to judge (and to compensate by refunds)
--- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund),
---          period (ns, the wait reported by a ban)
+-- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund,
+--          +8 spend recorded), period (ns, the wait reported by a ban; with B*T it gives the debt
+--          cap, B*T + 4 periods and at most 2^62 ns, as Quota::debt_cap)
 -- Returns { blocked, now, then per op: admitted (0/1), remaining, wait (ns, decimal string) },
 --          and after them, when the call repaired counters, how many.
 --
@@ -65,7 +66,7 @@ local function divmod(x)
   return q, r
 end
 
--- a * k for an integer 0 <= k <= 2^32 whose product stays below 2^62 ns
+-- a * k for an integer 0 <= k < 2^39 whose product stays below 2^63 ns
 local function mul(a, k)
   local kh = math.floor(k / 65536)
   local kl = k - kh * 65536
@@ -84,6 +85,16 @@ local function div(x, t)
 end
 
 local ZERO = { 0, 0 }
+-- 2^62 ns, the most debt any counter may carry.
+local MAX_DEBT = { 4611686018, 427387904 }
+
+-- min(a * k, cap) for a > 0 and a count k of any size: a product past cap is never formed, so
+-- k stays below cap / a + 2 in mul (below 2^39 for every quota a policy can write, whose B and
+-- requests per period are 32-bit counts, so that cap / T is below 2^35).
+local function mulcap(a, k, cap)
+  if k > (cap[1] * G + cap[2]) / (a[1] * G + a[2]) + 1 then return cap end
+  return min(mul(a, k), cap)
+end
 
 local now
 if ARGV[1] ~= '' then
@@ -98,10 +109,16 @@ local ops = {}
 for i = 1, #KEYS do
   local a = 2 + (i - 1) * 6
   local kind = tonumber(ARGV[a + 5])
-  ops[i] = {
+  local op = {
     key = KEYS[i], t = pair(ARGV[a + 1]), tol = pair(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
-    cost = tonumber(ARGV[a + 4]), mode = kind % 4, refund = kind >= 4, period = pair(ARGV[a + 6]),
+    cost = tonumber(ARGV[a + 4]), mode = kind % 4, refund = kind % 8 >= 4, spent = kind >= 8,
+    period = pair(ARGV[a + 6]),
   }
+  -- Refunds and spend are applied whatever the request's outcome.
+  op.uncond = op.refund or op.spent
+  -- The debt cap, B*T + 4 periods, at most 2^62 ns (a ban carries none).
+  if op.burst > 0 then op.cap = min(add(op.tol, mul(op.period, 4)), MAX_DEBT) else op.cap = ZERO end
+  ops[i] = op
 end
 
 local function remaining(op, tat)
@@ -114,7 +131,7 @@ end
 -- the in-memory store's gcra::decide
 local function decide(op, tat, cost)
   if op.burst == 0 then return false, tat, 0, op.period end
-  local base = max(min(tat, add(now, op.tol)), now)
+  local base = max(min(tat, add(now, op.cap)), now)
   if cost > op.burst then return false, tat, remaining(op, base), sub(base, now) end
   local new = add(base, mul(op.t, cost))
   local debt = sub(new, now)
@@ -153,21 +170,39 @@ local function write(key, tat)
   end
 end
 
+-- the in-memory store's gcra::record: the debt, cost included, cut to the cap, written whatever
+-- the outcome; it fits when the debt is within B*T, else its wait is the time until it is.
+local function record(op, tat, cost)
+  if op.burst == 0 then return false, tat, 0, op.period end
+  local debt = sub(max(min(tat, add(now, op.cap)), now), now)
+  debt = min(add(debt, mulcap(op.t, cost, op.cap)), op.cap)
+  local new = add(now, debt)
+  if cmp(debt, op.tol) <= 0 then return true, new, remaining(op, new), debt end
+  return false, new, 0, sub(debt, op.tol)
+end
+
+-- the in-memory store's gcra::refund: TAT = max(now, TAT cut to the cap - cost*T)
+local function refund(op, tat, cost)
+  if op.burst == 0 then return false, tat, 0, op.period end
+  local debt = sub(min(tat, add(now, op.cap)), now)
+  local back = add(now, sub(debt, mulcap(op.t, cost, debt)))
+  return true, back, remaining(op, back), sub(back, now)
+end
+
 local out = {}
 
--- Refunds first, exactly once, whatever the outcome.
+-- Refunds and spend first, exactly once, whatever the outcome.
 for i, op in ipairs(ops) do
-  if op.refund then
+  if op.uncond then
     local tat = read(op.key)
-    if op.burst == 0 then
-      out[i] = { false, tat, 0, op.period }
+    local ok, new, rem, wait
+    if op.spent then
+      ok, new, rem, wait = record(op, tat, op.cost)
     else
-      local clamped = min(tat, add(now, op.tol))
-      local back
-      if op.cost >= op.burst then back = now else back = max(now, sub(clamped, mul(op.t, op.cost))) end
-      if cmp(back, tat) ~= 0 then write(op.key, back) end
-      out[i] = { true, back, remaining(op, back), sub(back, now) }
+      ok, new, rem, wait = refund(op, tat, op.cost)
     end
+    if cmp(new, tat) ~= 0 then write(op.key, new) end
+    out[i] = { ok, new, rem, wait }
   end
 end
 
@@ -175,7 +210,7 @@ end
 local overlay = {}
 local before = {}
 for i, op in ipairs(ops) do
-  if not op.refund then
+  if not op.uncond then
     local tat = overlay[op.key] or read(op.key)
     before[i] = tat
     local ok, new, rem, wait = decide(op, tat, op.cost)
@@ -201,14 +236,14 @@ if whole and quota_ops > 0 and quota_denied == quota_ops then blocked = true end
 if blocked then
   -- Nothing is charged: an op that fit reports the state it found.
   for i, op in ipairs(ops) do
-    if not op.refund and out[i][1] then
+    if not op.uncond and out[i][1] then
       local ok, new, rem, wait = decide(op, before[i], 0)
       out[i] = { ok, new, rem, wait }
     end
   end
 else
   for i, op in ipairs(ops) do
-    if not op.refund and out[i][1] and op.cost > 0 and overlay[op.key] then
+    if not op.uncond and out[i][1] and op.cost > 0 and overlay[op.key] then
       write(op.key, overlay[op.key])
       overlay[op.key] = nil
     end

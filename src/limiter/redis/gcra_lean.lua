@@ -1,7 +1,9 @@
 -- sluice: GCRA for a batch of requests, each all or nothing, inside Redis: the lean form, after
 -- prelude.lua. The same decisions as gcra.lua and the in-memory store, to the nanosecond, for
--- requests whose every counter has B*T + T below 2^52 ns (the caller sends the others to
--- gcra.lua): every quantity is a debt relative to now, an integer a Lua double holds exactly.
+-- requests whose every counter has a debt cap (B*T + 4 periods, as Quota::debt_cap) plus T below
+-- 2^52 ns (the caller sends the others to gcra.lua): every quantity is a debt relative to now,
+-- an integer a Lua double holds exactly. A product cost*T past that is formed only to be cut to
+-- the cap, and a double's rounding never takes a product across it.
 --
 -- One call carries one request or several (concurrent requests coalesced by the caller), decided
 -- one after the other in their order, each all or nothing, each seeing what the ones before it
@@ -19,8 +21,9 @@
 --          exact): per request whole (1 when the whole request is decided here, 0 for one
 --          hash-slot group of a cluster request, whose quota-mode verdict is the caller's) and its
 --          number of ops, then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
---          2 quota; +4 refund), period (ns, the wait reported by a ban). Binary, so that no
---          argument goes through a decimal parse.
+--          2 quota; +4 refund, +8 spend recorded), period (ns: the wait reported by a ban, and
+--          the debt cap B*T + 4 periods). Binary, so that no argument goes through a decimal
+--          parse.
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns); as one string
 --          of little-endian doubles: one bulk reply, not an integer reply per value. When the call
 --          repaired counters, one more double follows: how many.
@@ -51,13 +54,18 @@ if mode and mode < 4 then
   local d = 0
   if one then
     d = one
-    if d > tol then d = tol elseif d < 0 then d = 0 end
+    -- The debt cap: spend recorded may leave a debt past the bucket, up to it.
+    local cap = tol + 4 * period
+    if d > cap then d = cap elseif d < 0 then d = 0 end
   end
   local new = d + c * T
   if c > burst or new > tol then
-    local q = (tol - d) / T
-    q = q - q % 1
-    if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
+    local q = 0
+    if d < tol then
+      q = (tol - d) / T
+      q = q - q % 1
+      if q * T > tol - d then q = q - 1 elseif (q + 1) * T <= tol - d then q = q + 1 end
+    end
     local w = new - tol
     if c > burst then w = d end
     local answer = pack('<dddd', (mode == 0 or (mode == 2 and whole)) and 1 or 0, 0, q, w)
@@ -135,7 +143,10 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
       if not d or d - d ~= 0 or d > MAX_DEBT then
         call('DEL', keys[i])
         d, repaired = 0, repaired + 1
-      elseif d > tol then d = tol elseif d < 0 then d = 0 end
+      else
+        local cap = tol + 4 * p[o + 5]
+        if d > cap then d = cap elseif d < 0 then d = 0 end
+      end
     end
     -- The debt found, for a refused request's restatement below.
     stored[i] = d
@@ -144,9 +155,12 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
     if c > b or debt > tol then
       blocked = true
       local a = tol - d
-      local q = a / T
-      q = q - q % 1
-      if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      local q = 0
+      if a > 0 then
+        q = a / T
+        q = q - q % 1
+        if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      end
       if c > b then debt = d else debt = debt - tol end
       reply[r], reply[r + 1], reply[r + 2] = 0, q, debt
     else
@@ -165,6 +179,7 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
         local r = 3 * i - 1
         if reply[r] == 1 then
           local o = 6 * i - 3
+          -- An op that fit found a debt within the bucket.
           local T, d = p[o], stored[i]
           local a = p[o + 1] - d
           local q = a / T
@@ -249,8 +264,10 @@ for i = 1, #keys do
   base[i] = d
 end
 
--- floor(a / t) for integers 0 <= a < 2^52, t >= 1, corrected for the rounding of the division
+-- floor(a / t) for integers a < 2^52, t >= 1, corrected for the rounding of the division; 0
+-- for a <= 0 (no whole request left in a bucket in debt)
 local function quot(a, t)
+  if a <= 0 then return 0 end
   local q = a / t
   q = q - q % 1
   if q * t > a then return q - 1 end
@@ -266,7 +283,8 @@ local function one(whole, T, tol, burst, c, mode, period, key)
   local blocked = (mode == 0 or (mode == 2 and whole)) and 1 or 0
   if burst == 0 then return blocked, 0, 0, period end
   local d = cur[key]
-  if d > tol then d = tol elseif d < 0 then d = 0 end
+  local cap = tol + 4 * period
+  if d > cap then d = cap elseif d < 0 then d = 0 end
   local new = d + c * T
   if c > burst or new > tol then
     local w = new - tol
@@ -299,7 +317,8 @@ local function plain(n, p, k)
     local oi = (i - 1) * 6
     local T, tol, burst, c = p[oi + 1], p[oi + 2], p[oi + 3], p[oi + 4]
     local d = cur[keys[k + i]]
-    if d > tol then d = tol elseif d < 0 then d = 0 end
+    local cap = tol + 4 * p[oi + 6]
+    if d > cap then d = cap elseif d < 0 then d = 0 end
     local debt = d + c * T
     local r = at + 1 + (i - 1) * 3
     if c > burst or debt > tol then
@@ -324,7 +343,8 @@ local function plain(n, p, k)
         local oi = (i - 1) * 6
         local T, tol = p[oi + 1], p[oi + 2]
         local d = cur[keys[k + i]]
-        if d > tol then d = tol elseif d < 0 then d = 0 end
+        -- It fit, so the debt it found is within the bucket.
+        if d < 0 then d = 0 end
         local r = at + 1 + (i - 1) * 3
         reply[r + 1], reply[r + 2] = quot(tol - d, T), d
       end
@@ -378,11 +398,17 @@ for _ = 1, tonumber(argv[2]) do
   end
   if p then
   local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
+  -- spent[i]: spend recorded; uncond[i]: a refund or spend, applied whatever the outcome;
+  -- cap[i]: the debt cap.
+  local spent, uncond, cap = {}, {}, {}
   for i = 1, n do
     local o = (i - 1) * 6
     local kind = p[o + 5]
     T[i], tol[i], burst[i] = p[o + 1], p[o + 2], p[o + 3]
-    cost[i], mode[i], refund[i], period[i] = p[o + 4], kind % 4, kind >= 4, p[o + 6]
+    cost[i], mode[i], refund[i], period[i] = p[o + 4], kind % 4, kind % 8 >= 4, p[o + 6]
+    spent[i] = kind >= 8
+    uncond[i] = refund[i] or spent[i]
+    cap[i] = tol[i] + 4 * period[i]
     key[i] = keys[k + i]
   end
   k = k + n
@@ -391,7 +417,7 @@ for _ = 1, tonumber(argv[2]) do
   local function decide(i, d, c)
     if burst[i] == 0 then return false, d, 0, period[i] end
     local base = d
-    if base > tol[i] then base = tol[i] end
+    if base > cap[i] then base = cap[i] end
     if base < 0 then base = 0 end
     if c > burst[i] then return false, d, quot(tol[i] - base, T[i]), base end
     local new = base + c * T[i]
@@ -402,19 +428,31 @@ for _ = 1, tonumber(argv[2]) do
   -- Per op: admitted, remaining, wait.
   local ok, rem, wait = {}, {}, {}
 
-  -- Refunds first, exactly once, whatever the outcome.
+  -- Refunds and spend first, exactly once, whatever the outcome.
   for i = 1, n do
-    if refund[i] then
+    if uncond[i] then
       local d = cur[key[i]]
       if burst[i] == 0 then
         ok[i], rem[i], wait[i] = false, 0, period[i]
       else
-        local back = d
-        if back > tol[i] then back = tol[i] end
-        if cost[i] >= burst[i] then back = 0 else back = back - cost[i] * T[i] end
-        if back < 0 then back = 0 end
-        cur[key[i]] = back
-        ok[i], rem[i], wait[i] = true, quot(tol[i] - back, T[i]), back
+        if d > cap[i] then d = cap[i] elseif d < 0 then d = 0 end
+        if spent[i] then
+          -- The in-memory store's gcra::record: the debt cut to the cap, written whatever the
+          -- outcome; it fits when within B*T, else its wait is the time until it is.
+          local debt = d + cost[i] * T[i]
+          if debt > cap[i] then debt = cap[i] end
+          cur[key[i]] = debt
+          if debt <= tol[i] then
+            ok[i], rem[i], wait[i] = true, quot(tol[i] - debt, T[i]), debt
+          else
+            ok[i], rem[i], wait[i] = false, 0, debt - tol[i]
+          end
+        else
+          local back = d - cost[i] * T[i]
+          if back < 0 then back = 0 end
+          cur[key[i]] = back
+          ok[i], rem[i], wait[i] = true, quot(tol[i] - back, T[i]), back
+        end
       end
     end
   end
@@ -422,7 +460,7 @@ for _ = 1, tonumber(argv[2]) do
   -- Plan the charges in order, as if each admitted one had been applied.
   local overlay, before = {}, {}
   for i = 1, n do
-    if not refund[i] then
+    if not uncond[i] then
       local d = overlay[key[i]]
       if d == nil then d = cur[key[i]] end
       before[i] = d
@@ -449,14 +487,14 @@ for _ = 1, tonumber(argv[2]) do
   if blocked then
     -- Nothing is charged: an op that fit reports the state it found.
     for i = 1, n do
-      if not refund[i] and ok[i] then
+      if not uncond[i] and ok[i] then
         local admitted, _, r, w = decide(i, before[i], 0)
         ok[i], rem[i], wait[i] = admitted, r, w
       end
     end
   else
     for i = 1, n do
-      if not refund[i] and ok[i] and cost[i] > 0 and overlay[key[i]] then
+      if not uncond[i] and ok[i] and cost[i] > 0 and overlay[key[i]] then
         cur[key[i]] = overlay[key[i]]
         overlay[key[i]] = nil
       end

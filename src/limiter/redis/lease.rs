@@ -4,6 +4,11 @@
 //! this node are leased; every other request takes the exact path, `RedisStore::count_batch`,
 //! which stays correct beside leases. The lease calls are assembled in `call` and, on a single
 //! node, ride in the coalesced round trips.
+//!
+//! Spend reported after the work, and checks of cost 0, always take the exact path, leased or
+//! shared counter or not: spend is recorded on the shared counter whole, past any lease or share,
+//! and a check must see the debt spend left there, which no lease knows (another node may have
+//! recorded it). So the fleet's spend is the shared counter's, within the bound of one store.
 
 mod ledger;
 
@@ -16,7 +21,7 @@ use dashmap::DashMap;
 use redis::{Script, Value};
 use smallvec::{SmallVec, smallvec};
 
-use crate::limiter::batch::{Batch, Op, Source};
+use crate::limiter::batch::{Batch, Charge, Op, Source};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::{LeaseFigures, Purpose};
@@ -150,8 +155,9 @@ struct Heat {
 ///   it: charges that fit, check-only ops, refunds of tokens this lease handed out. All or nothing
 ///   across descriptors, with shadow and quota modes through [`Batch::blocked_by`] as in the
 ///   stores. A charge whose tokens the lease holds but are not due yet is refused locally with the
-///   wait until they are. Anything else goes the exact path whole. An empty lease whose last take
-///   was granted nothing refuses locally, with the wait Redis reported, until that instant.
+///   wait until they are. Anything else goes the exact path whole, and so does every request that
+///   reports spend ([`Charge::Spent`]) or checks at cost 0. An empty lease whose last take was
+///   granted nothing refuses locally, with the wait Redis reported, until that instant.
 ///
 /// Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
 /// bound of the fleet's.
@@ -304,8 +310,11 @@ impl LeasedStore {
                 continue;
             };
             // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T, or,
-            // for a cost past the burst (never admitted), the debt itself.
-            share.debt = if out.admitted || op.cost > op.quota.burst() {
+            // for a cost past the burst (never admitted), the debt itself; spend recorded past
+            // the bucket: the debt past B·T.
+            share.debt = if op.charge == Charge::Spent && !out.admitted {
+                out.wait.saturating_add(op.quota.tolerance())
+            } else if out.admitted || op.cost > op.quota.burst() {
                 out.wait
             } else {
                 out.wait
@@ -355,6 +364,13 @@ impl LeasedStore {
     /// started for the hot counters that need one).
     fn decide_from_leases(self: &Arc<Self>, ops: &[Op], now: u64) -> Option<Batch> {
         if ops.is_empty() || self.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        // Spend is recorded in Redis whole, and a check reads the debt there (module header).
+        if ops
+            .iter()
+            .any(|op| op.charge == Charge::Spent || (op.charge == Charge::Ask && op.cost == 0))
+        {
             return None;
         }
         let max_age = self.config.max_age_nanos();

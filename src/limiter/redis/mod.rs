@@ -61,13 +61,14 @@ use crate::limiter::redis::stats::RedisStats;
 ///   millisecond), so Redis holds only live state. Concurrent requests share one multiplexed
 ///   connection (pipelined).
 /// - Two scripts, one answer: `gcra_lean.lua` keeps every quantity relative to now in plain
-///   numbers, exact while a bucket's `B·T + T` is under 2^52 ns (about 52 days), and reads its
-///   arguments and writes its reply as binary doubles ([`fits_lean`]); a request with a longer
-///   tolerance goes to `gcra.lua`, exact over the whole range in pairs of seconds and
+///   numbers, exact while a bucket's debt cap plus `T` is under 2^52 ns (about 52 days), and
+///   reads its arguments and writes its reply as binary doubles ([`fits_lean`]); a request with
+///   a longer cap goes to `gcra.lua`, exact over the whole range in pairs of seconds and
 ///   nanoseconds. Both store the same decimal TAT, so a fleet of old and new nodes agrees.
 /// - Redis Cluster: keys are grouped by hash slot and the groups sent concurrently. Each group is
 ///   atomic; a request spanning slots is all or nothing by compensation: when one group refuses
-///   (or every quota-mode op is over), the charges other groups made are refunded at once. A
+///   (or every quota-mode op is over), the charges other groups made are refunded at once (spend
+///   recorded and refunds, applied whatever the outcome, stay). A
 ///   concurrent request may see those charges for that instant (it can be refused, never
 ///   over-admitted).
 /// - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
