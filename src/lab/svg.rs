@@ -1,6 +1,6 @@
 //! The replay as a chart: admitted per 100 ms for each algorithm on one time axis, one panel
 //! per rule, with the rule's limit marked as its average per 100 ms (and its burst when it
-//! was chosen). A token replay is drawn as the tokens spent and refused so far, beside the
+//! was chosen). A token replay is drawn as the tokens spent so far, beside the
 //! bucket and the rate since the first call. Drawn with plotters' SVG backend, text as SVG
 //! text (no font files).
 
@@ -202,8 +202,9 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
 /// A line of (time, total so far) points.
 type Steps = Vec<(f64, f64)>;
 
-/// A token replay: per rule, each algorithm's tokens spent (solid) and refused (dashed) so far,
-/// and `B + R·t` from the first call, what GCRA holds spend to but for the calls in flight.
+/// A token replay: per rule, each algorithm's tokens spent so far, and `B + R·t` from the first
+/// call, what GCRA holds spend to but for the calls in flight. What was refused is in the
+/// printed table: drawn beside the spend, its larger numbers would flatten the lines that matter.
 fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
     let err = |e: &dyn std::fmt::Display| LabError::Svg(format!("{}: {e}", path.display()));
     let tallies = || {
@@ -213,7 +214,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
                 .filter_map(|a| r.algorithms.get(a))
         })
     };
-    let bins = || tallies().flat_map(|t| t.bins.keys().chain(t.refused_bins.keys()).copied());
+    let bins = || tallies().flat_map(|t| t.bins.keys().copied());
     let (Some(first), Some(last)) = (bins().min(), bins().max()) else {
         return Err(err(&"nothing was offered, so there is nothing to draw"));
     };
@@ -227,7 +228,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
         .titled(title, ("sans-serif", 22))
         .map_err(|e| err(&e))?;
     for (rule, area) in report.rules.iter().zip(root.split_evenly((panels, 1))) {
-        // (algorithm, spent so far, refused so far), as steps at each bin's end.
+        // (algorithm, spent so far), as steps at each bin's end.
         let cumulative = |bins: &std::collections::BTreeMap<u64, u64>| {
             let mut total = 0u64;
             let mut points = vec![(x0, 0.0)];
@@ -239,18 +240,15 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
             points.push((x1, total as f64));
             points
         };
-        let lines: Vec<(Algorithm, Steps, Steps)> = Algorithm::ALL
+        let lines: Vec<(Algorithm, Steps)> = Algorithm::ALL
             .into_iter()
-            .filter_map(|a| {
-                let t = rule.algorithms.get(a)?;
-                Some((a, cumulative(&t.bins), cumulative(&t.refused_bins)))
-            })
+            .filter_map(|a| Some((a, cumulative(&rule.algorithms.get(a)?.bins))))
             .collect();
         let rate = f64::from(rule.limit) / rule.period_seconds.max(1) as f64;
         let budget = |x: f64| f64::from(rule.burst) + rate * (x - x0);
         let top = lines
             .iter()
-            .flat_map(|(_, s, r)| s.iter().chain(r).map(|(_, y)| *y))
+            .flat_map(|(_, s)| s.iter().map(|(_, y)| *y))
             .fold(budget(x1), f64::max)
             * 1.08;
         let caption = format!(
@@ -276,7 +274,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
         chart
             .configure_mesh()
             .x_desc("time (s)")
-            .y_desc("tokens so far")
+            .y_desc("tokens spent so far")
             .light_line_style(RGBColor(238, 238, 238))
             .y_label_formatter(&|y| format!("{y:.0}"))
             .x_label_formatter(&|x| format!("{x:.0}"))
@@ -302,23 +300,13 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
                 });
             }
         }
-        for (a, spent, refused) in &lines {
+        for (a, spent) in &lines {
             let c = colour(*a);
             chart
-                .draw_series(LineSeries::new(spent.iter().copied(), c.stroke_width(3)))
+                .draw_series(LineSeries::new(spent.iter().copied(), c.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(format!("{}: spent", a.name()))
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(3)));
-            chart
-                .draw_series(DashedLineSeries::new(
-                    refused.iter().copied(),
-                    7,
-                    4,
-                    c.stroke_width(2),
-                ))
-                .map_err(|e| err(&e))?
-                .label(format!("{}: refused", a.name()))
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 7, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(2)));
         }
         chart
             .draw_series(DashedLineSeries::new(
