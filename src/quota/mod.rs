@@ -212,7 +212,8 @@ pub(crate) enum Target {
         cost: f64,
         /// The rule's rate, in requests per second.
         rate: f64,
-        /// The rule's burst, in requests.
+        /// The burst, in requests: the least of the node's rules' (with several limits, the
+        /// bucket is held to each).
         burst: f64,
     },
 }
@@ -231,9 +232,11 @@ impl Target {
 
 /// What `bucket` of `domain` matches in `set`: the rule an RLS descriptor of the bucket's
 /// entries, in the order the domain's tree names their keys, would match. With several limits
-/// (`rate_limits`), the most constrained: a ban if any, else the lowest rate per second. A cost
-/// node's limits are divided by its cost (the bucket counts requests, not tokens). Rules in
-/// shadow mode deny nothing, so they are passed over.
+/// (`rate_limits`), a token bucket that holds to each of them: a ban if any, else the lowest
+/// rate per second (whose counter the bucket's holders divide) with the least burst, since
+/// `b + r·W ≤ bᵢ + rᵢ·W` for every rule i and any span W. A cost node's limits are divided by
+/// its cost (the bucket counts requests, not tokens). Rules in shadow mode deny nothing, so they
+/// are passed over.
 pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target {
     let allow = Target::Fixed(Strategy::AllowAll);
     let Some(domain) = set.domain(domain) else {
@@ -251,6 +254,7 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
     };
     let cost = resolved.cost.max(1) as f64;
     let mut best: Option<Target> = None;
+    let mut least_burst = f64::INFINITY;
     for rule in resolved.rules.iter().filter(|r| !r.shadow_mode) {
         let Limit::Limited(limit) = rule.limit else {
             continue;
@@ -258,9 +262,11 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
         if limit.quota.is_ban() {
             return Target::Fixed(Strategy::DenyAll);
         }
-        let period_ns = limit.quota.period();
-        let rate =
-            f64::from(limit.requests_per_unit) * NANOS_PER_SEC as f64 / period_ns as f64 / cost;
+        let rate = f64::from(limit.requests_per_unit) * NANOS_PER_SEC as f64
+            / limit.quota.period() as f64
+            / cost;
+        let burst = (limit.quota.burst() as f64 / cost).max(1.0);
+        least_burst = least_burst.min(burst);
         let lower = match best {
             Some(Target::Shared { rate: r, .. }) => rate < r,
             _ => true,
@@ -271,11 +277,26 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
                 quota: limit.quota,
                 cost,
                 rate,
-                burst: (limit.quota.burst() as f64 / cost).max(1.0),
+                burst,
             });
         }
     }
-    best.unwrap_or(allow)
+    match best {
+        Some(Target::Shared {
+            counter,
+            quota,
+            cost,
+            rate,
+            ..
+        }) => Target::Shared {
+            counter,
+            quota,
+            cost,
+            rate,
+            burst: least_burst,
+        },
+        _ => allow,
+    }
 }
 
 /// The shares of `capacity` (this node's part of a rule of `rate`) among holders asking for
@@ -379,6 +400,47 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_with_several_limits_is_held_to_each_in_rate_and_in_burst() {
+        let set = crate::policy::load_str(&[(
+            "d.yaml",
+            "domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: per_second, unit: second, requests_per_unit: 10}
+      - {name: per_day, unit: day, requests_per_unit: 1000}
+    descriptors:
+      - key: route
+        value: search
+        cost: 2
+",
+        )])
+        .expect("policy");
+        let user = |route: Option<&str>| {
+            let mut b: BucketId = [("user".to_string(), "a".to_string())].into();
+            if let Some(r) = route {
+                b.insert("route".into(), r.into());
+            }
+            b
+        };
+        for (bucket, cost) in [(user(None), 1.0), (user(Some("search")), 2.0)] {
+            let t = target(&set, "d", &bucket);
+            let Target::Shared { rate, burst, .. } = t else {
+                panic!("{t:?}");
+            };
+            assert!((rate - 1_000.0 / 86_400.0 / cost).abs() < 1e-12, "{t:?}");
+            assert_eq!(burst, 10.0 / cost, "{t:?}");
+            for share in [rate, rate / 2.0, rate / 1_000.0] {
+                let Strategy::TokenBucket(b) = t.strategy(share) else {
+                    panic!("a token bucket");
+                };
+                assert!(b.rate() <= 10.0 / cost && b.rate() <= rate, "{b:?}");
+                assert!(f64::from(b.max_tokens) <= 10.0 / cost, "{b:?}");
             }
         }
     }
