@@ -13,7 +13,7 @@ use super::{
     Action, ActionKind, BucketId, IDLE_DEMAND, MOVE_THRESHOLD, QuotaSettings, Report, Strategy,
     Target, TokenBucket, shares, target,
 };
-use crate::limiter::gcra::Quota;
+use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
 use crate::policy::{PolicyHandle, PolicySet};
 
 /// Why a stream is refused.
@@ -72,9 +72,8 @@ struct Counter {
     quota: Quota,
     /// The rule's rate, in tokens per second.
     rate: f64,
-    /// The rule's burst, in tokens, and its period (ns): the shape of the buckets sent.
+    /// The burst, in tokens: the shape of the buckets sent.
     burst: f64,
-    period_ns: u64,
     /// Holder → its demand and the rate it was last sent.
     holders: HashMap<u64, Holder>,
     /// This node's part of the rule, a fraction of it, as the fleet's quota table last said,
@@ -108,11 +107,7 @@ impl Counter {
         if tokens <= 0.0 {
             return 0.0;
         }
-        let b = TokenBucket::of(
-            tokens / cost,
-            self.burst * tokens / (self.rate * cost),
-            self.period_ns,
-        );
+        let b = TokenBucket::of(tokens / cost, self.burst * tokens / (self.rate * cost));
         b.rate() * cost
     }
 }
@@ -139,7 +134,6 @@ impl Inner {
             cost,
             rate,
             burst,
-            period_ns,
         } = *target
         else {
             return;
@@ -149,11 +143,10 @@ impl Inner {
             quota,
             rate: rate * cost,
             burst: burst * cost,
-            period_ns,
             holders: HashMap::new(),
             part: told.remove(&counter).map(|(part, at, _)| (part, at)),
         });
-        (c.quota, c.rate, c.burst, c.period_ns) = (quota, rate * cost, burst * cost, period_ns);
+        (c.quota, c.rate, c.burst) = (quota, rate * cost, burst * cost);
         let h = c.holders.entry(holder).or_insert(Holder {
             cost,
             demand: 0.0,
@@ -378,15 +371,25 @@ impl QuotaTable {
     }
 }
 
+/// The shortest span over which a stream's own clock measures a bucket's demand, for reports
+/// that state no `time_elapsed` (nanoseconds): reports closer together are added up until their
+/// span is this long, so that a report right after a new bucket's first one (Envoy sends both)
+/// is not read as a demand of nothing.
+pub const SHORTEST_SPAN_NS: u64 = 100_000_000;
+
 /// One bucket a stream watches.
 #[derive(Debug)]
 struct Watched {
     holder: u64,
     target: Target,
-    /// The last report's demand, requests per second.
+    /// The demand, requests per second: as the last report states it, or as measured on the
+    /// stream's clock over the last span of at least [`SHORTEST_SPAN_NS`].
     demand: f64,
     /// When it was last reported (clock nanoseconds).
     reported_at: u64,
+    /// For reports that state no span: when the span being measured began, and the requests
+    /// reported in it so far.
+    span: (u64, u64),
     /// What was last sent (nothing yet while its rule's part is unknown), and when.
     sent: Option<Strategy>,
     sent_at: u64,
@@ -462,7 +465,7 @@ impl QuotaStream {
             if watched.is_some_and(|c| c.part.is_some()) || inner.told.contains_key(&counter) {
                 continue;
             }
-            let tokens = asked(report.demand() * cost, rate * cost);
+            let tokens = asked(first_demand(report, rate) * cost, rate * cost);
             match out.iter_mut().find(|d| d.counter == counter) {
                 Some(d) => d.tokens += tokens,
                 None => {
@@ -488,11 +491,9 @@ impl QuotaStream {
         let mut inner = table.inner();
         let mut touched = Vec::with_capacity(reports.len());
         for report in reports {
-            let demand = report.demand();
             if let Some(w) = self.buckets.get_mut(&report.bucket) {
-                w.demand = demand;
-                w.reported_at = now;
-                inner.join(&w.target, w.holder, demand);
+                w.observe(now, &report);
+                inner.join(&w.target, w.holder, w.demand);
                 touched.push((report.bucket, false));
                 continue;
             }
@@ -512,6 +513,19 @@ impl QuotaStream {
                 continue;
             }
             let target = target(&self.seen, &self.domain, &report.bucket);
+            let demand = match target {
+                Target::Shared { rate, .. } => first_demand(&report, rate),
+                Target::Fixed(_) => 0.0,
+            };
+            // A report that states no span starts the span the stream's clock measures.
+            let span = (
+                now,
+                if report.elapsed_ns == 0 {
+                    report.requests
+                } else {
+                    0
+                },
+            );
             let holder = inner.next_holder;
             inner.next_holder += 1;
             inner.watched += 1;
@@ -523,6 +537,7 @@ impl QuotaStream {
                     target,
                     demand,
                     reported_at: now,
+                    span,
                     sent: None,
                     sent_at: now,
                 },
@@ -537,6 +552,7 @@ impl QuotaStream {
                 continue;
             };
             if new || refreshed || w.sent.is_none_or(|sent| replaces(&sent, &next, starved)) {
+                let next = told_apart(next, w.sent);
                 w.sent = Some(next);
                 w.sent_at = now;
                 inner.sent(&w.target, w.holder, next);
@@ -587,7 +603,7 @@ impl QuotaStream {
                     // assignment instead of replacing it (and refilling its token bucket).
                     sent
                 }
-                _ => next,
+                _ => told_apart(next, w.sent),
             };
             w.sent = Some(send);
             w.sent_at = now;
@@ -637,6 +653,48 @@ impl Drop for QuotaStream {
     }
 }
 
+impl Watched {
+    /// Takes a report of the bucket at `now`: the demand it states, or, when it states no span,
+    /// the requests reported over the stream's own clock, once the span is long enough.
+    fn observe(&mut self, now: u64, report: &Report) {
+        self.reported_at = now;
+        if let Some(demand) = report.demand() {
+            self.demand = demand;
+            self.span = (now, 0);
+            return;
+        }
+        let (since, requests) = self.span;
+        let requests = requests.saturating_add(report.requests);
+        let span = now.saturating_sub(since);
+        if span >= SHORTEST_SPAN_NS {
+            // Precision intended: a rate, not a count.
+            self.demand = requests as f64 * NANOS_PER_SEC as f64 / span as f64;
+            self.span = (now, 0);
+        } else {
+            self.span = (since, requests);
+        }
+    }
+}
+
+/// The demand a bucket's first report on a stream reads as, for a rule of `rate` requests per
+/// second: what it states, or, when it states no span (Envoy's first report of a new bucket
+/// says 0), the whole rule: a new bucket is given a large share at once, and its next reports
+/// say what it really offers.
+fn first_demand(report: &Report, rate: f64) -> f64 {
+    report.demand().unwrap_or(rate)
+}
+
+/// `next`, told apart by Envoy from the token bucket `sent` (see
+/// [`TokenBucket::told_apart_from`]).
+fn told_apart(next: Strategy, sent: Option<Strategy>) -> Strategy {
+    match (next, sent) {
+        (Strategy::TokenBucket(n), Some(Strategy::TokenBucket(s))) => {
+            Strategy::TokenBucket(n.told_apart_from(&s))
+        }
+        _ => next,
+    }
+}
+
 /// Takes a watched bucket out of the table.
 fn forget(inner: &mut Inner, w: &Watched) {
     inner.watched = inner.watched.saturating_sub(1);
@@ -670,7 +728,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::policy;
     use crate::quota::TokenBucket;
 
@@ -751,6 +808,7 @@ descriptors:
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
         let mut in_force = [0.0f64; 3];
+        let mut held: [Option<TokenBucket>; 3] = [None; 3];
         let mut rng = 0x5eed_u64;
         for step in 0..600u64 {
             rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
@@ -764,6 +822,16 @@ descriptors:
             };
             for action in &actions {
                 if let ActionKind::Assign(Strategy::TokenBucket(b)) = action.kind {
+                    // Envoy replaces its bucket only when max_tokens or tokens_per_fill differ
+                    // (the interval's nanos are always 0): a change is never of the seconds alone.
+                    if let Some(h) = held[i].filter(|h| *h != b) {
+                        assert_ne!(
+                            (h.max_tokens, h.tokens_per_fill),
+                            (b.max_tokens, b.tokens_per_fill),
+                            "step {step}: {h:?} then {b:?}"
+                        );
+                    }
+                    held[i] = Some(b);
                     in_force[i] = b.rate();
                 }
             }
@@ -780,6 +848,30 @@ descriptors:
         }
         assert!(in_force[2] >= 20.0, "the small demand is met: {in_force:?}");
         assert!(in_force[0] > 2.5 * in_force[1], "{in_force:?}");
+    }
+
+    #[test]
+    fn a_report_that_states_no_span_is_measured_on_the_streams_clock() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let unstated = |requests| Report {
+            bucket: report("x", 0).bucket,
+            elapsed_ns: 0,
+            requests,
+        };
+        let ms = NANOS_PER_SEC / 1_000;
+        // A new bucket's first report, as Envoy sends it (one request, time_elapsed 0): read as
+        // asking for the whole rule.
+        assert_eq!(rate(&a.report(0, vec![unstated(1)])), 100.0);
+        // Envoy's next report, moments later: too short a span to measure, so added up.
+        assert_eq!(a.report(5 * ms, vec![unstated(0)]), vec![]);
+        // 250 ms after the first, 6 requests in all: 24 a second, given with 25 % headroom.
+        assert_eq!(rate(&a.report(250 * ms, vec![unstated(5)])), 30.0);
+        // A report that states its span is read as it says.
+        assert_eq!(rate(&a.report(300 * ms, vec![report("x", 60)])), 75.0);
+        // Demand on the stream's clock, again: 8 requests over 400 ms, 20 a second.
+        assert_eq!(a.report(350 * ms, vec![unstated(4)]), vec![]);
+        assert_eq!(rate(&a.report(700 * ms, vec![unstated(4)])), 25.0);
     }
 
     #[test]

@@ -412,7 +412,10 @@ fn tick_interval(ttl: Duration) -> Duration {
 }
 
 /// A message's usage reports as the quota module reads them, or `INVALID_ARGUMENT` for a
-/// report without a bucket id, with an empty one, or without a positive `time_elapsed`.
+/// report without a bucket id, with an empty one, or with a negative `time_elapsed`. A
+/// `time_elapsed` of zero (or none) states no span: Envoy sends whole seconds, so its first
+/// report of a new bucket, and every report at intervals under a second, say 0; the stream then
+/// measures the span on its own clock.
 fn reports(
     usages: impl Iterator<
         Item = crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage,
@@ -425,15 +428,13 @@ fn reports(
                 .map(|b| b.bucket)
                 .filter(|b| !b.is_empty())
                 .ok_or_else(|| Status::invalid_argument("a usage report has no bucket_id"))?;
-            let elapsed = usage
-                .time_elapsed
+            let elapsed = Some(usage.time_elapsed.unwrap_or_default())
                 // A negative one is refused here: prost's conversion negates it to report the
                 // error, which overflows on `i64::MIN` seconds.
                 .filter(|d| d.seconds >= 0 && d.nanos >= 0)
                 .and_then(|d| Duration::try_from(d).ok())
-                .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
-                    Status::invalid_argument("a usage report's time_elapsed must be more than zero")
+                    Status::invalid_argument("a usage report's time_elapsed must not be negative")
                 })?;
             Ok(Report {
                 bucket: bucket.into_iter().collect(),
@@ -474,10 +475,10 @@ fn strategy_pb(strategy: Strategy) -> RateLimitStrategy {
         Strategy::TokenBucket(b) => Pb::TokenBucket(crate::pb::TokenBucket {
             max_tokens: b.max_tokens,
             tokens_per_fill: Some(b.tokens_per_fill),
-            fill_interval: prost_types::Duration::try_from(Duration::from_nanos(
-                b.fill_interval_ns,
-            ))
-            .ok(),
+            fill_interval: Some(prost_types::Duration {
+                seconds: i64::try_from(b.fill_interval_secs).unwrap_or(i64::MAX),
+                nanos: 0,
+            }),
             name: String::new(),
         }),
     };

@@ -2,6 +2,7 @@
 //! hand-driven clock, and a gRPC client; raw HTTP/2 and HTTP/1 exchanges; the real binary in a
 //! process of its own; real `redis-server`s ([`redis`]).
 
+pub mod envoy;
 pub mod redis;
 
 use std::net::SocketAddr;

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
 
+use crate::helpers::envoy::{self as sim, entries, envoy_rate};
 use crate::helpers::{TestServer, metric};
 
 const POLICY: &str = "domain: edge
@@ -165,11 +166,12 @@ fn token_bucket(a: &QuotaAssignmentAction) -> TokenBucket {
     }
 }
 
-/// A token bucket's rate, per second.
+/// A token bucket's rate, per second, as Envoy reads it (the interval's whole seconds).
 fn rate(b: &TokenBucket) -> f64 {
     let interval = b.fill_interval.expect("fill_interval");
-    let secs = interval.seconds as f64 + f64::from(interval.nanos) / 1e9;
-    f64::from(b.tokens_per_fill.expect("tokens_per_fill")) / secs
+    assert_eq!(interval.nanos, 0, "whole seconds: {b:?}");
+    assert!(interval.seconds >= 1, "at least a second: {b:?}");
+    envoy_rate(b)
 }
 
 #[tokio::test]
@@ -217,64 +219,230 @@ async fn unmatched_and_unlimited_buckets_are_allow_all_and_a_ban_deny_all() {
 async fn one_stream_gets_the_whole_rule_and_entries_match_in_the_tree_order() {
     let _gauges = GAUGES.read().await;
     let s = server(10_000, 100).await;
-    let mut envoy = opened(&s, reports("edge", &[(bucket(&[("user", "a")]), 500)])).await;
-    let a = envoy.assignment().await;
-    let b = token_bucket(&a);
+    let user = entries(&[("user", "a")]);
+    let mut envoy = sim::Envoy::open(s.grpc, "edge", &user).await;
+    // Envoy's first report of a new bucket says time_elapsed 0: answered at once.
+    let first = envoy.first_assignment(&user, WAIT).await;
+    assert!(first < Duration::from_millis(100), "{first:?}");
+    let b = envoy.token_bucket(&user).expect("a token bucket");
     assert_eq!(rate(&b), 100.0, "{b:?}");
     assert_eq!(b.max_tokens, 100);
-    assert!(a.assignment_time_to_live.is_some());
     // `route` before `user` in the map; the tree names `user` first, then `route`: the rule
     // of `user` → `route=search`, 600 a minute.
-    envoy
-        .send(reports(
-            "",
-            &[(bucket(&[("route", "search"), ("user", "a")]), 100)],
-        ))
-        .await;
-    let b = token_bucket(&envoy.assignment().await);
+    let search = entries(&[("route", "search"), ("user", "a")]);
+    envoy.request(&search).await;
+    let first = envoy.first_assignment(&search, WAIT).await;
+    assert!(first < Duration::from_millis(100), "{first:?}");
+    let b = envoy.token_bucket(&search).expect("a token bucket");
     assert!((rate(&b) - 10.0).abs() < 1e-9, "{b:?}");
+    // Reports at a quarter-second interval all say 0: the stream goes on, answered.
+    for _ in 0..4 {
+        envoy.requests(&user, 20).await;
+        envoy.report_all().await;
+        envoy.receive(Duration::from_millis(250)).await;
+    }
+    envoy.request(&entries(&[("user", "b")])).await;
+    let first = envoy
+        .first_assignment(&entries(&[("user", "b")]), WAIT)
+        .await;
+    assert!(first < Duration::from_millis(100), "{first:?}");
+    assert!(envoy.ignored.is_empty(), "{:?}", envoy.ignored);
     let reports = metric(s.admin, "sluice_rlqs_reports_total").await;
-    assert!(reports >= Some(2.0), "{reports:?}");
+    assert!(reports >= Some(6.0), "{reports:?}");
+}
+
+/// Envoys offering `demands` requests a second for `bucket`, each reporting every `interval`
+/// and enforcing what it holds, for `span`: at every step the token buckets in force, read as
+/// Envoy reads them, add up to at most `rule`. The Envoys, after it.
+async fn offer(
+    envoys: &mut [sim::Envoy],
+    bucket: &sim::Entries,
+    demands: &[f64],
+    rule: f64,
+    interval: Duration,
+    span: Duration,
+) {
+    let start = tokio::time::Instant::now();
+    let mut owed = vec![0.0f64; envoys.len()];
+    let (mut last, mut reported) = (start, start);
+    while start.elapsed() < span {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = tokio::time::Instant::now();
+        let due = now - reported >= interval;
+        for (i, envoy) in envoys.iter_mut().enumerate() {
+            owed[i] += demands[i] * (now - last).as_secs_f64();
+            let n = owed[i].floor();
+            owed[i] -= n;
+            envoy.requests(bucket, n as u64).await;
+            if due {
+                envoy.report_all().await;
+            }
+        }
+        if due {
+            reported = now;
+        }
+        last = now;
+        for envoy in envoys.iter_mut() {
+            envoy.receive(Duration::from_millis(1)).await;
+        }
+    }
+    within_the_rule(envoys, bucket, rule);
+    for envoy in envoys.iter() {
+        assert!(envoy.ignored.is_empty(), "{:?}", envoy.ignored);
+    }
+}
+
+/// How late one Envoy may take a smaller token bucket sent before another's larger one: they
+/// travel on different connections.
+const IN_TRANSIT: Duration = Duration::from_millis(50);
+
+/// Asserts that the token buckets `envoys` put in force for `bucket`, read as Envoy reads them,
+/// never add up past `rule` (each Envoy credited with a smaller bucket up to [`IN_TRANSIT`]
+/// before it arrived; a share of none is still one token per the longest interval).
+fn within_the_rule(envoys: &[sim::Envoy], bucket: &sim::Entries, rule: f64) {
+    let histories: Vec<Vec<(tokio::time::Instant, f64)>> = envoys
+        .iter()
+        .map(|e| {
+            e.history
+                .iter()
+                .filter(|(_, b, _)| b == bucket)
+                .map(|(t, _, tb)| (*t, envoy_rate(tb)))
+                .collect()
+        })
+        .collect();
+    let at = |h: &[(tokio::time::Instant, f64)], t| {
+        h.iter()
+            .take_while(|(when, _)| *when <= t)
+            .last()
+            .map_or(0.0, |(_, r)| *r)
+    };
+    for &(t, _) in histories.iter().flatten() {
+        let held: Vec<f64> = histories
+            .iter()
+            .map(|h| {
+                h.iter()
+                    .filter(|(when, _)| *when > t && *when <= t + IN_TRANSIT)
+                    .map(|(_, r)| *r)
+                    .fold(at(h, t), f64::min)
+            })
+            .collect();
+        let sum: f64 = held.iter().sum();
+        assert!(
+            sum <= rule * (1.0 + 1e-9) + 1e-9,
+            "the token buckets in force add up to {sum}: {held:?}; {histories:?}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn two_streams_share_by_demand_and_a_closed_ones_share_goes_to_the_other() {
     let _gauges = GAUGES.read().await;
     let s = server(2_000, 100).await;
-    let id = bucket(&[("user", "shared")]);
-    let mut big = opened(&s, reports("edge", &[(id.clone(), 300)])).await;
-    assert_eq!(rate(&token_bucket(&big.assignment().await)), 100.0);
-    let mut small = opened(&s, reports("edge", &[(id.clone(), 100)])).await;
-    // The newcomer gets what the big one's bucket leaves (none) at once; the big one shrinks at
-    // its next report, and the small one grows at its next tick (500 ms).
-    let first = rate(&token_bucket(&small.assignment().await));
-    assert!(first < 1.0, "{first}");
-    big.send(reports("", &[(id.clone(), 300)])).await;
-    let big_rate = rate(&token_bucket(&big.assignment().await));
-    assert!(big_rate + first <= 100.0, "{big_rate} + {first}");
-    let small_rate = rate(&token_bucket(&small.assignment().await));
-    assert!(big_rate + small_rate <= 100.0, "{big_rate} + {small_rate}");
+    let id = entries(&[("user", "shared")]);
+    let mut envoys = vec![
+        sim::Envoy::open(s.grpc, "edge", &id).await,
+        sim::Envoy::open(s.grpc, "edge", &id).await,
+    ];
+    for envoy in &mut envoys {
+        let first = envoy.first_assignment(&id, WAIT).await;
+        assert!(first < Duration::from_millis(100), "{first:?}");
+    }
+    // Reports every 250 ms (all saying time_elapsed 0) for 3 s: shares by demand, 3 : 1.
+    let interval = Duration::from_millis(250);
+    offer(
+        &mut envoys,
+        &id,
+        &[300.0, 100.0],
+        100.0,
+        interval,
+        Duration::from_secs(3),
+    )
+    .await;
+    let (big, small) = (
+        envoys[0].rate(&id).expect("big"),
+        envoys[1].rate(&id).expect("small"),
+    );
+    eprintln!("two Envoys offered 300 and 100 a second hold {big} and {small}");
     assert!(
-        (big_rate / small_rate - 3.0).abs() < 0.3,
-        "3 : 1 expected, got {big_rate} : {small_rate}"
+        big + small >= 90.0,
+        "the rule is handed out: {big} + {small}"
+    );
+    assert!(
+        (big / small - 3.0).abs() < 0.6,
+        "3 : 1 expected, got {big} : {small}"
     );
     // The big one leaves: the small one is pushed its demand's worth (the rule, capped at
-    // 1.25 × 100) at its next tick, with no report.
-    drop(big);
-    let grown = tokio::time::timeout(WAIT, async {
-        loop {
-            let actions = small.next().await;
-            if let [(_, Kind::QuotaAssignmentAction(a))] = actions.as_slice() {
-                let r = rate(&token_bucket(a));
-                if r > 2.0 * small_rate {
-                    return r;
-                }
-            }
-        }
+    // 1.25 × 100) at its next tick.
+    envoys.remove(0);
+    offer(
+        &mut envoys,
+        &id,
+        &[100.0],
+        100.0,
+        interval,
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(envoys[0].rate(&id), Some(100.0));
+}
+
+const SEVERAL: &str = "domain: edge
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: user_second, unit: second, requests_per_unit: 10}
+      - {name: user_day, unit: day, requests_per_unit: 1000}
+    descriptors:
+      - key: route
+        value: search
+        cost: 2
+";
+
+/// A bucket under [10/s, 1000/day], and a cost node's under the same two limits, are never sent
+/// a token bucket past either rule in rate or in burst.
+#[tokio::test]
+async fn a_bucket_under_several_limits_is_held_to_each_in_rate_and_in_burst() {
+    let _gauges = GAUGES.read().await;
+    let s = TestServer::start_with(&[("edge.yaml", SEVERAL)], |w| {
+        w.rlqs.assignment_ttl_ms = 2_000;
     })
-    .await
-    .expect("a larger share pushed");
-    assert_eq!(grown, 100.0);
+    .await;
+    for (pairs, cost) in [
+        (vec![("user", "a")], 1.0),
+        (vec![("user", "b"), ("route", "search")], 2.0),
+    ] {
+        let id = entries(&pairs);
+        let mut envoys = vec![
+            sim::Envoy::open(s.grpc, "edge", &id).await,
+            sim::Envoy::open(s.grpc, "edge", &id).await,
+        ];
+        for envoy in &mut envoys {
+            envoy.first_assignment(&id, WAIT).await;
+        }
+        offer(
+            &mut envoys,
+            &id,
+            &[50.0, 5.0],
+            1_000.0 / 86_400.0 / cost,
+            Duration::from_millis(250),
+            Duration::from_millis(1_500),
+        )
+        .await;
+        let sent: Vec<TokenBucket> = envoys
+            .iter()
+            .flat_map(|e| e.history.iter().map(|(_, _, b)| b.clone()))
+            .collect();
+        assert!(!sent.is_empty());
+        for b in &sent {
+            assert!(rate(b) <= 10.0 / cost, "{pairs:?}: {b:?}");
+            assert!(f64::from(b.max_tokens) <= 10.0 / cost, "{pairs:?}: {b:?}");
+        }
+        let most = sent.iter().map(|b| b.max_tokens).max();
+        eprintln!(
+            "{pairs:?}: {} token buckets sent, the largest capacity {most:?}",
+            sent.len()
+        );
+    }
 }
 
 #[tokio::test]

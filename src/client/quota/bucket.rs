@@ -8,22 +8,39 @@ use std::time::{Duration, Instant};
 use super::super::{Answer, FailurePolicy};
 
 /// A token bucket as Envoy's `envoy.type.v3.TokenBucket` describes it: up to `max_tokens`,
-/// `tokens_per_fill` more every `fill_interval`; a request takes one token.
+/// `tokens_per_fill` more every `fill_interval`; a request takes one token. Read as Envoy reads
+/// it: filled continuously at `tokens_per_fill` over the interval's whole seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
     /// The capacity: the most requests admitted at once after a quiet spell (at least 1).
     pub max_tokens: u32,
     /// Tokens added per `fill_interval` (at least 1).
     pub tokens_per_fill: u32,
-    /// How often `tokens_per_fill` are added (more than zero).
+    /// How often `tokens_per_fill` are added, as received (at least a second); its fraction of
+    /// a second is not counted, as Envoy does not count it.
     pub fill_interval: Duration,
 }
 
 impl TokenBucket {
-    /// The bucket's rate, in requests per second.
+    /// The bucket's rate, in requests per second: `tokens_per_fill` over the interval's whole
+    /// seconds, as Envoy reads it.
     #[must_use]
     pub fn rate(&self) -> f64 {
-        f64::from(self.tokens_per_fill) / self.fill_interval.as_secs_f64()
+        f64::from(self.tokens_per_fill) / self.whole_seconds() as f64
+    }
+
+    /// The interval's whole seconds (at least 1).
+    fn whole_seconds(&self) -> u64 {
+        self.fill_interval.as_secs().max(1)
+    }
+
+    /// Whether Envoy would keep its token bucket of `self` when assigned `other`: it replaces a
+    /// token bucket only when `max_tokens`, `tokens_per_fill` or the interval's nanoseconds
+    /// differ.
+    fn kept_for(&self, other: &Self) -> bool {
+        self.max_tokens == other.max_tokens
+            && self.tokens_per_fill == other.tokens_per_fill
+            && self.fill_interval.subsec_nanos() == other.fill_interval.subsec_nanos()
     }
 }
 
@@ -92,8 +109,8 @@ enum Rule {
     DenyAll,
     Tokens {
         spec: TokenBucket,
-        /// What the bucket holds at `at`, in parts of a token: one token is `fill_interval` in
-        /// nanoseconds, so a span of `d` nanoseconds adds exactly `d × tokens_per_fill` (the
+        /// What the bucket holds at `at`, in parts of a token: one token is the interval's
+        /// whole seconds in nanoseconds, so a span of `d` nanoseconds adds exactly `d × tokens_per_fill` (the
         /// bucket fills continuously at its rate, in integers: no drift).
         held: u128,
         at: Instant,
@@ -103,7 +120,7 @@ enum Rule {
 impl TokenBucket {
     /// One token, in the parts `Rule::Tokens` counts.
     fn token(&self) -> u128 {
-        self.fill_interval.as_nanos().max(1)
+        u128::from(self.whole_seconds()) * 1_000_000_000
     }
 
     /// A full bucket, in parts.
@@ -248,14 +265,19 @@ impl State {
         (answer, fallback)
     }
 
-    /// Puts `strategy` in force at `now` until `ttl` from now. The same strategy as the one in
-    /// force (even an expired one) extends it: its token bucket is not refilled. Another token
-    /// bucket after a token bucket keeps the tokens left, up to its own capacity; any other
-    /// change starts the new rule afresh (a token bucket full).
+    /// Puts `strategy` in force at `now` until `ttl` from now. A token bucket that Envoy would
+    /// not tell from the one in force (even an expired one) extends it, as Envoy does: its token
+    /// bucket, rate included, is kept and not refilled; so does the same blanket rule. Another
+    /// token bucket after a token bucket keeps the tokens left, up to its own capacity; any
+    /// other change starts the new rule afresh (a token bucket full).
     pub(super) fn assign(&mut self, strategy: Strategy, ttl: Duration, now: Instant) {
         let expires = now.checked_add(ttl).unwrap_or_else(|| far_future(now));
+        let kept = |rule: &Rule| match (rule.strategy(), strategy) {
+            (Strategy::TokenBucket(a), Strategy::TokenBucket(b)) => a.kept_for(&b),
+            (held, next) => held == next,
+        };
         match &mut self.live {
-            Some(live) if live.rule.strategy() == strategy => live.expires = expires,
+            Some(live) if kept(&live.rule) => live.expires = expires,
             Some(live) => {
                 // What is left, as (parts, parts in a token) of the old bucket.
                 let left = if let Rule::Tokens { spec, .. } = live.rule {
@@ -355,11 +377,11 @@ mod tests {
         }
     }
 
-    fn tokens(max_tokens: u32, tokens_per_fill: u32, fill_ms: u64) -> Strategy {
+    fn tokens(max_tokens: u32, tokens_per_fill: u32, fill_secs: u64) -> Strategy {
         Strategy::TokenBucket(TokenBucket {
             max_tokens,
             tokens_per_fill,
-            fill_interval: Duration::from_millis(fill_ms),
+            fill_interval: Duration::from_secs(fill_secs),
         })
     }
 
@@ -377,7 +399,7 @@ mod tests {
         let t0 = Instant::now();
         let mut s = State::new(t0);
         // 10 at once, then 10 per second.
-        s.assign(tokens(10, 1, 100), Duration::from_secs(60), t0);
+        s.assign(tokens(10, 10, 1), Duration::from_secs(60), t0);
         assert_eq!(admitted(&mut s, t0, 50), 10);
         assert_eq!(ask(&mut s, t0, true), Answer::Refused { wait: 100 * MS });
         // Over 2.5 s of steady demand: 25 more, never more.
@@ -394,20 +416,20 @@ mod tests {
     fn a_renewal_extends_without_refilling_and_a_change_keeps_what_is_left() {
         let t0 = Instant::now();
         let mut s = State::new(t0);
-        s.assign(tokens(10, 10, 1_000), Duration::from_secs(2), t0);
+        s.assign(tokens(10, 10, 1), Duration::from_secs(2), t0);
         assert_eq!(admitted(&mut s, t0, 8), 8);
         // Renewed with the same bucket: 2 tokens left, not 10; and it holds 2 s from now.
         let t1 = t0 + Duration::from_secs(1) - 100 * MS;
-        s.assign(tokens(10, 10, 1_000), Duration::from_secs(2), t0 + 10 * MS);
+        s.assign(tokens(10, 10, 1), Duration::from_secs(2), t0 + 10 * MS);
         assert_eq!(admitted(&mut s, t0 + 10 * MS, 10), 2);
         assert!(s.assignment(t0 + 2_005 * MS).is_some(), "extended");
         // A smaller bucket: what is left (8.9 tokens by t1), capped at its capacity.
-        s.assign(tokens(4, 4, 1_000), Duration::from_secs(2), t1);
+        s.assign(tokens(4, 4, 1), Duration::from_secs(2), t1);
         assert_eq!(admitted(&mut s, t1, 10), 4);
         // A changed strategy of another kind replaces it.
         s.assign(Strategy::DenyAll, Duration::from_secs(2), t1);
         assert_eq!(admitted(&mut s, t1 + Duration::from_secs(1), 3), 0);
-        s.assign(tokens(3, 1, 1_000), Duration::from_secs(2), t1);
+        s.assign(tokens(3, 1, 1), Duration::from_secs(2), t1);
         assert_eq!(
             admitted(&mut s, t1 + 10 * MS, 5),
             3,
@@ -420,16 +442,38 @@ mod tests {
         let t0 = Instant::now();
         let mut s = State::new(t0);
         // 10 a second, emptied; half a token by t0 + 50 ms.
-        s.assign(tokens(1, 1, 100), Duration::from_secs(60), t0);
+        s.assign(tokens(1, 10, 1), Duration::from_secs(60), t0);
         assert_eq!(admitted(&mut s, t0, 2), 1);
         let t1 = t0 + 50 * MS;
         // Now 5 a second: the half token stays, and the other half takes 100 ms.
-        s.assign(tokens(1, 1, 200), Duration::from_secs(60), t1);
+        s.assign(tokens(1, 5, 1), Duration::from_secs(60), t1);
         assert_eq!(
             ask(&mut s, t1 + 99 * MS, true),
             Answer::Refused { wait: MS }
         );
         assert_eq!(ask(&mut s, t1 + 100 * MS, true), Answer::Allowed);
+    }
+
+    #[test]
+    fn a_bucket_envoy_would_not_tell_apart_is_kept_as_envoy_keeps_it() {
+        let t0 = Instant::now();
+        let mut s = State::new(t0);
+        // One token a second; emptied.
+        s.assign(tokens(1, 1, 1), Duration::from_secs(60), t0);
+        assert_eq!(admitted(&mut s, t0, 2), 1);
+        // One token per 4 s differs in its seconds alone: Envoy keeps the bucket in force, rate
+        // and all, and so does this enforcer.
+        s.assign(tokens(1, 1, 4), Duration::from_secs(60), t0);
+        assert_eq!(s.assignment(t0).map(|a| a.strategy), Some(tokens(1, 1, 1)));
+        assert_eq!(admitted(&mut s, t0 + Duration::from_secs(1), 2), 1);
+        // Two tokens per 8 s is told apart: the new rate holds.
+        s.assign(
+            tokens(1, 2, 8),
+            Duration::from_secs(60),
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!(admitted(&mut s, t0 + Duration::from_secs(4), 2), 0);
+        assert_eq!(admitted(&mut s, t0 + Duration::from_secs(5), 2), 1);
     }
 
     #[test]
@@ -477,7 +521,7 @@ mod tests {
         fn a_token_bucket_never_admits_more_than_its_capacity_and_its_fill(
             max_tokens in 1u32..50,
             tokens_per_fill in 1u32..50,
-            fill_ns in 1u64..2_000_000_000,
+            fill_secs in 1u64..5,
             steps in proptest::collection::vec(
                 (0u64..300_000_000, 0usize..6, proptest::bool::ANY),
                 1..200,
@@ -486,7 +530,7 @@ mod tests {
             let spec = Strategy::TokenBucket(TokenBucket {
                 max_tokens,
                 tokens_per_fill,
-                fill_interval: Duration::from_nanos(fill_ns),
+                fill_interval: Duration::from_secs(fill_secs),
             });
             let t0 = Instant::now();
             let mut s = State::new(t0);
@@ -502,7 +546,7 @@ mod tests {
             }
             let span = t.duration_since(t0).as_nanos();
             let bound = u128::from(max_tokens)
-                + span * u128::from(tokens_per_fill) / u128::from(fill_ns);
+                + span * u128::from(tokens_per_fill) / u128::from(fill_secs * 1_000_000_000);
             proptest::prop_assert!(allowed <= bound, "{allowed} > {bound}");
         }
     }
@@ -511,7 +555,7 @@ mod tests {
     fn usage_is_taken_once_and_given_back_whole() {
         let t0 = Instant::now();
         let mut s = State::new(t0);
-        s.assign(tokens(2, 1, 1_000), Duration::from_secs(60), t0);
+        s.assign(tokens(2, 1, 1), Duration::from_secs(60), t0);
         admitted(&mut s, t0, 5);
         assert!(s.due(t0, Duration::from_secs(1)), "never reported");
         let u = s.take_usage(t0 + 500 * MS);

@@ -544,8 +544,8 @@ impl Shared {
 type Taken = Vec<(Bucket, Usage)>;
 
 /// An assignment's strategy and TTL, or `None` when it is malformed: no strategy, no positive
-/// TTL, a token bucket without a capacity or a fill interval, or a rate per unit of unknown
-/// unit. `tokens_per_fill` unset is 1, as Envoy reads it; `requests_per_time_unit` is a
+/// TTL, a token bucket without a capacity or with a fill interval under a second (which Envoy
+/// would enforce as no limit), or a rate per unit of unknown unit. `tokens_per_fill` unset is 1, as Envoy reads it; `requests_per_time_unit` is a
 /// token bucket of that many tokens filled once per unit (a month is 30 days, a year 365).
 fn assignment_of(action: &QuotaAssignmentAction) -> Option<(Strategy, Duration)> {
     let ttl = action
@@ -559,10 +559,11 @@ fn assignment_of(action: &QuotaAssignmentAction) -> Option<(Strategy, Duration)>
             Err(_) => return None,
         },
         rate_limit_strategy::Strategy::TokenBucket(b) => {
+            // Under a second, Envoy divides by zero whole seconds and enforces no limit.
             let fill_interval = b
                 .fill_interval
                 .and_then(|d| Duration::try_from(d).ok())
-                .filter(|d| !d.is_zero())?;
+                .filter(|d| d.as_secs() >= 1)?;
             Strategy::TokenBucket(TokenBucket {
                 max_tokens: (b.max_tokens > 0).then_some(b.max_tokens)?,
                 tokens_per_fill: b.tokens_per_fill.unwrap_or(1).max(1),
@@ -791,9 +792,33 @@ mod tests {
             Some((Strategy::TokenBucket(b), _)) => assert_eq!(b.rate(), 1.0),
             other => panic!("{other:?}"),
         }
+        // The rate over the interval's whole seconds: 5 per 2.9 s is 5 per 2 s.
+        let truncated = bucket(
+            5,
+            Some(5),
+            Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 900_000_000,
+            }),
+        );
+        match assignment_of(&action(truncated, 3)) {
+            Some((Strategy::TokenBucket(b), _)) => assert_eq!(b.rate(), 2.5),
+            other => panic!("{other:?}"),
+        }
         for malformed in [
             action(bucket(0, Some(1), second), 3),
             action(bucket(5, Some(1), None), 3),
+            action(
+                bucket(
+                    5,
+                    Some(1),
+                    Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: 500_000_000,
+                    }),
+                ),
+                3,
+            ),
             action(Pb::BlanketRule(7), 3),
             action(Pb::BlanketRule(0), 0),
             action(Pb::BlanketRule(0), -1),
