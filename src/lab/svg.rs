@@ -9,7 +9,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::LabError;
-use super::replay::{Algorithm, BIN_NS, Report};
+use super::replay::{Algorithm, BIN_NS, Report, RuleReport};
 use crate::limiter::gcra::NANOS_PER_SEC;
 
 /// Most points per line; longer traces are drawn with wider bins.
@@ -102,19 +102,7 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
             .fold(limit, f64::max)
             .max(1.0)
             * 1.12;
-        let caption = format!(
-            "{}{}: {} per {} s, burst {} ({})",
-            rule.path,
-            if rule.name.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", rule.name)
-            },
-            rule.limit,
-            rule.period_seconds,
-            rule.burst,
-            if rule.burst_set { "set" } else { "inherited" }
-        );
+        let caption = caption(rule, "");
         let mut chart = ChartBuilder::on(&area)
             .caption(caption, ("sans-serif", 17))
             .margin(12)
@@ -199,6 +187,23 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
     Ok(())
 }
 
+/// A panel's caption: the rule, its rate (of `what`) and its burst.
+fn caption(rule: &RuleReport, what: &str) -> String {
+    format!(
+        "{}{}: {} {what}per {} s, burst {} ({})",
+        rule.path,
+        if rule.name.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", rule.name)
+        },
+        rule.limit,
+        rule.period_seconds,
+        rule.burst,
+        if rule.burst_set { "set" } else { "inherited" }
+    )
+}
+
 /// A line of (time, total so far) points.
 type Steps = Vec<(f64, f64)>;
 
@@ -251,19 +256,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
             .flat_map(|(_, s)| s.iter().map(|(_, y)| *y))
             .fold(budget(x1), f64::max)
             * 1.08;
-        let caption = format!(
-            "{}{}: {} tokens per {} s, burst {} ({})",
-            rule.path,
-            if rule.name.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", rule.name)
-            },
-            rule.limit,
-            rule.period_seconds,
-            rule.burst,
-            if rule.burst_set { "set" } else { "inherited" }
-        );
+        let caption = caption(rule, "tokens ");
         let mut chart = ChartBuilder::on(&area)
             .caption(caption, ("sans-serif", 17))
             .margin(12)

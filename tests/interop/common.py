@@ -4,6 +4,7 @@ redis-server of their own, and `sluice serve` with a given environment."""
 import json
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -13,6 +14,18 @@ import urllib.request
 
 import grpc
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
+
+
+def have_redis(module):
+    """Whether redis-server is installed. Without it `module`'s Redis tests skip with a printed
+    notice, except on CI (env CI set), where it is required."""
+    if shutil.which("redis-server") is not None:
+        return True
+    if os.environ.get("CI"):
+        raise RuntimeError("redis-server is required on CI (Debian: apt-get install redis-server)")
+    print(f"{module}: Redis tests skipped: redis-server is not installed "
+          "(Debian: apt-get install redis-server)")
+    return False
 
 
 def free_port():

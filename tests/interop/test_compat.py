@@ -30,19 +30,14 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Redis, Sluice  # noqa: E402
+from common import Redis, Sluice, have_redis  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
                        "envoy-ratelimit")
 # The reference's runtime is re-scanned every 2 s, then debounced; a slow 2-core machine.
 SWAP_WITHIN = 10.0
 
-HAVE_REDIS = shutil.which("redis-server") is not None
-if not HAVE_REDIS:
-    if os.environ.get("CI"):
-        raise RuntimeError("redis-server is required on CI (Debian: apt-get install redis-server)")
-    print("test_compat: skipped: redis-server is not installed "
-          "(Debian: apt-get install redis-server)")
+HAVE_REDIS = have_redis("test_compat")
 
 D = ratelimit_pb2.RateLimitDescriptor
 Code = rls_pb2.RateLimitResponse.Code

@@ -18,7 +18,6 @@ Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_usage.py 
 """
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Redis, Sluice  # noqa: E402
+from common import Redis, Sluice, have_redis  # noqa: E402
 
 POLICY = """
 domain: usage
@@ -40,12 +39,7 @@ descriptors:
     rate_limit: {name: tokens, unit: minute, requests_per_unit: 1000}
 """
 
-HAVE_REDIS = shutil.which("redis-server") is not None
-if not HAVE_REDIS:
-    if os.environ.get("CI"):
-        raise RuntimeError("redis-server is required on CI (Debian: apt-get install redis-server)")
-    print("test_usage: Redis skipped: redis-server is not installed "
-          "(Debian: apt-get install redis-server)")
+HAVE_REDIS = have_redis("test_usage")
 
 D = ratelimit_pb2.RateLimitDescriptor
 Code = rls_pb2.RateLimitResponse.Code
@@ -63,7 +57,24 @@ def check(key, value):
 
 
 class Budgets:
-    """The cases, against `self.s`, a Sluice on the policy above."""
+    """The cases, against `self.s`, a Sluice on the policy above; `tag` keeps each server's
+    counters apart."""
+
+    @classmethod
+    def serve(cls, env, redis):
+        cls.dir = tempfile.TemporaryDirectory()
+        with open(os.path.join(cls.dir.name, "usage.yaml"), "w") as f:
+            f.write(POLICY)
+        cls.s = Sluice({
+            "PATH": os.environ.get("PATH", ""),
+            "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_ADMIN_ADDR": "127.0.0.1:0",
+            "SLUICE_LOG_FORMAT": "json", "SLUICE_POLICIES": cls.dir.name, **env,
+        }, redis=redis)
+
+    @classmethod
+    def stop(cls):
+        cls.s.close()
+        cls.dir.cleanup()
 
     def call(self, req):
         return self.s.warm(req)
@@ -147,45 +158,31 @@ class Budgets:
 
 
 class Memory(Budgets, unittest.TestCase):
+    tag = "m-"
+
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.TemporaryDirectory()
-        with open(os.path.join(cls.dir.name, "usage.yaml"), "w") as f:
-            f.write(POLICY)
-        cls.s = Sluice({
-            "PATH": os.environ.get("PATH", ""),
-            "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_ADMIN_ADDR": "127.0.0.1:0",
-            "SLUICE_LOG_FORMAT": "json", "SLUICE_POLICIES": cls.dir.name,
-        }, redis=False)
-        cls.tag = "m-"
+        cls.serve({}, redis=False)
 
     @classmethod
     def tearDownClass(cls):
-        cls.s.close()
-        cls.dir.cleanup()
+        cls.stop()
 
 
 @unittest.skipUnless(HAVE_REDIS, "redis-server is not installed")
 class InRedis(Budgets, unittest.TestCase):
+    tag = "r-"
+
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.TemporaryDirectory()
-        with open(os.path.join(cls.dir.name, "usage.yaml"), "w") as f:
-            f.write(POLICY)
         cls.redis = Redis()
-        cls.s = Sluice({
-            "PATH": os.environ.get("PATH", ""),
-            "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_ADMIN_ADDR": "127.0.0.1:0",
-            "SLUICE_LOG_FORMAT": "json", "SLUICE_POLICIES": cls.dir.name,
-            "SLUICE_BACKEND": "redis", "SLUICE_REDIS__URL": f"redis://127.0.0.1:{cls.redis.port}",
-        })
-        cls.tag = "r-"
+        cls.serve({"SLUICE_BACKEND": "redis",
+                   "SLUICE_REDIS__URL": f"redis://127.0.0.1:{cls.redis.port}"}, redis=True)
 
     @classmethod
     def tearDownClass(cls):
-        cls.s.close()
+        cls.stop()
         cls.redis.close()
-        cls.dir.cleanup()
 
 
 if __name__ == "__main__":

@@ -52,6 +52,20 @@ async fn store_at(prefix: &str, start: u64) -> (RedisProcess, Arc<ManualClock>, 
     (redis, clock, store)
 }
 
+/// A connected store on a three-master cluster of its own, deciding at the returned clock's
+/// time (starting at 0).
+async fn cluster_store() -> (RedisCluster, Arc<ManualClock>, Arc<RedisStore>) {
+    let cluster = RedisCluster::start();
+    let mut config = config("");
+    config.urls = cluster.urls();
+    config.cluster = true;
+    config.timeout = Duration::from_secs(2);
+    let clock = Arc::new(ManualClock::new(0));
+    let store = open_at(config, &clock);
+    connected(&store).await;
+    (cluster, clock, store)
+}
+
 fn spawn_connect(store: &Arc<RedisStore>) {
     let store = Arc::clone(store);
     tokio::spawn(async move { store.connect().await });
@@ -98,14 +112,7 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
     if redis_missing("cluster_same_schedule_same_decisions_as_memory") {
         return;
     }
-    let cluster = RedisCluster::start();
-    let mut config = config("");
-    config.urls = cluster.urls();
-    config.cluster = true;
-    config.timeout = Duration::from_secs(2);
-    let clock = Arc::new(ManualClock::new(0));
-    let store = open_at(config, &clock);
-    connected(&store).await;
+    let (cluster, clock, store) = cluster_store().await;
     same_decisions(&store, &clock, 300).await;
 }
 
@@ -1438,14 +1445,7 @@ async fn cluster_spend_after_the_work_is_recorded_as_in_memory() {
     if redis_missing("cluster_spend_after_the_work_is_recorded_as_in_memory") {
         return;
     }
-    let cluster = RedisCluster::start();
-    let mut config = config("");
-    config.urls = cluster.urls();
-    config.cluster = true;
-    config.timeout = Duration::from_secs(2);
-    let clock = Arc::new(ManualClock::new(0));
-    let store = open_at(config, &clock);
-    connected(&store).await;
+    let (cluster, clock, store) = cluster_store().await;
     spend_after_the_work(&store, &clock).await;
 }
 
