@@ -2,10 +2,10 @@
 //! unordered map of entries) matched to the rule a descriptor of those entries would match
 //! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's table of the
 //! streams watching each limited bucket, whose shares of the rule's rate are divided by reported
-//! demand with [`share::divide`]. No transport, no runtime and no clock: `server::quota` reads
-//! the wire, keeps the time and pushes the actions. With Redis, this node's part of each rule
-//! comes from the fleet's quota table (`server::quota` renews it), and only that part is divided
-//! among its streams.
+//! demand, each claim bounded by the rule and each holder kept its fair part ([`shares`]). No
+//! transport, no runtime and no clock: `server::quota` reads the wire, keeps the time and pushes
+//! the actions. With Redis, this node's part of each rule comes from the fleet's quota table
+//! (`server::quota` renews it), and only that part is divided among its streams.
 
 mod table;
 
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
-use crate::limiter::share;
+use crate::limiter::share::{self, HEADROOM};
 use crate::policy::{Limit, PolicySet};
 
 pub use table::{QuotaStream, QuotaTable, Refused, RuleDemand};
@@ -300,16 +300,43 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
 }
 
 /// The shares of `capacity` (this node's part of a rule of `rate`) among holders asking for
-/// `demands`: water-filled by demand ([`share::divide`]), a demand below [`IDLE_DEMAND`] of the
-/// rule counted as that much. The floor also bounds the work: a pass of the division meets only
-/// holders asking no more than an equal part, so past `1 / IDLE_DEMAND` (100) holders it makes
-/// one pass, and below it at most that many.
-pub(crate) fn shares(mut demands: Vec<f64>, capacity: f64, rate: f64) -> Vec<f64> {
-    let floor = rate * IDLE_DEMAND;
-    for d in &mut demands {
-        *d = d.max(floor);
+/// `demands`, so that no claim, however large, takes an honest holder's fair part:
+///
+/// - a claim counts for no more than the whole rule, nor less than [`IDLE_DEMAND`] of it (a
+///   claim that is not a number counts as that floor);
+/// - each holder is first given its demand with [`HEADROOM`], but no more than the fair part,
+///   `capacity` over the number of holders (max-min up to the fair part);
+/// - what that leaves goes to the holders that ask for more, water-filled by what they ask above
+///   the fair part ([`share::divide`]), each at most [`HEADROOM`] times it.
+///
+/// So every holder keeps at least its demand or its fair part, whichever is smaller, the shares
+/// add up to at most `capacity`, and above the fair part the rest goes by demand. The floor
+/// also bounds the work: a pass of the division meets only holders asking no more than an equal
+/// part, so past `1 / IDLE_DEMAND` (100) holders it makes one pass, and below it at most that
+/// many.
+pub(crate) fn shares(demands: Vec<f64>, capacity: f64, rate: f64) -> Vec<f64> {
+    let capacity = capacity.max(0.0);
+    let demands: Vec<f64> = demands.into_iter().map(|d| claim(d, rate)).collect();
+    // Precision intended: a count of holders as a divisor.
+    let fair = capacity / demands.len().max(1) as f64;
+    let mut parts: Vec<f64> = demands
+        .iter()
+        .map(|d| (HEADROOM * d).min(fair).max(0.0))
+        .collect();
+    let left = capacity - parts.iter().sum::<f64>();
+    if left > 0.0 {
+        let above: Vec<f64> = demands.iter().map(|d| (d - fair).max(0.0)).collect();
+        for (part, more) in parts.iter_mut().zip(share::divide(&above, left)) {
+            *part += more;
+        }
     }
-    share::divide(&demands, capacity)
+    parts
+}
+
+/// A holder's claim of `demand` against a rule of `rate`, as [`shares`] counts it: within
+/// [`IDLE_DEMAND`] of the rule and the whole rule.
+pub(crate) fn claim(demand: f64, rate: f64) -> f64 {
+    demand.max(rate * IDLE_DEMAND).min(rate)
 }
 
 #[cfg(test)]
@@ -462,6 +489,32 @@ descriptors:
             s[0] > 0.0 && s[0] <= 1.25,
             "a stream idle is met, with headroom: {s:?}"
         );
-        assert!((s[1] / s[2] - 3.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(s[1], s[2], "both claim the whole rule: {s:?}");
+        // Small demands met with headroom, the rest by demand above the fair part.
+        let s = shares(vec![60.0, 20.0, 5.0], 100.0, 100.0);
+        assert!((s[0] - 200.0 / 3.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(&s[1..], &[25.0, 6.25]);
+    }
+
+    #[test]
+    fn a_claim_past_the_rule_leaves_every_holder_its_fair_part() {
+        let honest = [30.0, 30.0, 10.0];
+        for greedy in [f64::MAX, f64::INFINITY, f64::NAN, 1e300, 100.0] {
+            let s = shares(
+                vec![greedy, greedy, honest[0], honest[1], honest[2]],
+                100.0,
+                100.0,
+            );
+            assert!(s.iter().sum::<f64>() <= 100.0 + 1e-9, "{greedy}: {s:?}");
+            for (share, demand) in s[2..].iter().zip(honest) {
+                assert!(
+                    *share >= demand.min(20.0),
+                    "{greedy}: an honest demand of {demand} got {share}: {s:?}"
+                );
+            }
+        }
+        // Of a node's part too: the fair part is the part over the holders.
+        let s = shares(vec![f64::MAX, 50.0], 40.0, 100.0);
+        assert_eq!(s, vec![20.0, 20.0]);
     }
 }

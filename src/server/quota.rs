@@ -152,17 +152,21 @@ impl Fleet {
         }
     }
 
-    /// Renews each of `rules` with its demand, and records the part each is told.
+    /// Renews each of `rules` with its demand, and records the part each is told, as of when
+    /// the renewal was sent (its entry in Redis lives a TTL from no earlier than that).
     async fn renew(&self, rules: &[RuleDemand]) {
         self.table.set_unknown_part((self.unknown)());
+        let sent = self.now();
         for (counter, answer) in self.call(rules, false).await {
             match answer {
-                Ok(part) => self
-                    .table
-                    .set_part(counter, part.unwrap_or(1.0), self.now()),
-                // The breaker and the Redis metrics count it; the last part told stands until
-                // it is three quarters of a TTL old (`QuotaTable::demands`).
-                Err(e) => tracing::debug!(error = %e, "a quota part was not renewed"),
+                Ok(part) => self.table.set_part(counter, part.unwrap_or(1.0), sent),
+                // The breaker and the Redis metrics count it. The part is unconfirmed: no
+                // assignment of the rule is sent until a renewal succeeds, and the part is
+                // dropped once three quarters of a TTL old (`QuotaTable::demands`).
+                Err(e) => {
+                    tracing::debug!(error = %e, "a quota part was not renewed");
+                    self.table.set_unconfirmed(counter);
+                }
             }
         }
     }

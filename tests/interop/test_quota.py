@@ -7,8 +7,8 @@ domain is INVALID_ARGUMENT; a ban is DENY_ALL; a new bucket's first report (time
 assigned within 100 ms; three Envoys offering 300, 100 and 20 requests/s for one bucket, each
 enforcing its assignment and reporting every 250 ms (time_elapsed 0 each time), hold token
 buckets that, read as Envoy reads them, never add up past the rule, the small one its demand
-and the other two the rest 3 : 1, and together admit within the stated bound and at least 80 %
-of the rule.
+and each of the other two, which ask for the rule or more, at least its fair part, and together
+admit within the stated bound and at least 80 % of the rule.
 
 Run: SLUICE=target/debug/sluice python3 -m unittest tests/interop/test_quota.py -v
 """
@@ -294,8 +294,8 @@ class Quota(unittest.TestCase):
             self.assertLessEqual(most, 100.0 + 1e-9, "the buckets in force, read as Envoy reads them")
             self.assertLessEqual(sum(rates), 100.0, rates)
             self.assertGreaterEqual(rates[2], demands[2], f"the small one is met: {rates}")
-            self.assertAlmostEqual(rates[0] / rates[1], 3.0, delta=0.6,
-                                   msg=f"the rest split 3 : 1: {rates}")
+            for rate in rates[:2]:
+                self.assertGreaterEqual(rate, 100.0 / 3 * 0.99, f"a fair part each: {rates}")
             # The bound, B + R x (W + TTL), over every window of 1 s and 3 s; and from the
             # second second on, at least 80 % of the rule admitted.
             ttl = 10

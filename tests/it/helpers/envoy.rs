@@ -107,6 +107,9 @@ pub struct Envoy {
     pub ignored: Vec<(TokenBucket, TokenBucket)>,
     /// Every token bucket put in force, with when (for sums over Envoys).
     pub history: Vec<(Instant, Entries, TokenBucket)>,
+    /// Every assignment received, with when and its `assignment_time_to_live`: Envoy holds the
+    /// assignment in force until that long after the last one it received.
+    pub received: Vec<(Instant, Entries, Duration)>,
 }
 
 /// A bucket's entries from pairs.
@@ -142,6 +145,7 @@ impl Envoy {
             buckets,
             ignored: Vec::new(),
             history: Vec::new(),
+            received: Vec::new(),
         }
     }
 
@@ -226,6 +230,11 @@ impl Envoy {
                 }
                 Kind::QuotaAssignmentAction(a) => {
                     cached.first_assigned.get_or_insert(now - cached.created);
+                    let ttl = a
+                        .assignment_time_to_live
+                        .and_then(|d| Duration::try_from(d).ok())
+                        .unwrap_or_default();
+                    self.received.push((now, bucket.clone(), ttl));
                     match a.rate_limit_strategy.and_then(|s| s.strategy) {
                         Some(Strategy::BlanketRule(rule)) => {
                             cached.in_force = InForce::Blanket(
@@ -264,6 +273,23 @@ impl Envoy {
             InForce::Tokens(l) => Some(l.spec.clone()),
             _ => None,
         }
+    }
+
+    /// The rate of the token bucket `bucket` holds in force at `t`, as Envoy reads it: none
+    /// before its first, or once the TTL of the last assignment received by then has passed.
+    pub fn rate_at(&self, bucket: &Entries, t: Instant) -> f64 {
+        let live = self
+            .received
+            .iter()
+            .rfind(|(at, b, _)| b == bucket && *at <= t)
+            .is_some_and(|(at, _, ttl)| t < *at + *ttl);
+        if !live {
+            return 0.0;
+        }
+        self.history
+            .iter()
+            .rfind(|(at, b, _)| b == bucket && *at <= t)
+            .map_or(0.0, |(_, _, tb)| envoy_rate(tb))
     }
 
     /// The rate Envoy enforces for `bucket` (none without a token bucket in force).
