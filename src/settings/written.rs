@@ -224,8 +224,9 @@ pub struct StoreSection {
 pub struct RlqsSection {
     /// Serve it.
     pub enabled: bool,
-    /// How long an assignment holds (`assignment_time_to_live`), in milliseconds; a bucket not
-    /// reported for this long is abandoned, and assignments are renewed at half of it.
+    /// How long an assignment holds (`assignment_time_to_live`), in milliseconds, from a
+    /// second to an hour; a bucket not reported for this long is abandoned, and assignments are
+    /// renewed at half of it.
     pub assignment_ttl_ms: u64,
     /// Most buckets one stream may watch; a report of one more is answered `abandon_action`.
     pub max_buckets_per_stream: usize,
