@@ -19,6 +19,7 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::decision::Caps;
 use crate::limiter::{Backend, BackendError, QuotaRenewal};
 use crate::metrics::{QuotaFigures, QuotaRefusal};
 use crate::pb::rate_limit_quota_response::BucketAction;
@@ -48,14 +49,18 @@ pub(crate) struct QuotaService {
     fleet: Option<Fleet>,
     /// Marked when the policies are replaced, so that every stream pushes at once.
     reloaded: Arc<watch::Sender<()>>,
+    /// The request caps (`requests.*`), applied to the domain and to every bucket id.
+    caps: Caps,
 }
 
 impl QuotaService {
-    /// The service of `table`'s streams, across `fleet` when there is one.
+    /// The service of `table`'s streams, across `fleet` when there is one, refusing a domain
+    /// or bucket id past `caps`.
     pub(crate) fn new(
         table: Arc<QuotaTable>,
         fleet: Option<Fleet>,
         stop: CancellationToken,
+        caps: Caps,
     ) -> Self {
         Self {
             table,
@@ -64,6 +69,7 @@ impl QuotaService {
             epoch: Instant::now(),
             fleet,
             reloaded: Arc::new(watch::channel(()).0),
+            caps,
         }
     }
 
@@ -251,7 +257,17 @@ impl RateLimitQuotaService for QuotaService {
                 Status::invalid_argument("the first usage report must carry a domain"),
             ));
         }
-        let reports = reports(first.bucket_quota_usages.into_iter())
+        if first.domain.len() > self.caps.max_domain_bytes {
+            return Err(refuse(
+                QuotaRefusal::Invalid,
+                Status::invalid_argument(format!(
+                    "the domain is {} bytes, more than the {} allowed (requests.max_domain_bytes)",
+                    first.domain.len(),
+                    self.caps.max_domain_bytes
+                )),
+            ));
+        }
+        let reports = reports(first.bucket_quota_usages.into_iter(), &self.caps)
             .map_err(|status| refuse(QuotaRefusal::Invalid, status))?;
         let stream = self.table.open(first.domain).map_err(|e| {
             refuse(
@@ -268,6 +284,7 @@ impl RateLimitQuotaService for QuotaService {
             tx,
             epoch: self.epoch,
             ttl: self.table.settings().assignment_ttl,
+            caps: self.caps,
         };
         tokio::spawn(run.run(inbound, reports, self.stop.clone()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -285,6 +302,8 @@ struct StreamTask {
     epoch: Instant,
     /// `rlqs.assignment_ttl_ms`.
     ttl: Duration,
+    /// The request caps, for every bucket id.
+    caps: Caps,
 }
 
 impl StreamTask {
@@ -318,7 +337,7 @@ impl StreamTask {
                     Ok(self.stream.tick(self.now()))
                 }
                 message = inbound.message() => match message {
-                    Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter()) {
+                    Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter(), &self.caps) {
                         Ok(r) => {
                             self.figures.reported(r.len());
                             Ok(self.report(r).await)
@@ -412,7 +431,10 @@ fn tick_interval(ttl: Duration) -> Duration {
 }
 
 /// A message's usage reports as the quota module reads them, or `INVALID_ARGUMENT` for a
-/// report without a bucket id, with an empty one, or with a negative `time_elapsed`. A
+/// report without a bucket id, with an empty one, with one past the request caps (more entries
+/// than `requests.max_entries`, a key or value longer than `requests.max_key_bytes` or
+/// `requests.max_value_bytes`), or with a negative `time_elapsed`: the whole message is
+/// checked before any of it is kept. A
 /// `time_elapsed` of zero (or none) states no span: Envoy sends whole seconds, so its first
 /// report of a new bucket, and every report at intervals under a second, say 0; the stream then
 /// measures the span on its own clock.
@@ -420,14 +442,17 @@ fn reports(
     usages: impl Iterator<
         Item = crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage,
     >,
+    caps: &Caps,
 ) -> Result<Vec<Report>, Status> {
     usages
-        .map(|usage| {
+        .enumerate()
+        .map(|(i, usage)| {
             let bucket = usage
                 .bucket_id
                 .map(|b| b.bucket)
                 .filter(|b| !b.is_empty())
                 .ok_or_else(|| Status::invalid_argument("a usage report has no bucket_id"))?;
+            within_caps(i, &bucket, caps)?;
             let elapsed = Some(usage.time_elapsed.unwrap_or_default())
                 // A negative one is refused here: prost's conversion negates it to report the
                 // error, which overflows on `i64::MIN` seconds.
@@ -445,6 +470,43 @@ fn reports(
             })
         })
         .collect()
+}
+
+/// `INVALID_ARGUMENT` naming what is too large when the bucket id of usage report `i` is past
+/// `caps`: a bucket id is kept for as long as its stream watches it, so it is held to the same
+/// caps as a `ShouldRateLimit` descriptor. A key past its cap is not echoed.
+fn within_caps(
+    i: usize,
+    bucket: &std::collections::HashMap<String, String>,
+    caps: &Caps,
+) -> Result<(), Status> {
+    let refuse =
+        |what: String| Status::invalid_argument(format!("bucket_quota_usages[{i}].{what}"));
+    if bucket.len() > caps.max_entries {
+        return Err(refuse(format!(
+            "bucket_id has {} entries, more than the {} allowed (requests.max_entries)",
+            bucket.len(),
+            caps.max_entries
+        )));
+    }
+    for (key, value) in bucket {
+        if key.len() > caps.max_key_bytes {
+            return Err(refuse(format!(
+                "bucket_id has a key of {} bytes, more than the {} allowed (requests.max_key_bytes)",
+                key.len(),
+                caps.max_key_bytes
+            )));
+        }
+        if value.len() > caps.max_value_bytes {
+            return Err(refuse(format!(
+                "bucket_id[{key:?}] is {} bytes, more than the {} allowed \
+                 (requests.max_value_bytes)",
+                value.len(),
+                caps.max_value_bytes
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One action on the wire.

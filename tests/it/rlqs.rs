@@ -784,6 +784,63 @@ async fn an_oversized_report_ends_its_stream_and_no_other() {
     assert_eq!(streams, Some(1.0), "only the good stream is open");
 }
 
+/// A bucket id past the request caps (a 1 MB value, a 500 KB key, 20,000 entries), or a 900 KB
+/// domain, is refused `INVALID_ARGUMENT` naming the cap, as the first message or later in a
+/// stream, and nothing of it is kept: streams of 1 MB buckets leave the table holding the
+/// well-behaved stream's bucket alone.
+#[tokio::test]
+async fn bucket_ids_past_the_request_caps_are_refused_and_nothing_is_kept() {
+    let _gauges = GAUGES.write().await;
+    let s = server(10_000, 100).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let big = |i: usize| bucket(&[("user", &format!("{i}{}", "v".repeat(1_000_000)))]);
+    for i in 0..20 {
+        let status = refused(&s, reports("edge", &[(big(i), 1)])).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("requests.max_value_bytes"),
+            "{status:?}"
+        );
+    }
+    let many: Vec<(String, String)> = (0..20_000).map(|i| (format!("k{i}"), "v".into())).collect();
+    let many = BucketId {
+        bucket: many.into_iter().collect(),
+    };
+    let long_key = bucket(&[(&"k".repeat(500_000), "v")]);
+    for (first, cap) in [
+        (reports("edge", &[(many, 1)]), "requests.max_entries"),
+        (reports("edge", &[(long_key, 1)]), "requests.max_key_bytes"),
+        (
+            reports(&"d".repeat(900_000), &[(bucket(&[("user", "a")]), 1)]),
+            "requests.max_domain_bytes",
+        ),
+    ] {
+        let status = refused(&s, first).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(cap), "{cap}: {status:?}");
+    }
+    // Later in a stream: the whole message is refused and the stream ends, its buckets freed.
+    let mut envoy = opened(&s, reports("edge", &[(bucket(&[("user", "b")]), 1)])).await;
+    envoy.assignment().await;
+    envoy
+        .send(reports("", &[(bucket(&[("user", "c")]), 1), (big(99), 1)]))
+        .await;
+    let status = ended(&mut envoy).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("bucket_quota_usages[1]"),
+        "{status:?}"
+    );
+    still_served(&mut good, "good-1").await;
+    let held = crate::helpers::eventually(WAIT, || async {
+        metric(s.admin, "sluice_rlqs_streams").await == Some(1.0)
+            && metric(s.admin, "sluice_rlqs_buckets").await == Some(2.0)
+    })
+    .await;
+    assert!(held, "the good stream and its two buckets alone are held");
+}
+
 /// `time_elapsed` below zero, however far, is `INVALID_ARGUMENT`; one of hundreds of billions of
 /// years is accepted, and read as next to no demand.
 #[tokio::test]
