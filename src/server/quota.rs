@@ -2,7 +2,9 @@
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`QuotaStream`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
-//! drives abandons, pushes and renewals. It keeps the time and speaks the wire; what to assign
+//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a
+//! connection's streams to `rlqs.max_streams_per_connection` from their headers on
+//! ([`ConnectionStreams`]). It keeps the time and speaks the wire; what to assign
 //! is decided in [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
 //! its streams watch in the fleet's quota tables, one call per rule every tick, and asks for a
 //! rule's part before its first bucket is assigned. Served through tonic's generated server
@@ -10,6 +12,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -226,6 +229,37 @@ impl Fleet {
     }
 }
 
+/// The quota streams open on one connection, from their headers on: the connection puts one
+/// into the extensions of each of its requests, and a stream holds a [`StreamPlace`] of it until
+/// it ends, so that one peer cannot hold every place of `rlqs.max_streams` over a few
+/// connections.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnectionStreams(Arc<AtomicUsize>);
+
+impl ConnectionStreams {
+    /// A place for one more stream, or `None` when `max` are open.
+    fn take(&self, max: usize) -> Option<StreamPlace> {
+        // Relaxed: a lone count; no other memory is ordered with it.
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StreamPlace(Arc::clone(&self.0)))
+    }
+}
+
+/// One stream's place on its connection, given back when dropped.
+#[derive(Debug)]
+struct StreamPlace(Arc<AtomicUsize>);
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        // Relaxed: as in `ConnectionStreams::take`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -236,11 +270,28 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
-        let mut inbound = request.into_inner();
         let refuse = |reason, status: Status| {
             self.figures.refused(reason);
             status
         };
+        // Taken from the headers on, so that streams that never send a message count too.
+        let place = match request.extensions().get::<ConnectionStreams>() {
+            Some(streams) => Some(
+                streams
+                    .take(self.table.settings().max_streams_per_connection)
+                    .ok_or_else(|| {
+                        refuse(
+                            QuotaRefusal::TooManyOnConnection,
+                            Status::resource_exhausted(
+                                "too many quota streams open on this connection \
+                                 (rlqs.max_streams_per_connection)",
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        let mut inbound = request.into_inner();
         let first = match inbound.message().await {
             Ok(Some(first)) => first,
             Ok(None) => {
@@ -285,6 +336,7 @@ impl RateLimitQuotaService for QuotaService {
             epoch: self.epoch,
             ttl: self.table.settings().assignment_ttl,
             caps: self.caps,
+            _place: place,
         };
         tokio::spawn(run.run(inbound, reports, self.stop.clone()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -304,6 +356,8 @@ struct StreamTask {
     ttl: Duration,
     /// The request caps, for every bucket id.
     caps: Caps,
+    /// Its place on its connection, held until the task ends.
+    _place: Option<StreamPlace>,
 }
 
 impl StreamTask {

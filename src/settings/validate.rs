@@ -48,6 +48,10 @@ impl Written {
                 self.rlqs.max_buckets_per_stream,
             ),
             ("rlqs.max_streams", self.rlqs.max_streams),
+            (
+                "rlqs.max_streams_per_connection",
+                self.rlqs.max_streams_per_connection,
+            ),
         ] {
             positive(setting, value as u64)?;
         }
@@ -205,6 +209,7 @@ impl Written {
                 assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
                 max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
                 max_streams: self.rlqs.max_streams,
+                max_streams_per_connection: self.rlqs.max_streams_per_connection,
             }),
             compat_warnings: self.compat_warnings,
         })

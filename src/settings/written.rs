@@ -232,6 +232,9 @@ pub struct RlqsSection {
     pub max_buckets_per_stream: usize,
     /// Most quota streams open at once; one more is refused `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
+    /// Most quota streams open at once on one connection, counted from their headers (a stream
+    /// whose first message has not come yet counts); one more is refused `RESOURCE_EXHAUSTED`.
+    pub max_streams_per_connection: usize,
 }
 
 impl Default for RlqsSection {
@@ -241,6 +244,7 @@ impl Default for RlqsSection {
             assignment_ttl_ms: 10_000,
             max_buckets_per_stream: 1_000,
             max_streams: 1_000,
+            max_streams_per_connection: 100,
         }
     }
 }

@@ -1070,6 +1070,101 @@ async fn streams_past_the_cap_are_refused_and_counted() {
     still_served(&mut good, "good-2").await;
 }
 
+/// The path of `StreamRateLimitQuotas`.
+const QUOTA_PATH: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+/// Past `rlqs.max_streams_per_connection` on one connection a stream is refused
+/// `RESOURCE_EXHAUSTED` and counted, streams that sent their headers alone counting too; one
+/// connection cannot take every place of `rlqs.max_streams`, and another connection still gets a
+/// stream.
+#[tokio::test]
+async fn one_connection_cannot_take_every_stream() {
+    let _gauges = GAUGES.read().await;
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| {
+        w.rlqs.max_streams = 5;
+        w.rlqs.max_streams_per_connection = 3;
+    })
+    .await;
+    let series = "sluice_rlqs_refused_streams_total{reason=\"too_many_streams_on_connection\"}";
+    let before = metric(s.admin, series).await.unwrap_or(0.0);
+    let first = |user: &str| reports("edge", &[(bucket(&[("user", user)]), 1)]);
+    // A peer on a raw connection: three streams of headers alone, then one with a report.
+    let tcp = tokio::net::TcpStream::connect(s.grpc)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let call = || {
+        http::Request::post(format!("http://{}{QUOTA_PATH}", s.grpc))
+            .header("te", "trailers")
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("request")
+    };
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(h2.send_request(call(), false).expect("headers"));
+        h2 = h2.ready().await.expect("ready");
+    }
+    let (response, mut body) = h2.send_request(call(), false).expect("headers");
+    let report = crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&first("raw")));
+    body.send_data(report.into(), false).expect("data");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("answered in time")
+        .expect("response");
+    let field = |name| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(field("grpc-status").as_deref(), Some("8"), "{response:?}");
+    assert!(
+        field("grpc-message").is_some_and(|m| m.contains("rlqs.max_streams_per_connection")),
+        "{response:?}"
+    );
+    // A client over one connection: three streams, the fourth refused.
+    let mut shared = client(&s).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut envoy = open_on(&mut shared, first(&format!("s-{i}")))
+            .await
+            .expect("accepted");
+        envoy.assignment().await;
+        held.push(envoy);
+    }
+    let status = match open_on(&mut shared, first("s-3")).await {
+        Ok(_) => panic!("a fourth stream on one connection was accepted"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(metric(s.admin, series).await, Some(before + 2.0));
+    // Another connection still gets a stream.
+    let mut other = opened(&s, first("other")).await;
+    assert!(rate(&token_bucket(&other.assignment().await)) > 0.0);
+    // The silent streams' places come back when they go.
+    drop(silent);
+    drop(body);
+    let again = crate::helpers::eventually(WAIT, || async {
+        let Ok(mut h2) = h2.clone().ready().await else {
+            return false;
+        };
+        let Ok((response, mut body)) = h2.send_request(call(), false) else {
+            return false;
+        };
+        let report = crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&first("again")));
+        if body.send_data(report.into(), false).is_err() {
+            return false;
+        }
+        matches!(response.await, Ok(r) if !r.headers().contains_key("grpc-status"))
+    })
+    .await;
+    assert!(again, "a place freed on the raw connection is taken again");
+}
+
 /// With Redis out of reach, a bucket of a rule whose part no renewal has told is assigned as
 /// `on_backend_error` says: `local`, 1/N of the rule; `error`, nothing (Envoy applies its own
 /// `no_assignment_behavior`).
