@@ -167,6 +167,7 @@ async fn serve_http2<IO, S, B>(
     let service = OnConnection {
         service,
         quota_streams: ConnectionStreams::default(),
+        streams: streams.clone(),
     };
     let served = super::grpc_connection(&connections.limits, streams.clone())
         .serve_connection(hyper_util::rt::TokioIo::new(io), service);
@@ -198,11 +199,13 @@ async fn serve_http2<IO, S, B>(
 }
 
 /// A connection's service: each request carries, in its extensions, what the calls of its
-/// connection share (the count of its quota streams, which the quota service bounds).
+/// connection share (the count of its quota streams, which the quota service bounds), and a
+/// quota stream its [`super::streams::StreamReset`], so that it can end a stream whose peer stopped reading.
 #[derive(Clone)]
 struct OnConnection<S> {
     service: S,
     quota_streams: ConnectionStreams,
+    streams: Streams,
 }
 
 impl<S, B> hyper::service::Service<http::Request<hyper::body::Incoming>> for OnConnection<S>
@@ -219,6 +222,9 @@ where
 
     fn call(&self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.quota_streams.clone());
+        if request.uri().path().starts_with(super::RLQS_PREFIX) {
+            request.extensions_mut().insert(self.streams.resettable());
+        }
         self.service.call(request)
     }
 }

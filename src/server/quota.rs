@@ -22,6 +22,7 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::streams::StreamReset;
 use crate::decision::Caps;
 use crate::limiter::{Backend, BackendError, QuotaRenewal};
 use crate::metrics::{QuotaFigures, QuotaRefusal};
@@ -291,6 +292,8 @@ impl RateLimitQuotaService for QuotaService {
             ),
             None => None,
         };
+        let reset = request.extensions().get::<StreamReset>().cloned();
+        let reset = reset.as_ref();
         let mut inbound = request.into_inner();
         let first = match inbound.message().await {
             Ok(Some(first)) => first,
@@ -337,6 +340,7 @@ impl RateLimitQuotaService for QuotaService {
             ttl: self.table.settings().assignment_ttl,
             caps: self.caps,
             _place: place,
+            reset: reset.cloned(),
         };
         tokio::spawn(run.run(inbound, reports, self.stop.clone()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -358,6 +362,8 @@ struct StreamTask {
     caps: Caps,
     /// Its place on its connection, held until the task ends.
     _place: Option<StreamPlace>,
+    /// Resets its HTTP/2 stream, when it gives up on a peer that stopped reading.
+    reset: Option<StreamReset>,
 }
 
 impl StreamTask {
@@ -409,8 +415,13 @@ impl StreamTask {
                     }
                 }
                 Err(status) => {
-                    // The peer may be gone; nothing more to do either way.
-                    let _ = self.tx.send(Err(status)).await;
+                    // The peer may be gone, or not reading: then the stream is reset.
+                    let sent = tokio::time::timeout(self.ttl, self.tx.send(Err(status))).await;
+                    if sent.is_err()
+                        && let Some(reset) = &self.reset
+                    {
+                        reset.reset();
+                    }
                     break;
                 }
             }
@@ -445,9 +456,19 @@ impl StreamTask {
             })
             .collect();
         // A peer that stops reading for a TTL has let every assignment lapse; its stream ends,
-        // so that its task does not wait for ever while its shares hold room.
+        // so that its task does not wait for ever while its shares hold room, and is reset, so
+        // that the peer learns it at once (trailers would wait behind the unread answers).
         let sent = self.tx.send(Ok(RateLimitQuotaResponse { bucket_action }));
-        matches!(tokio::time::timeout(self.ttl, sent).await, Ok(Ok(())))
+        match tokio::time::timeout(self.ttl, sent).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::debug!("a quota stream's peer stopped reading; resetting the stream");
+                if let Some(reset) = &self.reset {
+                    reset.reset();
+                }
+                false
+            }
+        }
     }
 
     fn close(self) {

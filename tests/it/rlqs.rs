@@ -1165,6 +1165,50 @@ async fn one_connection_cannot_take_every_stream() {
     assert!(again, "a place freed on the raw connection is taken again");
 }
 
+/// A peer that stops reading its answers (it grants no flow-control window) while it goes on
+/// reporting is given up on once an answer has waited a TTL, and its stream is reset: the
+/// `RST_STREAM` reaches it behind the unread answers, not at the connection's idle cut.
+#[tokio::test]
+async fn a_stream_whose_peer_stops_reading_is_reset() {
+    let _gauges = GAUGES.read().await;
+    let s = server(1_000, 100).await;
+    let tcp = tokio::net::TcpStream::connect(s.grpc)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(16)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let call = http::Request::post(format!("http://{}{QUOTA_PATH}", s.grpc))
+        .header("te", "trailers")
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("request");
+    let (_response, mut body) = h2.send_request(call, false).expect("headers");
+    let report = |i: usize| {
+        let domain = if i == 0 { "edge" } else { "" };
+        let m = reports(domain, &[(bucket(&[("user", &format!("r-{i}"))]), 1)]);
+        crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&m))
+    };
+    // Each report of a new bucket is answered with its assignment, which the peer never reads.
+    for i in 0..40 {
+        body.send_data(report(i).into(), false).expect("data");
+    }
+    let start = tokio::time::Instant::now();
+    let reset = tokio::time::timeout(WAIT, std::future::poll_fn(|cx| body.poll_reset(cx)))
+        .await
+        .expect("the stream is reset within the wait, not left to the idle cut");
+    assert_eq!(reset.expect("a reset"), h2::Reason::CANCEL);
+    assert!(
+        start.elapsed() >= Duration::from_millis(900),
+        "given up after a TTL: {:?}",
+        start.elapsed()
+    );
+}
+
 /// With Redis out of reach, a bucket of a rule whose part no renewal has told is assigned as
 /// `on_backend_error` says: `local`, 1/N of the rule; `error`, nothing (Envoy applies its own
 /// `no_assignment_behavior`).
