@@ -280,7 +280,8 @@ impl App {
         let fleet = table
             .as_ref()
             .and_then(|t| quota_fleet(&settings, &backend, local.as_ref(), t));
-        let quota = table.map(|t| QuotaService::new(t, fleet.clone(), stop.clone()));
+        let quota = table
+            .map(|t| QuotaService::new(t, fleet.clone(), stop.clone(), settings.decision.caps));
         let quota_reloads = quota.as_ref().map(|q| q.watch_reloads(stop.clone()));
         let grpc = start_grpc(
             grpc,

@@ -307,7 +307,7 @@ const FAMILIES: [(&str, Kind, &str); 43] = [
     (
         RLQS_REFUSED,
         Kind::Counter,
-        "Rate Limit Quota Service streams refused, by reason: no_domain, invalid (a malformed report), too_many_streams (rlqs.max_streams).",
+        "Rate Limit Quota Service streams refused, by reason: no_domain, invalid (a malformed report), too_many_streams (rlqs.max_streams), too_many_streams_on_connection (rlqs.max_streams_per_connection).",
     ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
@@ -345,6 +345,8 @@ pub enum QuotaRefusal {
     Invalid,
     /// `rlqs.max_streams` streams were open.
     TooManyStreams,
+    /// `rlqs.max_streams_per_connection` streams were open on its connection.
+    TooManyOnConnection,
 }
 
 impl QuotaRefusal {
@@ -355,6 +357,7 @@ impl QuotaRefusal {
             Self::NoDomain => "no_domain",
             Self::Invalid => "invalid",
             Self::TooManyStreams => "too_many_streams",
+            Self::TooManyOnConnection => "too_many_streams_on_connection",
         }
     }
 }

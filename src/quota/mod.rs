@@ -31,6 +31,9 @@ pub struct QuotaSettings {
     pub max_buckets_per_stream: usize,
     /// Most streams open at once on this node; one more is refused `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
+    /// Most streams open at once on one connection, from their headers on; one more is refused
+    /// `RESOURCE_EXHAUSTED` (the server counts them: the table does not know connections).
+    pub max_streams_per_connection: usize,
 }
 
 /// The part of its share a stream that reports no demand is assumed to ask for, as a fraction

@@ -767,6 +767,7 @@ descriptors:
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: max_buckets,
                 max_streams: 2,
+                max_streams_per_connection: 100,
             },
             PolicyHandle::new(set),
         ))
@@ -825,6 +826,7 @@ descriptors:
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: 10,
                 max_streams: 3,
+                max_streams_per_connection: 100,
             },
             PolicyHandle::new(policy::load_str(&[("d.yaml", POLICY)]).expect("policy")),
         ));
@@ -1031,6 +1033,7 @@ descriptors:
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: 10,
                 max_streams: 2,
+                max_streams_per_connection: 100,
             },
             PolicyHandle::new(set),
         ));

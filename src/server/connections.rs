@@ -2,7 +2,8 @@
 //! (`super::streams`): the TLS handshake in that task, cut at its timeout, never in the accept
 //! loop; the idle cut (`super::idle`); a maximum age (±10 % jitter) after which the connection
 //! gets a GOAWAY and, past the grace, is closed, so clients behind a Service rebalance; and a
-//! graceful drain at shutdown. The HTTP/2 limits are set on hyper's builder in
+//! graceful drain at shutdown. Each request carries what its connection's calls share (the count
+//! of its quota streams). The HTTP/2 limits are set on hyper's builder in
 //! [`super::grpc_connection`], the request timeout per call by the edge.
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tonic::codegen::http;
 
 use super::accept::{Accepted, CappedListener};
 use super::idle::IdleCut;
+use super::quota::ConnectionStreams;
 use super::streams::{Served, Streams};
 use crate::settings::GrpcLimits;
 use crate::tls::ServerTls;
@@ -162,6 +164,11 @@ async fn serve_http2<IO, S, B>(
     B: GrpcBody,
 {
     let streams = Streams::default();
+    let service = OnConnection {
+        service,
+        quota_streams: ConnectionStreams::default(),
+        streams: streams.clone(),
+    };
     let served = super::grpc_connection(&connections.limits, streams.clone())
         .serve_connection(hyper_util::rt::TokioIo::new(io), service);
     let mut served = Served::new(served, streams);
@@ -188,6 +195,37 @@ async fn serve_http2<IO, S, B>(
     match tokio::time::timeout(grace, served).await {
         Ok(r) => finished_grpc(r),
         Err(_) => tracing::debug!("connection past its max age and grace; closing it"),
+    }
+}
+
+/// A connection's service: each request carries, in its extensions, what the calls of its
+/// connection share (the count of its quota streams, which the quota service bounds), and a
+/// quota stream its [`super::streams::StreamReset`], so that it can end a stream whose peer stopped reading.
+#[derive(Clone)]
+struct OnConnection<S> {
+    service: S,
+    quota_streams: ConnectionStreams,
+    streams: Streams,
+}
+
+impl<S, B> hyper::service::Service<http::Request<hyper::body::Incoming>> for OnConnection<S>
+where
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        >,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
+        request.extensions_mut().insert(self.quota_streams.clone());
+        if request.uri().path().starts_with(super::RLQS_PREFIX) {
+            request.extensions_mut().insert(self.streams.resettable());
+        }
+        self.service.call(request)
     }
 }
 

@@ -2,7 +2,9 @@
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`QuotaStream`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
-//! drives abandons, pushes and renewals. It keeps the time and speaks the wire; what to assign
+//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a
+//! connection's streams to `rlqs.max_streams_per_connection` from their headers on
+//! ([`ConnectionStreams`]). It keeps the time and speaks the wire; what to assign
 //! is decided in [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
 //! its streams watch in the fleet's quota tables, one call per rule every tick, and asks for a
 //! rule's part before its first bucket is assigned. Served through tonic's generated server
@@ -10,6 +12,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -19,6 +22,8 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::streams::StreamReset;
+use crate::decision::Caps;
 use crate::limiter::{Backend, BackendError, QuotaRenewal};
 use crate::metrics::{QuotaFigures, QuotaRefusal};
 use crate::pb::rate_limit_quota_response::BucketAction;
@@ -48,14 +53,18 @@ pub(crate) struct QuotaService {
     fleet: Option<Fleet>,
     /// Marked when the policies are replaced, so that every stream pushes at once.
     reloaded: Arc<watch::Sender<()>>,
+    /// The request caps (`requests.*`), applied to the domain and to every bucket id.
+    caps: Caps,
 }
 
 impl QuotaService {
-    /// The service of `table`'s streams, across `fleet` when there is one.
+    /// The service of `table`'s streams, across `fleet` when there is one, refusing a domain
+    /// or bucket id past `caps`.
     pub(crate) fn new(
         table: Arc<QuotaTable>,
         fleet: Option<Fleet>,
         stop: CancellationToken,
+        caps: Caps,
     ) -> Self {
         Self {
             table,
@@ -64,6 +73,7 @@ impl QuotaService {
             epoch: Instant::now(),
             fleet,
             reloaded: Arc::new(watch::channel(()).0),
+            caps,
         }
     }
 
@@ -224,6 +234,37 @@ impl Fleet {
     }
 }
 
+/// The quota streams open on one connection, from their headers on: the connection puts one
+/// into the extensions of each of its requests, and a stream holds a [`StreamPlace`] of it until
+/// it ends, so that one peer cannot hold every place of `rlqs.max_streams` over a few
+/// connections.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnectionStreams(Arc<AtomicUsize>);
+
+impl ConnectionStreams {
+    /// A place for one more stream, or `None` when `max` are open.
+    fn take(&self, max: usize) -> Option<StreamPlace> {
+        // Relaxed: a lone count; no other memory is ordered with it.
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StreamPlace(Arc::clone(&self.0)))
+    }
+}
+
+/// One stream's place on its connection, given back when dropped.
+#[derive(Debug)]
+struct StreamPlace(Arc<AtomicUsize>);
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        // Relaxed: as in `ConnectionStreams::take`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -234,11 +275,30 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
-        let mut inbound = request.into_inner();
         let refuse = |reason, status: Status| {
             self.figures.refused(reason);
             status
         };
+        // Taken from the headers on, so that streams that never send a message count too.
+        let place = match request.extensions().get::<ConnectionStreams>() {
+            Some(streams) => Some(
+                streams
+                    .take(self.table.settings().max_streams_per_connection)
+                    .ok_or_else(|| {
+                        refuse(
+                            QuotaRefusal::TooManyOnConnection,
+                            Status::resource_exhausted(
+                                "too many quota streams open on this connection \
+                                 (rlqs.max_streams_per_connection)",
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        let reset = request.extensions().get::<StreamReset>().cloned();
+        let reset = reset.as_ref();
+        let mut inbound = request.into_inner();
         let first = match inbound.message().await {
             Ok(Some(first)) => first,
             Ok(None) => {
@@ -255,7 +315,17 @@ impl RateLimitQuotaService for QuotaService {
                 Status::invalid_argument("the first usage report must carry a domain"),
             ));
         }
-        let reports = reports(first.bucket_quota_usages.into_iter())
+        if first.domain.len() > self.caps.max_domain_bytes {
+            return Err(refuse(
+                QuotaRefusal::Invalid,
+                Status::invalid_argument(format!(
+                    "the domain is {} bytes, more than the {} allowed (requests.max_domain_bytes)",
+                    first.domain.len(),
+                    self.caps.max_domain_bytes
+                )),
+            ));
+        }
+        let reports = reports(first.bucket_quota_usages.into_iter(), &self.caps)
             .map_err(|status| refuse(QuotaRefusal::Invalid, status))?;
         let stream = self.table.open(first.domain).map_err(|e| {
             refuse(
@@ -272,6 +342,9 @@ impl RateLimitQuotaService for QuotaService {
             tx,
             epoch: self.epoch,
             ttl: self.table.settings().assignment_ttl,
+            caps: self.caps,
+            _place: place,
+            reset: reset.cloned(),
         };
         tokio::spawn(run.run(inbound, reports, self.stop.clone()));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -289,6 +362,12 @@ struct StreamTask {
     epoch: Instant,
     /// `rlqs.assignment_ttl_ms`.
     ttl: Duration,
+    /// The request caps, for every bucket id.
+    caps: Caps,
+    /// Its place on its connection, held until the task ends.
+    _place: Option<StreamPlace>,
+    /// Resets its HTTP/2 stream, when it gives up on a peer that stopped reading.
+    reset: Option<StreamReset>,
 }
 
 impl StreamTask {
@@ -322,7 +401,7 @@ impl StreamTask {
                     Ok(self.stream.tick(self.now()))
                 }
                 message = inbound.message() => match message {
-                    Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter()) {
+                    Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter(), &self.caps) {
                         Ok(r) => {
                             self.figures.reported(r.len());
                             Ok(self.report(r).await)
@@ -340,8 +419,13 @@ impl StreamTask {
                     }
                 }
                 Err(status) => {
-                    // The peer may be gone; nothing more to do either way.
-                    let _ = self.tx.send(Err(status)).await;
+                    // The peer may be gone, or not reading: then the stream is reset.
+                    let sent = tokio::time::timeout(self.ttl, self.tx.send(Err(status))).await;
+                    if sent.is_err()
+                        && let Some(reset) = &self.reset
+                    {
+                        reset.reset();
+                    }
                     break;
                 }
             }
@@ -376,9 +460,19 @@ impl StreamTask {
             })
             .collect();
         // A peer that stops reading for a TTL has let every assignment lapse; its stream ends,
-        // so that its task does not wait for ever while its shares hold room.
+        // so that its task does not wait for ever while its shares hold room, and is reset, so
+        // that the peer learns it at once (trailers would wait behind the unread answers).
         let sent = self.tx.send(Ok(RateLimitQuotaResponse { bucket_action }));
-        matches!(tokio::time::timeout(self.ttl, sent).await, Ok(Ok(())))
+        match tokio::time::timeout(self.ttl, sent).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::debug!("a quota stream's peer stopped reading; resetting the stream");
+                if let Some(reset) = &self.reset {
+                    reset.reset();
+                }
+                false
+            }
+        }
     }
 
     fn close(self) {
@@ -416,7 +510,10 @@ fn tick_interval(ttl: Duration) -> Duration {
 }
 
 /// A message's usage reports as the quota module reads them, or `INVALID_ARGUMENT` for a
-/// report without a bucket id, with an empty one, or with a negative `time_elapsed`. A
+/// report without a bucket id, with an empty one, with one past the request caps (more entries
+/// than `requests.max_entries`, a key or value longer than `requests.max_key_bytes` or
+/// `requests.max_value_bytes`), or with a negative `time_elapsed`: the whole message is
+/// checked before any of it is kept. A
 /// `time_elapsed` of zero (or none) states no span: Envoy sends whole seconds, so its first
 /// report of a new bucket, and every report at intervals under a second, say 0; the stream then
 /// measures the span on its own clock.
@@ -424,14 +521,17 @@ fn reports(
     usages: impl Iterator<
         Item = crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage,
     >,
+    caps: &Caps,
 ) -> Result<Vec<Report>, Status> {
     usages
-        .map(|usage| {
+        .enumerate()
+        .map(|(i, usage)| {
             let bucket = usage
                 .bucket_id
                 .map(|b| b.bucket)
                 .filter(|b| !b.is_empty())
                 .ok_or_else(|| Status::invalid_argument("a usage report has no bucket_id"))?;
+            within_caps(i, &bucket, caps)?;
             let elapsed = Some(usage.time_elapsed.unwrap_or_default())
                 // A negative one is refused here: prost's conversion negates it to report the
                 // error, which overflows on `i64::MIN` seconds.
@@ -449,6 +549,43 @@ fn reports(
             })
         })
         .collect()
+}
+
+/// `INVALID_ARGUMENT` naming what is too large when the bucket id of usage report `i` is past
+/// `caps`: a bucket id is kept for as long as its stream watches it, so it is held to the same
+/// caps as a `ShouldRateLimit` descriptor. A key past its cap is not echoed.
+fn within_caps(
+    i: usize,
+    bucket: &std::collections::HashMap<String, String>,
+    caps: &Caps,
+) -> Result<(), Status> {
+    let refuse =
+        |what: String| Status::invalid_argument(format!("bucket_quota_usages[{i}].{what}"));
+    if bucket.len() > caps.max_entries {
+        return Err(refuse(format!(
+            "bucket_id has {} entries, more than the {} allowed (requests.max_entries)",
+            bucket.len(),
+            caps.max_entries
+        )));
+    }
+    for (key, value) in bucket {
+        if key.len() > caps.max_key_bytes {
+            return Err(refuse(format!(
+                "bucket_id has a key of {} bytes, more than the {} allowed (requests.max_key_bytes)",
+                key.len(),
+                caps.max_key_bytes
+            )));
+        }
+        if value.len() > caps.max_value_bytes {
+            return Err(refuse(format!(
+                "bucket_id[{key:?}] is {} bytes, more than the {} allowed \
+                 (requests.max_value_bytes)",
+                value.len(),
+                caps.max_value_bytes
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One action on the wire.

@@ -4,7 +4,8 @@
 //! one read leave in one write. What this gives up: one connection's calls share one worker
 //! thread. h2 already serialises a connection on its one connection task and the streams' lock,
 //! and Envoy opens a connection per worker thread, so the cores are used by the connections,
-//! not by the calls.
+//! not by the calls. A call the service marked as one that may end itself ([`StreamReset`]) is
+//! dropped when it does, so that hyper resets its stream even while the peer reads nothing.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -14,6 +15,7 @@ use std::task::{Context, Poll};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
 
 /// One call: hyper's future for an accepted stream, from its request to its last frame.
 type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -50,6 +52,22 @@ pub(crate) struct Streams {
     /// Calls accepted since [`Served`] last took them. The lock is only ever taken inside the
     /// connection's own poll, so it is never contended.
     accepted: Arc<Mutex<Vec<Call>>>,
+    /// The reset of the call the service is being handed, for [`Streams::execute`] to take with
+    /// it. Taken, as `accepted`, only inside the connection's own poll.
+    resettable: Arc<Mutex<Option<CancellationToken>>>,
+}
+
+/// A handle that ends one call: its future is dropped, and hyper resets its HTTP/2 stream
+/// (`RST_STREAM` with `CANCEL`), which reaches the peer whether or not it reads the stream's
+/// data, where trailers would wait behind that data for the peer's flow-control window.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamReset(CancellationToken);
+
+impl StreamReset {
+    /// Ends the call.
+    pub(crate) fn reset(&self) {
+        self.0.cancel();
+    }
 }
 
 impl std::fmt::Debug for Streams {
@@ -59,6 +77,18 @@ impl std::fmt::Debug for Streams {
 }
 
 impl Streams {
+    /// A reset for the call the service is being handed now: hyper makes a call by calling the
+    /// service and hands it to this executor in the same step of the connection's poll, so the
+    /// next [`Streams::execute`] takes the reset with that call.
+    pub(crate) fn resettable(&self) -> StreamReset {
+        let token = CancellationToken::new();
+        *self
+            .resettable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(token.clone());
+        StreamReset(token)
+    }
+
     /// Moves the calls accepted since the last time into `running`, in the order hyper accepted
     /// them; the queue keeps its capacity for the next read's calls.
     fn start(&self, running: &mut FuturesUnordered<Isolated>) {
@@ -74,10 +104,24 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, call: F) {
+        let reset = self
+            .resettable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let call: Call = match reset {
+            None => Box::pin(call),
+            Some(token) => Box::pin(async move {
+                tokio::select! {
+                    () = token.cancelled() => {}
+                    () = call => {}
+                }
+            }),
+        };
         self.accepted
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(Box::pin(call));
+            .push(call);
     }
 }
 

@@ -186,6 +186,16 @@ pub enum SettingsError {
         /// Why.
         why: &'static str,
     },
+    /// A value below the least it may be.
+    #[error("invalid settings: {setting} must be at least {min} ({why})")]
+    TooSmall {
+        /// The setting's dotted name.
+        setting: &'static str,
+        /// The least it may be.
+        min: u64,
+        /// Why.
+        why: &'static str,
+    },
     /// `grpc.idle_timeout_ms` not longer than `grpc.request_timeout_ms`.
     #[error(
         "invalid settings: grpc.idle_timeout_ms must be longer than grpc.request_timeout_ms, so \

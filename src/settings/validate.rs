@@ -17,6 +17,9 @@ use crate::limiter::{LeaseConfig, RedisConfig};
 /// The longest `rlqs.assignment_ttl_ms`: an hour.
 const MAX_ASSIGNMENT_TTL_MS: u64 = 3_600_000;
 
+/// The shortest `rlqs.assignment_ttl_ms`: a second.
+const MIN_ASSIGNMENT_TTL_MS: u64 = 1_000;
+
 impl Written {
     /// Checks every value and gives the typed settings.
     ///
@@ -45,6 +48,10 @@ impl Written {
                 self.rlqs.max_buckets_per_stream,
             ),
             ("rlqs.max_streams", self.rlqs.max_streams),
+            (
+                "rlqs.max_streams_per_connection",
+                self.rlqs.max_streams_per_connection,
+            ),
         ] {
             positive(setting, value as u64)?;
         }
@@ -97,7 +104,14 @@ impl Written {
                 });
             }
         }
-        positive("rlqs.assignment_ttl_ms", self.rlqs.assignment_ttl_ms)?;
+        if self.rlqs.assignment_ttl_ms < MIN_ASSIGNMENT_TTL_MS {
+            return Err(SettingsError::TooSmall {
+                setting: "rlqs.assignment_ttl_ms",
+                min: MIN_ASSIGNMENT_TTL_MS,
+                why: "a second: a shorter one lapses before Envoy's next report, and every bucket \
+                      is abandoned soon after its assignment",
+            });
+        }
         if self.rlqs.assignment_ttl_ms > MAX_ASSIGNMENT_TTL_MS {
             return Err(SettingsError::TooLarge {
                 setting: "rlqs.assignment_ttl_ms",
@@ -195,6 +209,7 @@ impl Written {
                 assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
                 max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
                 max_streams: self.rlqs.max_streams,
+                max_streams_per_connection: self.rlqs.max_streams_per_connection,
             }),
             compat_warnings: self.compat_warnings,
         })
@@ -797,6 +812,21 @@ mod tests {
             "{err}"
         );
         raw.rlqs.assignment_ttl_ms = 3_600_000;
+        assert!(raw.validate().is_ok());
+    }
+
+    #[test]
+    fn an_assignment_ttl_under_a_second_is_refused() {
+        let mut raw = Written::default();
+        for ttl in [0, 1, 999] {
+            raw.rlqs.assignment_ttl_ms = ttl;
+            let err = raw.clone().validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with("invalid settings: rlqs.assignment_ttl_ms must be at least 1000"),
+                "{ttl}: {err}"
+            );
+        }
+        raw.rlqs.assignment_ttl_ms = 1_000;
         assert!(raw.validate().is_ok());
     }
 }

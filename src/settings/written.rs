@@ -224,13 +224,17 @@ pub struct StoreSection {
 pub struct RlqsSection {
     /// Serve it.
     pub enabled: bool,
-    /// How long an assignment holds (`assignment_time_to_live`), in milliseconds; a bucket not
-    /// reported for this long is abandoned, and assignments are renewed at half of it.
+    /// How long an assignment holds (`assignment_time_to_live`), in milliseconds, from a
+    /// second to an hour; a bucket not reported for this long is abandoned, and assignments are
+    /// renewed at half of it.
     pub assignment_ttl_ms: u64,
     /// Most buckets one stream may watch; a report of one more is answered `abandon_action`.
     pub max_buckets_per_stream: usize,
     /// Most quota streams open at once; one more is refused `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
+    /// Most quota streams open at once on one connection, counted from their headers (a stream
+    /// whose first message has not come yet counts); one more is refused `RESOURCE_EXHAUSTED`.
+    pub max_streams_per_connection: usize,
 }
 
 impl Default for RlqsSection {
@@ -240,6 +244,7 @@ impl Default for RlqsSection {
             assignment_ttl_ms: 10_000,
             max_buckets_per_stream: 1_000,
             max_streams: 1_000,
+            max_streams_per_connection: 100,
         }
     }
 }

@@ -485,7 +485,7 @@ async fn a_bucket_past_the_cap_is_abandoned() {
 #[tokio::test]
 async fn assignments_are_renewed_before_their_ttl_and_unreported_buckets_abandoned() {
     let _gauges = GAUGES.read().await;
-    let s = server(400, 100).await;
+    let s = server(1_000, 100).await;
     let id = bucket(&[("user", "renewed")]);
     let mut envoy = opened(&s, reports("edge", &[(id.clone(), 100)])).await;
     let start = tokio::time::Instant::now();
@@ -495,7 +495,7 @@ async fn assignments_are_renewed_before_their_ttl_and_unreported_buckets_abandon
     let renewed_after = start.elapsed();
     assert!(renewed.assignment_time_to_live.is_some());
     assert!(
-        renewed_after < Duration::from_millis(400),
+        renewed_after < Duration::from_millis(1_000),
         "renewed after {renewed_after:?}"
     );
     let abandoned = tokio::time::timeout(WAIT, async {
@@ -946,6 +946,63 @@ async fn an_oversized_report_ends_its_stream_and_no_other() {
     assert_eq!(streams, Some(1.0), "only the good stream is open");
 }
 
+/// A bucket id past the request caps (a 1 MB value, a 500 KB key, 20,000 entries), or a 900 KB
+/// domain, is refused `INVALID_ARGUMENT` naming the cap, as the first message or later in a
+/// stream, and nothing of it is kept: streams of 1 MB buckets leave the table holding the
+/// well-behaved stream's bucket alone.
+#[tokio::test]
+async fn bucket_ids_past_the_request_caps_are_refused_and_nothing_is_kept() {
+    let _gauges = GAUGES.write().await;
+    let s = server(10_000, 100).await;
+    let mut good = opened(&s, reports("edge", &[(bucket(&[("user", "good")]), 5)])).await;
+    good.assignment().await;
+    let big = |i: usize| bucket(&[("user", &format!("{i}{}", "v".repeat(1_000_000)))]);
+    for i in 0..20 {
+        let status = refused(&s, reports("edge", &[(big(i), 1)])).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("requests.max_value_bytes"),
+            "{status:?}"
+        );
+    }
+    let many: Vec<(String, String)> = (0..20_000).map(|i| (format!("k{i}"), "v".into())).collect();
+    let many = BucketId {
+        bucket: many.into_iter().collect(),
+    };
+    let long_key = bucket(&[(&"k".repeat(500_000), "v")]);
+    for (first, cap) in [
+        (reports("edge", &[(many, 1)]), "requests.max_entries"),
+        (reports("edge", &[(long_key, 1)]), "requests.max_key_bytes"),
+        (
+            reports(&"d".repeat(900_000), &[(bucket(&[("user", "a")]), 1)]),
+            "requests.max_domain_bytes",
+        ),
+    ] {
+        let status = refused(&s, first).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(cap), "{cap}: {status:?}");
+    }
+    // Later in a stream: the whole message is refused and the stream ends, its buckets freed.
+    let mut envoy = opened(&s, reports("edge", &[(bucket(&[("user", "b")]), 1)])).await;
+    envoy.assignment().await;
+    envoy
+        .send(reports("", &[(bucket(&[("user", "c")]), 1), (big(99), 1)]))
+        .await;
+    let status = ended(&mut envoy).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("bucket_quota_usages[1]"),
+        "{status:?}"
+    );
+    still_served(&mut good, "good-1").await;
+    let held = crate::helpers::eventually(WAIT, || async {
+        metric(s.admin, "sluice_rlqs_streams").await == Some(1.0)
+            && metric(s.admin, "sluice_rlqs_buckets").await == Some(2.0)
+    })
+    .await;
+    assert!(held, "the good stream and its two buckets alone are held");
+}
+
 /// `time_elapsed` below zero, however far, is `INVALID_ARGUMENT`; one of hundreds of billions of
 /// years is accepted, and read as next to no demand.
 #[tokio::test]
@@ -1238,6 +1295,145 @@ async fn streams_past_the_cap_are_refused_and_counted() {
     .await;
     assert!(admitted, "a closed stream's place is taken");
     still_served(&mut good, "good-2").await;
+}
+
+/// The path of `StreamRateLimitQuotas`.
+const QUOTA_PATH: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+/// Past `rlqs.max_streams_per_connection` on one connection a stream is refused
+/// `RESOURCE_EXHAUSTED` and counted, streams that sent their headers alone counting too; one
+/// connection cannot take every place of `rlqs.max_streams`, and another connection still gets a
+/// stream.
+#[tokio::test]
+async fn one_connection_cannot_take_every_stream() {
+    let _gauges = GAUGES.read().await;
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| {
+        w.rlqs.max_streams = 5;
+        w.rlqs.max_streams_per_connection = 3;
+    })
+    .await;
+    let series = "sluice_rlqs_refused_streams_total{reason=\"too_many_streams_on_connection\"}";
+    let before = metric(s.admin, series).await.unwrap_or(0.0);
+    let first = |user: &str| reports("edge", &[(bucket(&[("user", user)]), 1)]);
+    // A peer on a raw connection: three streams of headers alone, then one with a report.
+    let tcp = tokio::net::TcpStream::connect(s.grpc)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let call = || {
+        http::Request::post(format!("http://{}{QUOTA_PATH}", s.grpc))
+            .header("te", "trailers")
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("request")
+    };
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(h2.send_request(call(), false).expect("headers"));
+        h2 = h2.ready().await.expect("ready");
+    }
+    let (response, mut body) = h2.send_request(call(), false).expect("headers");
+    let report = crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&first("raw")));
+    body.send_data(report.into(), false).expect("data");
+    let response = tokio::time::timeout(WAIT, response)
+        .await
+        .expect("answered in time")
+        .expect("response");
+    let field = |name| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(field("grpc-status").as_deref(), Some("8"), "{response:?}");
+    assert!(
+        field("grpc-message").is_some_and(|m| m.contains("rlqs.max_streams_per_connection")),
+        "{response:?}"
+    );
+    // A client over one connection: three streams, the fourth refused.
+    let mut shared = client(&s).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut envoy = open_on(&mut shared, first(&format!("s-{i}")))
+            .await
+            .expect("accepted");
+        envoy.assignment().await;
+        held.push(envoy);
+    }
+    let status = match open_on(&mut shared, first("s-3")).await {
+        Ok(_) => panic!("a fourth stream on one connection was accepted"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(metric(s.admin, series).await, Some(before + 2.0));
+    // Another connection still gets a stream.
+    let mut other = opened(&s, first("other")).await;
+    assert!(rate(&token_bucket(&other.assignment().await)) > 0.0);
+    // The silent streams' places come back when they go.
+    drop(silent);
+    drop(body);
+    let again = crate::helpers::eventually(WAIT, || async {
+        let Ok(mut h2) = h2.clone().ready().await else {
+            return false;
+        };
+        let Ok((response, mut body)) = h2.send_request(call(), false) else {
+            return false;
+        };
+        let report = crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&first("again")));
+        if body.send_data(report.into(), false).is_err() {
+            return false;
+        }
+        matches!(response.await, Ok(r) if !r.headers().contains_key("grpc-status"))
+    })
+    .await;
+    assert!(again, "a place freed on the raw connection is taken again");
+}
+
+/// A peer that stops reading its answers (it grants no flow-control window) while it goes on
+/// reporting is given up on once an answer has waited a TTL, and its stream is reset: the
+/// `RST_STREAM` reaches it behind the unread answers, not at the connection's idle cut.
+#[tokio::test]
+async fn a_stream_whose_peer_stops_reading_is_reset() {
+    let _gauges = GAUGES.read().await;
+    let s = server(1_000, 100).await;
+    let tcp = tokio::net::TcpStream::connect(s.grpc)
+        .await
+        .expect("connect");
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(16)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let call = http::Request::post(format!("http://{}{QUOTA_PATH}", s.grpc))
+        .header("te", "trailers")
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("request");
+    let (_response, mut body) = h2.send_request(call, false).expect("headers");
+    let report = |i: usize| {
+        let domain = if i == 0 { "edge" } else { "" };
+        let m = reports(domain, &[(bucket(&[("user", &format!("r-{i}"))]), 1)]);
+        crate::helpers::grpc_framed(&prost::Message::encode_to_vec(&m))
+    };
+    // Each report of a new bucket is answered with its assignment, which the peer never reads.
+    for i in 0..40 {
+        body.send_data(report(i).into(), false).expect("data");
+    }
+    let start = tokio::time::Instant::now();
+    let reset = tokio::time::timeout(WAIT, std::future::poll_fn(|cx| body.poll_reset(cx)))
+        .await
+        .expect("the stream is reset within the wait, not left to the idle cut");
+    assert_eq!(reset.expect("a reset"), h2::Reason::CANCEL);
+    assert!(
+        start.elapsed() >= Duration::from_millis(900),
+        "given up after a TTL: {:?}",
+        start.elapsed()
+    );
 }
 
 /// With Redis out of reach, a bucket of a rule whose part no renewal has told is assigned as
