@@ -112,7 +112,7 @@ async fn cluster_same_schedule_same_decisions_as_memory() {
     if redis_missing("cluster_same_schedule_same_decisions_as_memory") {
         return;
     }
-    let (cluster, clock, store) = cluster_store().await;
+    let (_cluster, clock, store) = cluster_store().await;
     same_decisions(&store, &clock, 300).await;
 }
 
@@ -1445,7 +1445,7 @@ async fn cluster_spend_after_the_work_is_recorded_as_in_memory() {
     if redis_missing("cluster_spend_after_the_work_is_recorded_as_in_memory") {
         return;
     }
-    let (cluster, clock, store) = cluster_store().await;
+    let (_cluster, clock, store) = cluster_store().await;
     spend_after_the_work(&store, &clock).await;
 }
 
