@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::LabError;
@@ -125,27 +126,7 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
             })
             .draw()
             .map_err(|e| err(&e))?;
-        // The window boundaries (multiples of the period) a fixed window resets at.
-        let period = rule.period_seconds.max(1) as f64;
-        let boundaries: Vec<f64> = ((x0 / period).ceil() as u64..=(x1 / period).floor() as u64)
-            .map(|k| k as f64 * period)
-            .take(200)
-            .collect();
-        for (i, &b) in boundaries.iter().enumerate() {
-            let series = chart
-                .draw_series(DashedLineSeries::new(
-                    [(b, 0.0), (b, top)],
-                    3,
-                    3,
-                    RGBColor(150, 150, 150).stroke_width(1),
-                ))
-                .map_err(|e| err(&e))?;
-            if i == 0 {
-                series.label("window boundary").legend(|(x, y)| {
-                    PathElement::new([(x, y), (x + 18, y)], RGBColor(150, 150, 150))
-                });
-            }
-        }
+        boundaries(&mut chart, rule.period_seconds, (x0, x1), top).map_err(|e| err(&e))?;
         // Thickest first, GCRA last and thinnest, so lines that coincide stay visible as bands.
         let order = [
             (Algorithm::FixedWindow, 8),
@@ -202,6 +183,34 @@ fn caption(rule: &RuleReport, what: &str) -> String {
         rule.burst,
         if rule.burst_set { "set" } else { "inherited" }
     )
+}
+
+/// The window boundaries (multiples of the period) a fixed window resets at, dashed, the first
+/// one in the legend.
+fn boundaries(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    period_seconds: u64,
+    (x0, x1): (f64, f64),
+    top: f64,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+    let period = period_seconds.max(1) as f64;
+    let at = ((x0 / period).ceil() as u64..=(x1 / period).floor() as u64)
+        .map(|k| k as f64 * period)
+        .take(200);
+    for (i, b) in at.enumerate() {
+        let series = chart.draw_series(DashedLineSeries::new(
+            [(b, 0.0), (b, top)],
+            3,
+            3,
+            RGBColor(150, 150, 150).stroke_width(1),
+        ))?;
+        if i == 0 {
+            series
+                .label("window boundary")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RGBColor(150, 150, 150)));
+        }
+    }
+    Ok(())
 }
 
 /// A line of (time, total so far) points.
@@ -273,26 +282,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()
             .map_err(|e| err(&e))?;
-        let period = rule.period_seconds.max(1) as f64;
-        let boundaries: Vec<f64> = ((x0 / period).ceil() as u64..=(x1 / period).floor() as u64)
-            .map(|k| k as f64 * period)
-            .take(200)
-            .collect();
-        for (i, &b) in boundaries.iter().enumerate() {
-            let series = chart
-                .draw_series(DashedLineSeries::new(
-                    [(b, 0.0), (b, top)],
-                    3,
-                    3,
-                    RGBColor(150, 150, 150).stroke_width(1),
-                ))
-                .map_err(|e| err(&e))?;
-            if i == 0 {
-                series.label("window boundary").legend(|(x, y)| {
-                    PathElement::new([(x, y), (x + 18, y)], RGBColor(150, 150, 150))
-                });
-            }
-        }
+        boundaries(&mut chart, rule.period_seconds, (x0, x1), top).map_err(|e| err(&e))?;
         for (a, spent) in &lines {
             let c = colour(*a);
             chart
