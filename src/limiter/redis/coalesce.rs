@@ -9,7 +9,8 @@
 //! answers it. A call whose caller stopped waiting (timed out, and so answered by
 //! `on_backend_error`) is dropped before it is sent; one already sent when its caller left has
 //! what it charged given back as soon as its answer arrives, so a request answered otherwise is
-//! not charged in Redis as well.
+//! not charged in Redis as well. A call the connection gave up on at its own deadline gets no
+//! answer to give back: at most the [`IN_FLIGHT`] calls out when Redis stopped answering.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
