@@ -2,7 +2,7 @@
 //! unordered map of entries) matched to the rule a descriptor of those entries would match
 //! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's table of the
 //! streams watching each limited bucket, whose shares of the rule's rate are divided by reported
-//! demand, each claim bounded by the rule and each holder kept its fair part ([`shares`]). No
+//! demand, each claim bounded by the rule and each holder kept its fair part (`shares`). No
 //! transport, no runtime and no clock: `server::quota` reads the wire, keeps the time and pushes
 //! the actions. With Redis, this node's part of each rule comes from the fleet's quota table
 //! (`server::quota` renews it), and only that part is divided among its streams.
