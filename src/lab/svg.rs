@@ -145,24 +145,14 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
                 .label(a.name())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(w)));
         }
-        chart
-            .draw_series(DashedLineSeries::new(
-                [(x0, limit), (x1, limit)],
-                6,
-                4,
-                BLACK.stroke_width(1),
-            ))
-            .map_err(|e| err(&e))?
-            .label(format!("limit: {} per {per} on average", round(limit)))
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::MiddleRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(|e| err(&e))?;
+        let label = format!("limit: {} per {per} on average", round(limit));
+        reference(
+            &mut chart,
+            [(x0, limit), (x1, limit)],
+            label,
+            SeriesLabelPosition::MiddleRight,
+        )
+        .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
@@ -211,6 +201,26 @@ fn boundaries(
         }
     }
     Ok(())
+}
+
+/// What a panel is read against, dashed and labelled `label`, then the legend at `position`.
+fn reference<'a, 'b: 'a>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    line: [(f64, f64); 2],
+    label: String,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+    chart
+        .draw_series(DashedLineSeries::new(line, 6, 4, BLACK.stroke_width(1)))?
+        .label(label)
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .label_font(("sans-serif", 13))
+        .draw()
 }
 
 /// A line of (time, total so far) points.
@@ -291,24 +301,13 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
                 .label(format!("{}: spent", a.name()))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(2)));
         }
-        chart
-            .draw_series(DashedLineSeries::new(
-                [(x0, budget(x0)), (x1, budget(x1))],
-                6,
-                4,
-                BLACK.stroke_width(1),
-            ))
-            .map_err(|e| err(&e))?
-            .label("the bucket and the rate since the first call")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(|e| err(&e))?;
+        reference(
+            &mut chart,
+            [(x0, budget(x0)), (x1, budget(x1))],
+            "the bucket and the rate since the first call".into(),
+            SeriesLabelPosition::UpperLeft,
+        )
+        .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())

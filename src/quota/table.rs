@@ -1078,8 +1078,9 @@ descriptors:
         assert!((demands[0].tokens - 200.0).abs() < 1e-9, "{demands:?}");
     }
 
-    #[test]
-    fn a_part_not_renewed_for_three_quarters_of_a_ttl_is_dropped() {
+    /// A node told half of the rule at 0 and one stream assigned all of it (50 a second) for a
+    /// bucket offered 300: the table, the stream and the rule's counter.
+    fn holding_half_of_the_rule() -> (Arc<QuotaTable>, QuotaStream, u128) {
         let table = table(10);
         let mut a = table.open("d".into()).expect("a");
         let x = report("x", 300);
@@ -1087,6 +1088,12 @@ descriptors:
         table.set_unknown_part(None);
         table.set_part(rule, 0.5, 0);
         assert_eq!(rate(&a.report(0, vec![x])), 50.0);
+        (table, a, rule)
+    }
+
+    #[test]
+    fn a_part_not_renewed_for_three_quarters_of_a_ttl_is_dropped() {
+        let (table, mut a, rule) = holding_half_of_the_rule();
         let sec = NANOS_PER_SEC;
         let _ = table.demands(7 * sec);
         assert_eq!(
@@ -1107,13 +1114,7 @@ descriptors:
 
     #[test]
     fn nothing_is_sent_of_a_part_whose_renewal_failed_until_one_succeeds() {
-        let table = table(10);
-        let mut a = table.open("d".into()).expect("a");
-        let x = report("x", 300);
-        let rule = a.unpriced(std::slice::from_ref(&x))[0].counter;
-        table.set_unknown_part(None);
-        table.set_part(rule, 0.5, 0);
-        assert_eq!(rate(&a.report(0, vec![x])), 50.0);
+        let (table, mut a, rule) = holding_half_of_the_rule();
         let sec = NANOS_PER_SEC;
         // A renewal fails: the part's entry lapses a TTL after its last renewal, so an
         // assignment sent now, with a whole TTL, would outlive it. Nothing is renewed, pushed or

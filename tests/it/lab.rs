@@ -183,17 +183,24 @@ fn stampede_scenario_matches_the_hand_count() {
     }
 }
 
+/// A directory `name` in `dir` holding one policy file, `file`, of `yaml`.
+fn policy_dir(dir: &tempfile::TempDir, name: &str, file: &str, yaml: &str) -> std::path::PathBuf {
+    let policies = dir.path().join(name);
+    std::fs::create_dir(&policies).unwrap();
+    std::fs::write(policies.join(file), yaml).unwrap();
+    policies
+}
+
 #[test]
 fn token_bucket_example_as_a_gzipped_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir(&policies).unwrap();
     // Capacity 10, refill 2 per second: B = 10, T = 500 ms.
-    std::fs::write(
-        policies.join("tb.yaml"),
+    let policies = policy_dir(
+        &dir,
+        "policies",
+        "tb.yaml",
         "domain: tb\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 2, burst: 10}\n",
-    )
-    .unwrap();
+    );
     let body = r#""domain":"tb","descriptors":[{"entries":[{"key":"user","value":"u"}]}]"#;
     let mut lines = String::new();
     for _ in 0..15 {
@@ -233,13 +240,12 @@ fn token_bucket_example_as_a_gzipped_trace() {
 #[test]
 fn a_token_trace_gcra_stays_in_debt_where_the_fixed_window_forgets_it() {
     let dir = tempfile::tempdir().unwrap();
-    let policies = dir.path().join("policies");
-    std::fs::create_dir(&policies).unwrap();
-    std::fs::write(
-        policies.join("ai.yaml"),
+    let policies = policy_dir(
+        &dir,
+        "policies",
+        "ai.yaml",
         "domain: ai\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n",
-    )
-    .unwrap();
+    );
     let body = r#""domain":"ai","descriptors":[{"entries":[{"key":"tenant","value":"a"}]}]"#;
     let mut lines = String::from("# t, then tokens reported duration seconds later\n");
     for t in 0..70 {
@@ -355,13 +361,7 @@ fn a_bad_trace_line_is_named_and_nothing_panics() {
         "{\"t\":1,\"domain\":\"boundary\",\"descriptors\":[{\"entries\":[{\"key\":\"client\",\"value\":\"a\"}]}]}\n{\"t\":2,\"domain\":\"boundary\",\"descriptors\":[]}\n",
     )
     .unwrap();
-    let policies = dir.path().join("p");
-    std::fs::create_dir(&policies).unwrap();
-    std::fs::write(
-        policies.join("b.yaml"),
-        sluice::lab::scenario::BOUNDARY_POLICY,
-    )
-    .unwrap();
+    let policies = policy_dir(&dir, "p", "b.yaml", sluice::lab::scenario::BOUNDARY_POLICY);
     let out = sluice(&[
         "replay",
         "--policies",
