@@ -3,12 +3,15 @@
 //! library imports it. It turns flags into the lower modules' own values (`serve`'s overlay
 //! becomes [`settings::Overrides`]) and prints; the work is theirs. Exit status: 0 clean, 1
 //! runtime failure (or `check --strict` with a warning), 2 invalid settings, policies or input.
+//! Invoked as `ratelimit` (envoyproxy/ratelimit's binary name) there is no command line: it
+//! serves in `compat: envoy-ratelimit` and ignores its arguments, as that service does.
 
 pub mod check;
 pub mod probe;
 pub mod replay;
 pub mod serve;
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,6 +24,17 @@ use crate::decision::{HeaderMode, OnBackendError};
 use crate::policy::PolicySet;
 use crate::settings::{self, BackendKind, Settings};
 use crate::telemetry::LogFormat;
+
+/// The file name envoyproxy/ratelimit's image runs its binary under (`/bin/ratelimit`), as
+/// Envoy Gateway's Deployment starts it: invoked under it, sluice serves as that service does,
+/// reading its environment and ignoring its arguments ([`serve::run_as_reference`]).
+pub const REFERENCE_NAME: &str = "ratelimit";
+
+/// Whether `argv0` (the program as invoked) is named [`REFERENCE_NAME`], whatever its directory.
+#[must_use]
+pub fn invoked_as_reference(argv0: &OsStr) -> bool {
+    Path::new(argv0).file_name() == Some(OsStr::new(REFERENCE_NAME))
+}
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -105,6 +119,7 @@ pub struct ServeArgs {
 impl From<&ServeArgs> for settings::Overrides {
     fn from(args: &ServeArgs) -> Self {
         Self {
+            compat: None,
             policies: args.policies.clone(),
             grpc_addr: args.grpc_addr,
             admin_addr: args.admin_addr,
@@ -246,6 +261,7 @@ struct Policies {
 /// compat warnings go to standard error. Invalid settings or policies exit 2.
 fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, ExitCode> {
     let overrides = settings::Overrides {
+        compat: None,
         policies: dir,
         ..settings::Overrides::default()
     };
@@ -268,4 +284,23 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
 fn fail(err: &dyn std::fmt::Display, code: ExitCode) -> ExitCode {
     eprintln!("sluice: {err}");
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_name_is_the_file_name_alone() {
+        for (argv0, is) in [
+            ("/bin/ratelimit", true),
+            ("ratelimit", true),
+            ("./target/ratelimit", true),
+            ("/usr/local/bin/sluice", false),
+            ("/bin/ratelimit2", false),
+            ("/ratelimit/sluice", false),
+        ] {
+            assert_eq!(invoked_as_reference(OsStr::new(argv0)), is, "{argv0}");
+        }
+    }
 }

@@ -19,6 +19,9 @@ use crate::telemetry::LogFormat;
 /// to them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Overrides {
+    /// `compat`, deciding which environment is read (the binary invoked as `ratelimit` reads
+    /// envoyproxy/ratelimit's).
+    pub compat: Option<Compat>,
     /// `policies`.
     pub policies: Option<PathBuf>,
     /// `grpc_addr`.
@@ -86,9 +89,10 @@ impl Written {
         };
         let mut settings = layered(None)?;
         let mut default_socket = None;
-        if settings.compat == Compat::EnvoyRatelimit {
+        if flags.compat.unwrap_or(settings.compat) == Compat::EnvoyRatelimit {
             let mapped = compat::from_env(&env)?;
             settings = layered(Some(&mapped))?;
+            settings.compat = Compat::EnvoyRatelimit;
             settings.compat_warnings = mapped.warnings;
             default_socket = mapped.default_socket;
         }
@@ -263,6 +267,21 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("GRPC_PORT"), "{err}");
+    }
+
+    #[test]
+    fn compat_asked_by_the_command_line_reads_the_references_variables_alone() {
+        let flags = Overrides {
+            compat: Some(Compat::EnvoyRatelimit),
+            ..Overrides::default()
+        };
+        let s = Written::load_with_env(None, &flags, env(&[("PORT", "9080")])).unwrap();
+        assert_eq!(s.compat, Compat::EnvoyRatelimit);
+        assert_eq!(s.admin_addr, "0.0.0.0:9080".parse().unwrap());
+        // Whatever SLUICE_COMPAT says.
+        let vars = env(&[("PORT", "9080"), ("SLUICE_COMPAT", "none")]);
+        let s = Written::load_with_env(None, &flags, vars).unwrap();
+        assert_eq!(s.admin_addr, "0.0.0.0:9080".parse().unwrap());
     }
 
     #[test]

@@ -56,8 +56,18 @@ pub(crate) fn reference_env(current: &Path) -> Vec<(&'static str, &str)> {
 /// Starts `sluice serve` with exactly `vars` as its environment; the addresses come from its
 /// "serving" log line (JSON, as `LOG_FORMAT=json` or `SLUICE_LOG_FORMAT=json` asks).
 pub(crate) fn spawn(vars: &[(&str, &str)]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
+    spawn_as(Path::new(env!("CARGO_BIN_EXE_sluice")), &["serve"], vars).0
+}
+
+/// Starts `program` with `args` and exactly `vars` as its environment, as [`spawn`]; also the
+/// log lines before "serving".
+pub(crate) fn spawn_as(
+    program: &Path,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> (Process, Vec<String>) {
+    let mut child = Command::new(program)
+        .args(args)
         .env_clear()
         .envs(vars.iter().copied())
         .stdout(Stdio::null())
@@ -80,7 +90,7 @@ pub(crate) fn spawn(vars: &[(&str, &str)]) -> Process {
     };
     // Keep draining the log so the process never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Process { child, grpc, admin }
+    (Process { child, grpc, admin }, seen)
 }
 
 /// The reference's runtime layout in `root`: `v1` and `v2` from the fixture, `current` a
@@ -230,6 +240,51 @@ async fn the_reference_environment_decides_as_sluice_settings_do_and_follows_a_r
         eventually(SWAP_WITHIN, || async { users().await == 2 }).await,
         "the swap of RUNTIME_ROOT was followed"
     );
+}
+
+/// Envoy Gateway's Deployment runs `/bin/ratelimit` with the reference's variables and no
+/// `SLUICE_COMPAT`; AI Gateway adds an argument the reference ignores. Invoked under that name the
+/// binary reads the reference's environment, logs the argument as ignored, and serves.
+#[tokio::test]
+async fn invoked_as_ratelimit_it_serves_the_references_environment_and_ignores_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime(dir.path());
+    let ratelimit = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &ratelimit).unwrap();
+    let current = dir.path().join("current");
+    let mut vars: Vec<_> = reference_env(&current)
+        .into_iter()
+        .filter(|(k, _)| *k != "SLUICE_COMPAT")
+        .collect();
+    vars.push(("RUNTIME_IGNOREDOTFILES", "true"));
+    let junk = "--quotaRateLimitServiceAddr=x";
+    let (server, log) = spawn_as(&ratelimit, &[junk], &vars);
+    assert!(
+        log.iter()
+            .any(|l| l.contains("arguments are ignored") && l.contains(junk)),
+        "{log:#?}"
+    );
+    let (status, body) = http_get(server.admin, "/healthcheck").await;
+    assert_eq!((status, body.as_str()), (200, "OK"));
+    // The reference's runtime layout was read: its policies decide.
+    let answer = client(server.grpc)
+        .await
+        .should_rate_limit(single("mongo_cps", "database", "users"))
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = answer.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit);
+    assert_eq!(limit, Some(500), "{answer:?}");
+    // The same binary under its own name still wants its command line.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg(junk)
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
 #[test]
