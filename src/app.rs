@@ -1,4 +1,5 @@
-//! The composition root: loads policies, binds both listeners, builds the backend and the
+//! The composition root: loads policies, binds the listeners (gRPC, admin, and the optional
+//! metrics and debug ones), builds the backend and the
 //! decider, runs the servers and the background tasks (the store sweep, the Redis connection,
 //! the heartbeat and local-store sweep of `on_backend_error: local`, the policy reloader), and
 //! sequences shutdown. `sluice serve` and the integration tests share all of it; tests bind
@@ -42,7 +43,7 @@ pub enum AppError {
     /// A listener could not be bound.
     #[error("cannot listen for {what} on {addr}: {source}")]
     Bind {
-        /// `gRPC` or `admin`.
+        /// `gRPC`, `admin`, `metrics` or `debug`.
         what: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -111,6 +112,10 @@ pub struct App {
     settings: Settings,
     grpc: TcpListener,
     admin: TcpListener,
+    /// The metrics listener and the path it serves the Prometheus text at, when on.
+    metrics_listener: Option<(TcpListener, String)>,
+    /// The debug listener (`/rlconfig`), when on.
+    debug: Option<TcpListener>,
     policies: PolicyHandle,
     backend: Backend,
     /// With a Redis backend: the mode, the decision counts and the local store.
@@ -168,6 +173,14 @@ impl App {
         }
         let grpc = bind("gRPC", settings.grpc_addr).await?;
         let admin = bind("admin", settings.admin_addr).await?;
+        let metrics_listener = match &settings.metrics_listener {
+            Some((addr, path)) => Some((bind("metrics", *addr).await?, path.clone())),
+            None => None,
+        };
+        let debug = match settings.debug_addr {
+            Some(addr) => Some(bind("debug", addr).await?),
+            None => None,
+        };
         let backend = match &settings.backend {
             BackendSettings::Memory { max_keys, .. } => {
                 Backend::memory(MemoryStore::with_max_keys(*max_keys), Arc::clone(&clock))
@@ -208,6 +221,8 @@ impl App {
             settings,
             grpc,
             admin,
+            metrics_listener,
+            debug,
             tls,
         })
     }
@@ -236,6 +251,20 @@ impl App {
             .expect("bound listener has an address")
     }
 
+    /// The bound metrics address, when the metrics listener is on.
+    #[must_use]
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// The bound debug address, when the debug listener is on.
+    #[must_use]
+    pub fn debug_addr(&self) -> Option<SocketAddr> {
+        self.debug.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// The backend the app counts in.
     #[must_use]
     pub fn backend(&self) -> &Backend {
@@ -257,6 +286,7 @@ impl App {
     /// [`AppError::Serve`] when a server fails while running.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
         let (grpc_addr, admin_addr) = (self.grpc_addr(), self.admin_addr());
+        let (metrics_addr, debug_addr) = (self.metrics_addr(), self.debug_addr());
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let health = Health::new(reporter, self.settings.rlqs.is_some());
         let stop = CancellationToken::new();
@@ -266,6 +296,8 @@ impl App {
             settings,
             grpc,
             admin,
+            metrics_listener,
+            debug,
             policies,
             backend,
             local,
@@ -291,7 +323,23 @@ impl App {
             health_service,
             &stop,
         );
-        let admin = start_admin(admin, &settings, admin_state, &stop);
+        let mut extra = Vec::new();
+        if let Some((listener, path)) = metrics_listener {
+            let router = admin::metrics_router(admin_state.clone(), &path);
+            extra.push((
+                "metrics",
+                start_http(listener, "metrics", &settings, router, &stop),
+            ));
+        }
+        if let Some(listener) = debug {
+            let router = admin::debug_router(admin_state.clone());
+            extra.push((
+                "debug",
+                start_http(listener, "debug", &settings, router, &stop),
+            ));
+        }
+        let router = admin::router(admin_state, settings.max_request_bytes);
+        let admin = start_http(admin, "admin", &settings, router, &stop);
         let redis = redis_of(&backend);
         let mut tasks = JoinSet::new();
         start_counting_tasks(
@@ -315,11 +363,23 @@ impl App {
             .with_options(load_options(&settings));
         tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
         health.set(true).await;
-        tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
-        let mut servers = Servers { grpc, admin };
+        tracing::info!(
+            grpc = %grpc_addr,
+            admin = %admin_addr,
+            metrics = %Listening(metrics_addr),
+            debug = %Listening(debug_addr),
+            "serving"
+        );
+        let mut servers = Servers { grpc, admin, extra };
         let failure = servers.until_stopped(shutdown).await;
         shut_down(&settings, &health, failure.is_none(), stop, async {
-            let _ = tokio::join!(servers.grpc, servers.admin, tasks.join_all());
+            let extra = servers.extra.into_iter().map(|(_, task)| task);
+            let _ = tokio::join!(
+                servers.grpc,
+                servers.admin,
+                futures_util::future::join_all(extra),
+                tasks.join_all()
+            );
         })
         .await;
         if let Some(traces) = traces {
@@ -358,19 +418,41 @@ impl App {
 /// A server's task: it ends only when stopped, or on a failure.
 type ServerTask = JoinHandle<Result<(), Infallible>>;
 
-/// The two servers' tasks.
+/// An optional listener's address in the "serving" line: the address, or `off`.
+struct Listening(Option<SocketAddr>);
+
+impl std::fmt::Display for Listening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(addr) => addr.fmt(f),
+            None => f.write_str("off"),
+        }
+    }
+}
+
+/// The servers' tasks: gRPC, admin, and the optional metrics and debug listeners.
 struct Servers {
     grpc: ServerTask,
     admin: ServerTask,
+    extra: Vec<(&'static str, ServerTask)>,
 }
 
 impl Servers {
     /// Waits for `shutdown`, or for a server to end on its own, which is a failure.
     async fn until_stopped(&mut self, shutdown: impl Future<Output = ()>) -> Option<AppError> {
+        let extra = async {
+            if self.extra.is_empty() {
+                return std::future::pending().await;
+            }
+            let (r, i, _) =
+                futures_util::future::select_all(self.extra.iter_mut().map(|(_, t)| t)).await;
+            (i, r)
+        };
         tokio::select! {
             () = shutdown => None,
             r = &mut self.grpc => Some(AppError::Serve { what: "gRPC", source: stopped(r) }),
             r = &mut self.admin => Some(AppError::Serve { what: "admin", source: stopped(r) }),
+            (i, r) = extra => Some(AppError::Serve { what: self.extra[i].0, source: stopped(r) }),
         }
     }
 }
@@ -405,17 +487,19 @@ fn start_grpc(
     ))
 }
 
-/// Starts the admin server on `listener`, within the port's connection bounds.
-fn start_admin(
+/// Starts the admin server's code on `listener` (the admin port, or the metrics or debug
+/// listener, `what`) with `router`, within the admin port's connection bounds.
+fn start_http(
     listener: TcpListener,
+    what: &'static str,
     settings: &Settings,
-    state: AdminState,
+    router: axum::Router,
     stop: &CancellationToken,
 ) -> ServerTask {
-    let incoming = CappedListener::new(listener, "admin", settings.admin.max_connections);
+    let incoming = CappedListener::new(listener, what, settings.admin.max_connections);
     tokio::spawn(admin::serve_admin(
         incoming,
-        admin::router(state, settings.max_request_bytes),
+        router,
         settings.admin.header_read_timeout,
         stop.clone(),
     ))

@@ -3,7 +3,9 @@
 //! Names follow envoyproxy/ratelimit's Prometheus mapping where one exists (so dashboards work),
 //! else the `sluice_` prefix. Label values come from configuration; request values appear only for
 //! rules with `detailed_metric` or `value_to_metric`, under a cap on series past which they count
-//! as `_other`, so a client rotating values cannot grow memory. The recorder is global;
+//! as `_other`, so a client rotating values cannot grow memory. Label values of rules are
+//! sanitised as the reference sanitises its stat names ([`sanitize`]), so the series match its
+//! Prometheus mapping's (Envoy Gateway's e2e reads them). The recorder is global;
 //! [`Metrics::install`] is idempotent so tests can start many servers in one process.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +38,13 @@ pub const SPEND_RECORDED: &str = "sluice_spend_recorded_total";
 pub const SPEND_OVER_LIMIT: &str = "sluice_spend_over_limit_total";
 /// Descriptors of requests for a domain no policy defines.
 pub const DOMAIN_NOT_FOUND: &str = "ratelimit_service_rate_limit_domain_not_found";
+/// `ShouldRateLimit` calls that failed, by `err_type`: `service_error` (the request could not be
+/// decided as sent) or `redis_error` (the backend could not decide).
+pub const SHOULD_RATE_LIMIT_ERROR: &str = "ratelimit_service_should_rate_limit_error";
+/// gRPC calls by `grpc_method` (`ShouldRateLimit`).
+pub const TOTAL_REQUESTS: &str = "ratelimit_service_total_requests";
+/// Time to answer a gRPC call, from its headers to its answer, by `grpc_method`.
+pub const RESPONSE_TIME: &str = "ratelimit_service_response_time_seconds";
 /// Successful policy loads (startup and reloads).
 pub const CONFIG_LOAD_SUCCESS: &str = "ratelimit_service_config_load_success";
 /// Failed policy loads.
@@ -126,7 +135,18 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 43] = [
+const FAMILIES: [(&str, Kind, &str); 46] = [
+    (
+        SHOULD_RATE_LIMIT_ERROR,
+        Kind::Counter,
+        "ShouldRateLimit calls that failed, by err_type: service_error (the request could not be decided as sent), redis_error (the backend could not decide).",
+    ),
+    (TOTAL_REQUESTS, Kind::Counter, "gRPC calls, by grpc_method."),
+    (
+        RESPONSE_TIME,
+        Kind::Histogram,
+        "Time to answer a gRPC call, from its headers to its answer, by grpc_method.",
+    ),
     (
         TRACING_EXPORTED,
         Kind::Counter,
@@ -314,7 +334,9 @@ const FAMILIES: [(&str, Kind, &str); 43] = [
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 19] = [
+const RECORDED: [&str; 21] = [
+    SHOULD_RATE_LIMIT_ERROR,
+    TOTAL_REQUESTS,
     TOTAL_HITS,
     OVER_LIMIT,
     NEAR_LIMIT,
@@ -476,6 +498,9 @@ pub const DEFAULT_NEAR_LIMIT_RATIO: f64 = 0.8;
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// The `grpc_method` of `ShouldRateLimit`'s series, as the reference's stats name it.
+const SHOULD_RATE_LIMIT_METHOD: &str = "ShouldRateLimit";
+
 /// The counters of one rule (one label set).
 #[derive(Clone, Debug)]
 struct RuleCounters {
@@ -491,9 +516,9 @@ struct RuleCounters {
 impl RuleCounters {
     fn new(domain: &str, key1: &str, key2: &str) -> Self {
         let labels = [
-            ("domain", domain.to_string()),
-            ("key1", key1.to_string()),
-            ("key2", key2.to_string()),
+            ("domain", sanitize(domain)),
+            ("key1", sanitize(key1)),
+            ("key2", sanitize(key2)),
         ];
         Self {
             total: metrics::counter!(TOTAL_HITS, &labels),
@@ -515,6 +540,11 @@ pub struct Metrics {
     over_limit: Counter,
     invalid: Counter,
     backend_errors: Counter,
+    service_error: Counter,
+    redis_error: Counter,
+    /// `ShouldRateLimit` calls, and the time each took end to end.
+    should_rate_limit_calls: Counter,
+    should_rate_limit_time: LatencyHistogram,
     /// Our own atomics, not the recorder's histogram, which keeps every sample until a scrape
     /// drains it: memory that grows with traffic when nobody scrapes.
     duration: LatencyHistogram,
@@ -560,6 +590,10 @@ impl Metrics {
             over_limit: metrics::counter!(DECISIONS, "result" => "over_limit"),
             invalid: metrics::counter!(DECISIONS, "result" => "invalid"),
             backend_errors: metrics::counter!(DECISIONS, "result" => "backend_error"),
+            service_error: metrics::counter!(SHOULD_RATE_LIMIT_ERROR, "err_type" => "service_error"),
+            redis_error: metrics::counter!(SHOULD_RATE_LIMIT_ERROR, "err_type" => "redis_error"),
+            should_rate_limit_calls: metrics::counter!(TOTAL_REQUESTS, "grpc_method" => SHOULD_RATE_LIMIT_METHOD),
+            should_rate_limit_time: LatencyHistogram::default(),
             duration: LatencyHistogram::default(),
             rules: DashMap::default(),
             detailed: DashMap::new(),
@@ -609,7 +643,15 @@ impl Metrics {
         family(
             &mut out,
             DECISION_DURATION,
-            &histogram_samples(&self.duration.snapshot()),
+            &histogram_samples(&self.duration.snapshot(), ""),
+        );
+        family(
+            &mut out,
+            RESPONSE_TIME,
+            &histogram_samples(
+                &self.should_rate_limit_time.snapshot(),
+                &format!("grpc_method=\"{SHOULD_RATE_LIMIT_METHOD}\""),
+            ),
         );
         match stats {
             Stats::Memory(store) => render_store(&mut out, store),
@@ -642,15 +684,29 @@ impl Metrics {
         }
     }
 
-    /// Counts a request by its result.
+    /// Counts a request by its result; a failed one also as the reference's
+    /// `should_rate_limit_error` (`service_error` for input it refuses, `redis_error` for a
+    /// backend that cannot decide).
     pub fn request(&self, outcome: RequestOutcome) {
         match outcome {
             RequestOutcome::Ok => &self.ok,
             RequestOutcome::OverLimit => &self.over_limit,
-            RequestOutcome::Invalid => &self.invalid,
-            RequestOutcome::BackendError => &self.backend_errors,
+            RequestOutcome::Invalid => {
+                self.service_error.increment(1);
+                &self.invalid
+            }
+            RequestOutcome::BackendError => {
+                self.redis_error.increment(1);
+                &self.backend_errors
+            }
         }
         .increment(1);
+    }
+
+    /// Records one `ShouldRateLimit` call on the gRPC port, answered after `took`.
+    pub fn should_rate_limit_called(&self, took: Duration) {
+        self.should_rate_limit_calls.increment(1);
+        self.should_rate_limit_time.record(took);
     }
 
     /// Records the time one decided request took.
@@ -700,7 +756,7 @@ impl Metrics {
         let c = self
             .unknown_domains
             .entry(label.to_string())
-            .or_insert_with(|| metrics::counter!(DOMAIN_NOT_FOUND, "domain" => label.to_string()));
+            .or_insert_with(|| metrics::counter!(DOMAIN_NOT_FOUND, "domain" => sanitize(label)));
         c.increment(descriptors);
     }
 
@@ -868,7 +924,7 @@ fn render_redis(out: &mut String, redis: &RedisFigures) {
     })
     .collect();
     family(out, REDIS_BREAKER, &states);
-    family(out, REDIS_LATENCY, &histogram_samples(&redis.latency));
+    family(out, REDIS_LATENCY, &histogram_samples(&redis.latency, ""));
 }
 
 fn render_lease(out: &mut String, lease: &LeaseFigures) {
@@ -918,21 +974,71 @@ fn render_mode(
     }
 }
 
-/// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`.
-fn histogram_samples(h: &LatencySnapshot) -> Vec<(String, String)> {
+/// A histogram's sample lines: cumulative `_bucket`s, `_sum`, `_count`, each with `labels`
+/// (`name="value",...`, or empty) first.
+fn histogram_samples(h: &LatencySnapshot, labels: &str) -> Vec<(String, String)> {
     let (counts, sum) = (h.counts, h.sum_seconds);
     let mut cumulative = 0;
     let mut samples = Vec::with_capacity(counts.len() + 2);
+    let (first, braced) = if labels.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (format!("{labels},"), format!("{{{labels}}}"))
+    };
     for (i, count) in counts.iter().enumerate() {
         cumulative += count;
         let le = histogram::BUCKETS
             .get(i)
             .map_or_else(|| "+Inf".to_string(), ToString::to_string);
-        samples.push((format!("_bucket{{le=\"{le}\"}}"), cumulative.to_string()));
+        samples.push((
+            format!("_bucket{{{first}le=\"{le}\"}}"),
+            cumulative.to_string(),
+        ));
     }
-    samples.push(("_sum".into(), sum.to_string()));
-    samples.push(("_count".into(), cumulative.to_string()));
+    samples.push((format!("_sum{braced}"), sum.to_string()));
+    samples.push((format!("_count{braced}"), cumulative.to_string()));
     samples
+}
+
+/// A label value as envoyproxy/ratelimit's `SanitizeStatName` leaves a stat name: `:` and `|`
+/// become `_`, then the dots of every IPv4 address in it (four runs of 1 to 3 ASCII digits
+/// joined by dots, found left to right as Go's regexp finds `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
+/// become `_`: `masked_remote_address_0.0.0.0/0` → `masked_remote_address_0_0_0_0/0`.
+#[must_use]
+pub fn sanitize(value: &str) -> String {
+    let mut out: Vec<u8> = value
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let digits = |s: &[u8], at: usize| s[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut i = 0;
+    while i < out.len() {
+        // An address starting at i: three runs of 1 to 3 digits each followed by a dot (a
+        // shorter prefix of a run would be followed by a digit), then the greedy last run.
+        let mut at = i;
+        let mut dots = [0; 3];
+        let mut found = true;
+        for dot in &mut dots {
+            let n = digits(&out, at);
+            if !(1..=3).contains(&n) || out.get(at + n) != Some(&b'.') {
+                found = false;
+                break;
+            }
+            *dot = at + n;
+            at += n + 1;
+        }
+        let last = if found { digits(&out, at).min(3) } else { 0 };
+        if last == 0 {
+            i += 1;
+            continue;
+        }
+        for dot in dots {
+            out[dot] = b'_';
+        }
+        i = at + last;
+    }
+    // Only ASCII bytes were replaced by ASCII bytes: still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|_| value.to_owned())
 }
 
 /// Tells the recorder the description of every family it records.
@@ -967,6 +1073,105 @@ mod tests {
                 remaining: 1,
                 burst: 2,
             });
+        }
+    }
+
+    #[test]
+    fn label_values_are_sanitised_as_the_references_stat_names() {
+        for (value, sanitised) in [
+            (
+                "masked_remote_address_0.0.0.0/0",
+                "masked_remote_address_0_0_0_0/0",
+            ),
+            (
+                "masked_remote_address_invert:192.0.2.0/24",
+                "masked_remote_address_invert_192_0_2_0/24",
+            ),
+            ("header_x-user-id_one", "header_x-user-id_one"),
+            ("a|b:c", "a_b_c"),
+            // Go's leftmost match: the first digit of a four-digit run cannot start one.
+            ("1234.5.6.7", "1234_5_6_7"),
+            ("v1.2.3", "v1.2.3"),
+            ("1.2.3.4.5.6.7.8", "1_2_3_4.5_6_7_8"),
+            ("10.0.0.1234", "10_0_0_1234"),
+            ("ip_10.1.2.3,x", "ip_10_1_2_3,x"),
+            ("ünï.1.2.3.4", "ünï.1_2_3_4"),
+            ("", ""),
+        ] {
+            assert_eq!(sanitize(value), sanitised, "{value}");
+        }
+    }
+
+    /// The three series Envoy Gateway's e2e reads, from the descriptor trees it generates
+    /// (route entry key = value = route name, then the CIDR or header match): over-limit hits
+    /// render under the sanitised `key2`.
+    #[test]
+    fn envoy_gateways_e2e_series_render_with_sanitised_labels() {
+        let metrics = Metrics::install(10);
+        let route = "httproute/gateway-conformance-infra/http-ratelimit/rule/0/match/0/eg";
+        let policy = format!(
+            "domain: gateway-conformance-infra/eg-rate-limit/http\ndescriptors:\n  - key: {route}\n    value: {route}\n    descriptors:\n      - key: masked_remote_address\n        value: 0.0.0.0/0\n        rate_limit: {{unit: hour, requests_per_unit: 3}}\n      - key: masked_remote_address\n        value: invert:192.0.2.0/24\n        rate_limit: {{unit: hour, requests_per_unit: 3}}\n      - key: header_x-user-id\n        value: one\n        rate_limit: {{unit: hour, requests_per_unit: 3}}\n"
+        );
+        let set = load_str(&[("eg.yaml", &policy)]).unwrap();
+        let domain = "gateway-conformance-infra/eg-rate-limit/http";
+        for rule in set.domain(domain).unwrap().rules() {
+            metrics.rule_hit(&RuleHit {
+                domain,
+                rule,
+                values: [None, None],
+                depth: 2,
+                hits: 1,
+                spent: false,
+                denied: true,
+                remaining: 0,
+                burst: 3,
+            });
+        }
+        let text = metrics.render(
+            &Stats::Memory(StoreStats {
+                keys: 0,
+                max_keys: 1,
+                evictions: 0,
+            }),
+            None,
+            None,
+        );
+        for key2 in [
+            "masked_remote_address_0_0_0_0/0",
+            "masked_remote_address_invert_192_0_2_0/24",
+            "header_x-user-id_one",
+        ] {
+            let series = format!(
+                "{OVER_LIMIT}{{domain=\"{domain}\",key1=\"{route}_{route}\",key2=\"{key2}\"}} 1"
+            );
+            assert!(text.contains(&series), "{series} not in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn should_rate_limit_calls_render_by_grpc_method() {
+        let metrics = Metrics::install(10);
+        metrics.should_rate_limit_called(Duration::from_millis(3));
+        metrics.request(RequestOutcome::BackendError);
+        metrics.request(RequestOutcome::Invalid);
+        let text = metrics.render(
+            &Stats::Memory(StoreStats {
+                keys: 0,
+                max_keys: 1,
+                evictions: 0,
+            }),
+            None,
+            None,
+        );
+        for line in [
+            "# TYPE ratelimit_service_response_time_seconds histogram",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"} 1",
+            "ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"} 1",
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}",
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"}",
+            "ratelimit_service_should_rate_limit_error{err_type=\"service_error\"}",
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
         }
     }
 

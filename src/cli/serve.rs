@@ -43,6 +43,9 @@ fn serve(config: Option<&Path>, overrides: &Overrides, ignored: Option<&[OsStrin
             "invoked as ratelimit: envoyproxy/ratelimit's environment is read, arguments are ignored"
         );
     }
+    for line in settings.summary() {
+        tracing::info!("{line}");
+    }
     tracing::debug!(?settings, "settings");
     for warning in &settings.compat_warnings {
         tracing::warn!(compat = "envoy-ratelimit", "{warning}");

@@ -351,6 +351,12 @@ impl Decider {
         }
     }
 
+    /// The metrics it records into, for what its transports count around it.
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Counts a request that could not even be read (a transport's decoding failed).
     pub fn count_malformed(&self) {
         self.metrics.request(RequestOutcome::Invalid);

@@ -1,6 +1,9 @@
 //! The HTTP admin port, envoyproxy/ratelimit's surface: `GET /healthcheck`, `GET /metrics`,
 //! `POST /json` (a request decided like a gRPC call) and `GET /rlconfig`, routed by [`router`]
-//! and served over HTTP/1 by [`serve_admin`], which holds a header-read deadline.
+//! and served over HTTP/1 by [`serve_admin`], which holds a header-read deadline. The same
+//! server serves the two optional listeners the reference has beside it: the Prometheus text
+//! alone ([`metrics_router`], its `PROMETHEUS_ADDR`) and `/rlconfig` alone ([`debug_router`], its
+//! debug port).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +51,18 @@ pub(crate) fn router(state: AdminState, max_body_bytes: usize) -> Router {
         .route("/json", post(decide_json))
         .route("/rlconfig", get(rlconfig))
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// The metrics listener's one route: the Prometheus text at `path` (a plain absolute path).
+pub(crate) fn metrics_router(state: AdminState, path: &str) -> Router {
+    Router::new().route(path, get(metrics)).with_state(state)
+}
+
+/// The debug listener's route: `GET /rlconfig`, as on the admin port.
+pub(crate) fn debug_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/rlconfig", get(rlconfig))
         .with_state(state)
 }
 

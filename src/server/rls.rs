@@ -26,6 +26,11 @@ impl RateLimitHandler {
         self.decider.count_malformed();
     }
 
+    /// Records a `ShouldRateLimit` call answered (or failed) after `took`.
+    pub(crate) fn called(&self, took: std::time::Duration) {
+        self.decider.metrics().should_rate_limit_called(took);
+    }
+
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
     /// With tracing on, what was asked and answered goes on the call's `span`.
     pub(crate) async fn answer(

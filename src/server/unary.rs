@@ -79,6 +79,7 @@ impl ShouldRateLimit {
             // The generated server's answer to a method the service does not have.
             return Status::unimplemented("").into_http();
         }
+        let started = std::time::Instant::now();
         let mut span = self.tracer.as_ref().map(|tracer| {
             let headers = req.headers();
             tracer.start(TRACED_METHOD, |name| {
@@ -92,6 +93,7 @@ impl ShouldRateLimit {
             encode(&self.handler.answer(request, span.as_deref_mut()).await?)
         };
         let answered = answered.await;
+        self.handler.called(started.elapsed());
         if let Some(span) = &mut span {
             match &answered {
                 Ok(_) => span.grpc_status(0),

@@ -94,6 +94,11 @@ impl Written {
             settings = layered(Some(&mapped))?;
             settings.compat = Compat::EnvoyRatelimit;
             settings.compat_warnings = mapped.warnings;
+            setting_names(
+                &serde_json::Value::Object(mapped.overrides),
+                "",
+                &mut settings.compat_set,
+            );
             default_socket = mapped.default_socket;
         }
         if let Some(p) = &flags.policies {
@@ -267,6 +272,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("GRPC_PORT"), "{err}");
+    }
+
+    /// Envoy Gateway's tracing variables, through every layer and validated: OTLP over HTTP to
+    /// the collector's URL, as the reference exports them.
+    #[test]
+    fn envoy_gateways_tracing_exports_over_http_to_its_endpoint() {
+        let vars = env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("USE_STATSD", "false"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SAMPLING_RATE", "0.5"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.monitoring:4318",
+            ),
+        ]);
+        let s = Written::load_with_env(None, &Overrides::default(), vars)
+            .unwrap()
+            .validate()
+            .unwrap();
+        let t = s.tracing.expect("tracing on");
+        assert_eq!(t.protocol, crate::traces::Protocol::Http);
+        assert_eq!(t.endpoint, "http://otel-collector.monitoring:4318");
+        assert!((t.sampling_ratio - 0.5).abs() < f64::EPSILON);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod compat;
 mod layers;
+mod summary;
 mod validate;
 mod written;
 
@@ -84,6 +85,11 @@ pub struct Settings {
     pub grpc_tls: Option<GrpcTls>,
     /// Bounds on the admin port's connections.
     pub admin: AdminLimits,
+    /// The metrics listener: its address and the path of the Prometheus text; `None` when
+    /// `metrics.addr` is unset.
+    pub metrics_listener: Option<(SocketAddr, String)>,
+    /// The debug listener (`/rlconfig`); `None` when `admin.debug_addr` is unset.
+    pub debug_addr: Option<SocketAddr>,
     /// Envoy's Rate Limit Quota Service; `None` when `rlqs.enabled` is false.
     pub rlqs: Option<crate::quota::QuotaSettings>,
     /// Trace export; `None` when `tracing.enabled` is false.
@@ -91,6 +97,8 @@ pub struct Settings {
     /// Reference variables (`compat`) read but not acted on, each with why: logged at
     /// startup as warnings.
     pub compat_warnings: Vec<String>,
+    /// The settings the reference's variables (`compat`) set, by dotted name, for the log.
+    pub compat_set: Vec<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold.
@@ -210,6 +218,11 @@ pub enum SettingsError {
         /// What it needs as well.
         needs: &'static str,
     },
+    /// `metrics.path` that is not a plain absolute path.
+    #[error(
+        "invalid settings: metrics.path {0:?} must start with / and hold none of {{ }} * (a plain path)"
+    )]
+    MetricsPath(String),
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),

@@ -88,6 +88,10 @@ impl Written {
             return Err(SettingsError::IdleBeforeRequestTimeout);
         }
         let grpc_tls = grpc_tls(&g.tls)?;
+        let path = &self.metrics.path;
+        if !path.starts_with('/') || path.contains(['{', '}', '*']) {
+            return Err(SettingsError::MetricsPath(path.clone()));
+        }
         let ratio = self.metrics.near_limit_ratio;
         if !(0.0..=1.0).contains(&ratio) {
             return Err(SettingsError::NearLimitRatio(ratio));
@@ -204,6 +208,8 @@ impl Written {
                 max_connections: self.admin.max_connections,
                 header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
             },
+            metrics_listener: self.metrics.addr.map(|a| (a, self.metrics.path.clone())),
+            debug_addr: self.admin.debug_addr,
             tracing,
             rlqs: self.rlqs.enabled.then(|| crate::quota::QuotaSettings {
                 assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
@@ -212,6 +218,7 @@ impl Written {
                 max_streams_per_connection: self.rlqs.max_streams_per_connection,
             }),
             compat_warnings: self.compat_warnings,
+            compat_set: self.compat_set,
         })
     }
 }
@@ -606,6 +613,27 @@ mod tests {
         raw.metrics.near_limit_ratio = 1.5;
         let err = raw.validate().unwrap_err().to_string();
         assert!(err.contains("metrics.near_limit_ratio"), "{err}");
+    }
+
+    #[test]
+    fn the_metrics_and_debug_listeners_are_off_unless_given_and_the_path_is_plain() {
+        let s = Written::default().validate().unwrap();
+        assert_eq!((s.metrics_listener, s.debug_addr), (None, None));
+        let mut raw = Written::default();
+        raw.metrics.addr = Some("0.0.0.0:19001".parse().unwrap());
+        raw.metrics.path = "/stats/prometheus".into();
+        raw.admin.debug_addr = Some("127.0.0.1:6070".parse().unwrap());
+        let s = raw.clone().validate().unwrap();
+        assert_eq!(
+            s.metrics_listener,
+            Some(("0.0.0.0:19001".parse().unwrap(), "/stats/prometheus".into()))
+        );
+        assert_eq!(s.debug_addr, Some("127.0.0.1:6070".parse().unwrap()));
+        for bad in ["metrics", "/{x}", "/*rest", ""] {
+            raw.metrics.path = bad.into();
+            let err = raw.clone().validate().unwrap_err().to_string();
+            assert!(err.contains("metrics.path"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub struct Written {
     /// What the `compat` variables asked for that is not acted on, for the log. Not a setting.
     #[serde(skip)]
     pub compat_warnings: Vec<String>,
+    /// The settings the `compat` variables set (dotted names), for the log. Not a setting.
+    #[serde(skip)]
+    pub compat_set: Vec<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold; and its TLS.
@@ -170,7 +173,8 @@ impl Default for GrpcSection {
     }
 }
 
-/// Bounds on the admin port.
+/// Bounds on the admin port (and the metrics and debug listeners, which share its server), and
+/// the debug listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminSection {
@@ -179,6 +183,9 @@ pub struct AdminSection {
     /// Longest a connection may take to send a complete request head (for its first request,
     /// or the next one on a kept-alive connection) before it is closed, in milliseconds.
     pub header_read_timeout_ms: u64,
+    /// A listener of its own serving only `GET /rlconfig` (envoyproxy/ratelimit's debug port,
+    /// where `egctl config envoy-ratelimit` looks); unset: none (the admin port serves it too).
+    pub debug_addr: Option<SocketAddr>,
 }
 
 impl Default for AdminSection {
@@ -186,6 +193,7 @@ impl Default for AdminSection {
         Self {
             max_connections: 256,
             header_read_timeout_ms: 5_000,
+            debug_addr: None,
         }
     }
 }
@@ -423,9 +431,14 @@ impl RedisSection {
 }
 
 /// Metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSection {
+    /// A listener of its own serving the Prometheus text at `path` (as envoyproxy/ratelimit's
+    /// `PROMETHEUS_ADDR`); unset: none. The admin port's `/metrics` serves it either way.
+    pub addr: Option<SocketAddr>,
+    /// The path the Prometheus text is served at on `addr`.
+    pub path: String,
     /// Most series whose labels carry request values (`detailed_metric`, `value_to_metric`,
     /// unknown domains); past it they are counted under `_other`.
     pub max_detailed_series: usize,
@@ -437,6 +450,8 @@ pub struct MetricsSection {
 impl Default for MetricsSection {
     fn default() -> Self {
         Self {
+            addr: None,
+            path: "/metrics".into(),
             max_detailed_series: 1_000,
             near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
         }
@@ -534,6 +549,7 @@ impl Default for Written {
             admin: AdminSection::default(),
             rlqs: RlqsSection::default(),
             compat_warnings: Vec::new(),
+            compat_set: Vec::new(),
         }
     }
 }

@@ -94,6 +94,7 @@ class ReferenceEnvironment(unittest.TestCase):
         self.reference = Sluice({
             "SLUICE_COMPAT": "envoy-ratelimit",
             "HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0",
+            "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0", "PROMETHEUS_ADDR": "127.0.0.1:0",
             "LOG_FORMAT": "json", "LOG_LEVEL": "info",
             "RUNTIME_ROOT": current, "RUNTIME_SUBDIRECTORY": "ratelimit",
             "RUNTIME_IGNOREDOTFILES": "true", "RUNTIME_WATCH_ROOT": "true",

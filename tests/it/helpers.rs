@@ -21,6 +21,9 @@ use tonic::transport::Channel;
 pub struct TestServer {
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
+    /// The metrics and debug listeners, when on.
+    pub metrics: Option<SocketAddr>,
+    pub debug: Option<SocketAddr>,
     pub clock: Arc<ManualClock>,
     /// The memory backend's store (an empty one when counting in Redis).
     pub store: Arc<MemoryStore>,
@@ -69,6 +72,7 @@ impl TestServer {
             Backend::Redis(_) | Backend::Leased(_) => Arc::new(MemoryStore::new()),
         };
         let (grpc, admin) = (app.grpc_addr(), app.admin_addr());
+        let (metrics, debug) = (app.metrics_addr(), app.debug_addr());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async {
             let _ = stopped.await;
@@ -88,6 +92,8 @@ impl TestServer {
         Self {
             grpc,
             admin,
+            metrics,
+            debug,
             clock,
             store,
             client,

@@ -590,6 +590,49 @@ async fn counters_after_known_traffic() {
     );
 }
 
+/// envoyproxy/ratelimit's two listeners beside its HTTP port: the Prometheus text alone at its
+/// path, and `/rlconfig` alone; the admin port keeps serving both.
+#[tokio::test]
+async fn the_metrics_and_debug_listeners_serve_their_one_thing() {
+    let policy = [(
+        "l.yaml",
+        "domain: listeners\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )];
+    let s = TestServer::start_with(&policy, |settings| {
+        settings.metrics.addr = Some("127.0.0.1:0".parse().unwrap());
+        settings.metrics.path = "/prom".into();
+        settings.admin.debug_addr = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let (metrics, debug) = (s.metrics.unwrap(), s.debug.unwrap());
+    s.ok(single("listeners", "k", "v")).await;
+    let (status, text) = http_get(metrics, "/prom").await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(
+            "ratelimit_service_rate_limit_within_limit{domain=\"listeners\",key1=\"k\",key2=\"\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"));
+    for (addr, path) in [
+        (metrics, "/metrics"),
+        (metrics, "/rlconfig"),
+        (debug, "/metrics"),
+        (debug, "/healthcheck"),
+    ] {
+        assert_eq!(http_get(addr, path).await.0, 404, "{addr}{path}");
+    }
+    let (status, listed) = http_get(debug, "/rlconfig").await;
+    assert_eq!(status, 200);
+    assert_eq!(listed, http_get(s.admin, "/rlconfig").await.1);
+    assert!(listed.starts_with("listeners.k: unit=MINUTE"), "{listed}");
+    assert_eq!(http_get(s.admin, "/metrics").await.0, 200);
+    // Off by default.
+    let plain = TestServer::start(&policy).await;
+    assert_eq!((plain.metrics, plain.debug), (None, None));
+}
+
 #[tokio::test]
 async fn request_valued_series_are_capped() {
     let s = TestServer::start_with(
@@ -608,10 +651,10 @@ async fn request_valued_series_are_capped() {
             "ratelimit_service_rate_limit_total_hits{{domain=\"metrics-detailed\",key1=\"{key1}\",key2=\"\"}}"
         )
     };
-    assert_eq!(metric(s.admin, &series("ip_10.0.0.1")).await, Some(2.0));
-    assert_eq!(metric(s.admin, &series("ip_10.0.0.2")).await, Some(1.0));
+    assert_eq!(metric(s.admin, &series("ip_10_0_0_1")).await, Some(2.0));
+    assert_eq!(metric(s.admin, &series("ip_10_0_0_2")).await, Some(1.0));
     assert_eq!(
-        metric(s.admin, &series("ip_10.0.0.3")).await,
+        metric(s.admin, &series("ip_10_0_0_3")).await,
         None,
         "past the cap"
     );

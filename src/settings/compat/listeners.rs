@@ -1,7 +1,9 @@
 //! Where sluice listens, from the reference's variables: `HOST`:`PORT` (its HTTP port, sluice's
-//! admin port) and `GRPC_HOST`:`GRPC_PORT`, a missing half taking the reference's default; the
-//! gRPC port's TLS and mTLS (read only with `GRPC_SERVER_USE_TLS=true`, as the reference does)
-//! and its connection age, written as Go durations.
+//! admin port), `GRPC_HOST`:`GRPC_PORT` and `DEBUG_HOST`:`DEBUG_PORT` (its debug port, on by
+//! default at 6070, sluice's `admin.debug_addr`), a missing half taking the reference's default;
+//! the gRPC port's TLS and mTLS (read only with `GRPC_SERVER_USE_TLS=true`, as the reference
+//! does) and its connection age, written as Go durations. `parse_go_addr` reads a Go listen
+//! address (`:9090`) for `PROMETHEUS_ADDR`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -13,14 +15,27 @@ use super::{CompatError, Env, Mapped, bad, unsupported_error};
 const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 const DEFAULT_PORT: u16 = 8080;
 const DEFAULT_GRPC_PORT: u16 = 8081;
+const DEFAULT_DEBUG_PORT: u16 = 6070;
 
-/// `HOST`:`PORT` (the HTTP port: sluice's admin port) and `GRPC_HOST`:`GRPC_PORT`.
+/// `HOST`:`PORT` (the HTTP port: sluice's admin port), `GRPC_HOST`:`GRPC_PORT` and
+/// `DEBUG_HOST`:`DEBUG_PORT` (the debug port, which the reference always opens: unset, its
+/// default goes beneath the settings file).
 pub(super) fn addresses(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     for (host, port, default_port, setting) in [
         ("HOST", "PORT", DEFAULT_PORT, "admin_addr"),
         ("GRPC_HOST", "GRPC_PORT", DEFAULT_GRPC_PORT, "grpc_addr"),
+        (
+            "DEBUG_HOST",
+            "DEBUG_PORT",
+            DEFAULT_DEBUG_PORT,
+            "admin.debug_addr",
+        ),
     ] {
         if !env.any_set(&[host, port]) {
+            if setting == "admin.debug_addr" {
+                let addr = SocketAddr::new(DEFAULT_HOST, DEFAULT_DEBUG_PORT);
+                m.beneath(setting, json!(addr.to_string()));
+            }
             continue;
         }
         let ip = match env.get(host) {
@@ -37,14 +52,24 @@ pub(super) fn addresses(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError
             .unwrap_or(default_port);
         m.set(setting, json!(SocketAddr::new(ip, port).to_string()));
     }
-    if env.any_set(&["DEBUG_HOST", "DEBUG_PORT"]) {
-        m.warn(
-            "DEBUG_HOST/DEBUG_PORT: there is no separate debug port; the admin port (HOST:PORT) \
-             serves /healthcheck, /json, /metrics and the loaded policies"
-                .into(),
-        );
-    }
     Ok(())
+}
+
+/// A Go listen address as `net.Listen` takes it (`:9090`, `0.0.0.0:9090`, `localhost:9090`,
+/// `[::1]:9090`): an empty host is every interface. `None` when it is not one.
+pub(super) fn parse_go_addr(text: &str) -> Option<SocketAddr> {
+    let (host, port) = text.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let ip = match host {
+        "" => DEFAULT_HOST,
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        h => h
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .ok()?,
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// `GRPC_SERVER_USE_TLS` with `GRPC_SERVER_TLS_CERT`/`_KEY`, `GRPC_CLIENT_TLS_CACERT` and
@@ -64,6 +89,14 @@ pub(super) fn grpc(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         }
         if let Some(ca) = env.get("GRPC_CLIENT_TLS_CACERT") {
             m.set("grpc.tls.client_ca_file", json!(ca));
+        } else if env.get("GRPC_SERVER_TLS_CA_CERT").is_some() {
+            // Envoy Gateway sets it; the reference has never read it.
+            m.warn(
+                "GRPC_SERVER_TLS_CA_CERT: not a variable of the reference, which does not read it; \
+                 the gRPC port serves TLS without asking for client certificates, as the reference \
+                 does under Envoy Gateway (GRPC_CLIENT_TLS_CACERT turns client-certificate checks on)"
+                    .into(),
+            );
         }
         if let Some(san) = env.get("GRPC_CLIENT_TLS_SAN") {
             if env.get("GRPC_CLIENT_TLS_CACERT").is_none() {
@@ -77,6 +110,7 @@ pub(super) fn grpc(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
     } else if env.any_set(&[
         "GRPC_SERVER_TLS_CERT",
         "GRPC_SERVER_TLS_KEY",
+        "GRPC_SERVER_TLS_CA_CERT",
         "GRPC_CLIENT_TLS_CACERT",
         "GRPC_CLIENT_TLS_SAN",
     ]) {
@@ -159,7 +193,7 @@ fn go_duration_ms(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::compat::tests::{get, map};
+    use crate::settings::compat::tests::{get, map, quiet};
 
     #[test]
     fn listeners_take_the_missing_half_from_the_reference() {
@@ -172,6 +206,76 @@ mod tests {
         assert!(err.contains("PORT") && err.contains("80x"), "{err}");
         let err = map(&[("GRPC_HOST", "example.com")]).unwrap_err();
         assert_eq!(err.variable, "GRPC_HOST");
+    }
+
+    #[test]
+    fn the_debug_port_is_on_at_the_references_default_unless_moved() {
+        // Unset: the reference's debug port, beneath the settings file, and nothing said.
+        let m = quiet(&[]).unwrap();
+        assert_eq!(
+            crate::settings::compat::tests::beneath(&m, "admin.debug_addr"),
+            Some(&json!("0.0.0.0:6070"))
+        );
+        assert_eq!(get(&m, "admin.debug_addr"), None);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        let m = quiet(&[("DEBUG_HOST", "127.0.0.1"), ("DEBUG_PORT", "0")]).unwrap();
+        assert_eq!(get(&m, "admin.debug_addr"), Some(&json!("127.0.0.1:0")));
+        let m = quiet(&[("DEBUG_PORT", "7070")]).unwrap();
+        assert_eq!(get(&m, "admin.debug_addr"), Some(&json!("0.0.0.0:7070")));
+        assert_eq!(
+            map(&[("DEBUG_PORT", "x")]).unwrap_err().variable,
+            "DEBUG_PORT"
+        );
+    }
+
+    #[test]
+    fn go_listen_addresses() {
+        for (text, addr) in [
+            (":19001", "0.0.0.0:19001"),
+            ("0.0.0.0:9090", "0.0.0.0:9090"),
+            ("localhost:9090", "127.0.0.1:9090"),
+            ("[::1]:9090", "[::1]:9090"),
+            ("127.0.0.1:0", "127.0.0.1:0"),
+        ] {
+            assert_eq!(parse_go_addr(text), Some(addr.parse().unwrap()), "{text}");
+        }
+        for bad in ["9090", ":http", "example.com:80", ":70000", ""] {
+            assert_eq!(parse_go_addr(bad), None, "{bad}");
+        }
+    }
+
+    /// Envoy Gateway's gRPC variables: TLS with its certificate and key; its CA variable, which
+    /// the reference does not read, is said to be unread and asks for no client certificate.
+    #[test]
+    fn envoy_gateways_ca_variable_is_not_read_and_said_so() {
+        let eg = [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ];
+        let m = quiet(&eg).unwrap();
+        assert_eq!(
+            get(&m, "grpc.tls.cert_file"),
+            Some(&json!("/certs/tls.crt"))
+        );
+        assert_eq!(get(&m, "grpc.tls.client_ca_file"), None);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(
+            m.warnings[0].starts_with("GRPC_SERVER_TLS_CA_CERT")
+                && m.warnings[0].contains("without asking for client certificates"),
+            "{:?}",
+            m.warnings
+        );
+        // With the reference's own variable, client certificates are checked against it.
+        let mut mtls = eg.to_vec();
+        mtls.push(("GRPC_CLIENT_TLS_CACERT", "/certs/client-ca.crt"));
+        let m = quiet(&mtls).unwrap();
+        assert_eq!(
+            get(&m, "grpc.tls.client_ca_file"),
+            Some(&json!("/certs/client-ca.crt"))
+        );
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
     }
 
     #[test]

@@ -226,13 +226,15 @@ mod tests {
     #[test]
     fn no_reference_variable_the_references_defaults_beneath_the_file() {
         let m = map(&[("PATH", "/bin"), ("SLUICE_GRPC_ADDR", "127.0.0.1:1")]).unwrap();
-        // The reference counts in Redis over its default unix socket, and feeds statsd; an unset
-        // variable says less than a settings file, so both defaults go beneath it.
+        // The reference counts in Redis over its default unix socket, feeds statsd and opens
+        // its debug port; an unset variable says less than a settings file, so these defaults
+        // go beneath it.
         assert!(m.overrides.is_empty(), "{:?}", m.overrides);
         assert_eq!(
             Value::Object(m.defaults),
             json!({"backend": "redis", "redis": {
-                "url": "unix:///var/run/nutcracker/ratelimit.sock", "cluster": false}})
+                "url": "unix:///var/run/nutcracker/ratelimit.sock", "cluster": false},
+                "admin": {"debug_addr": "0.0.0.0:6070"}})
         );
         assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
         assert!(m.warnings[0].starts_with("USE_STATSD"));
@@ -267,7 +269,7 @@ mod tests {
         }
         let m = map(&[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
         assert!(!m.warnings.iter().any(|w| w.starts_with("USE_STATSD")));
-        assert!(m.warnings.iter().any(|w| w.starts_with("USE_PROMETHEUS")));
+        assert_eq!(get(&m, "metrics.addr"), Some(&json!("0.0.0.0:9090")));
         assert_eq!(
             map(&[("GRPC_SERVER_USE_TLS", "true")])
                 .unwrap_err()

@@ -1,10 +1,17 @@
 //! Logs and metrics, from the reference's variables: `LOG_LEVEL` (logrus names) and
-//! `LOG_FORMAT` as settings; statsd, DogStatsD and its own Prometheus port as warnings, since
-//! sluice serves its metrics for Prometheus on the admin port only; `TRACING_*` as `tracing`.
+//! `LOG_FORMAT` as settings; `USE_PROMETHEUS` with `PROMETHEUS_ADDR`/`PROMETHEUS_PATH` as the
+//! metrics listener; statsd, DogStatsD and a custom statsd mapping as warnings, since sluice
+//! serves Prometheus text only, under the reference's default mapping's names; `TRACING_*` as
+//! `tracing`, exported over HTTP unless `TRACING_EXPORTER_PROTOCOL` says otherwise (the
+//! reference's default).
 
 use serde_json::json;
 
+use super::listeners::parse_go_addr;
 use super::{CompatError, Env, Mapped, bad};
+
+/// The reference's Prometheus listener when `PROMETHEUS_ADDR` is unset.
+const DEFAULT_PROMETHEUS_ADDR: &str = ":9090";
 
 /// `LOG_LEVEL` (logrus names) and `LOG_FORMAT`.
 pub(super) fn logging(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
@@ -42,7 +49,8 @@ pub(super) fn metrics(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
     if env.bool("USE_STATSD")? != Some(false) {
         m.warn(
             "USE_STATSD: statsd is not offered; metrics are served for Prometheus on the admin \
-             port's /metrics, under the reference's Prometheus names"
+             port's /metrics (and on PROMETHEUS_ADDR with USE_PROMETHEUS=true), under the \
+             reference's Prometheus names"
                 .into(),
         );
     }
@@ -53,12 +61,45 @@ pub(super) fn metrics(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
                 .into(),
         );
     }
-    let prometheus = env.bool("USE_PROMETHEUS")?;
-    if prometheus == Some(true) || env.any_set(&["PROMETHEUS_ADDR", "PROMETHEUS_PATH"]) {
+    if env.bool("USE_PROMETHEUS")? == Some(true) {
+        let text = env
+            .get("PROMETHEUS_ADDR")
+            .unwrap_or(DEFAULT_PROMETHEUS_ADDR);
+        let addr = parse_go_addr(text).ok_or_else(|| {
+            bad(
+                "PROMETHEUS_ADDR",
+                text,
+                "not a listen address (:9090, 0.0.0.0:9090, [::1]:9090)",
+            )
+        })?;
+        m.set("metrics.addr", json!(addr.to_string()));
+        if let Some(path) = env.get("PROMETHEUS_PATH") {
+            m.set("metrics.path", json!(path));
+        }
+        if env.get("PROMETHEUS_MAPPER_YAML").is_some() {
+            m.warn(
+                "PROMETHEUS_MAPPER_YAML: not read; the series carry the names and labels of the \
+                 reference's default mapping (ratelimit_service_rate_limit_*{domain,key1,key2}, \
+                 the ones Envoy Gateway's mapping gives)"
+                    .into(),
+            );
+        }
+        if env.bool("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")? == Some(true) {
+            m.warn(
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS: not offered; \
+                 ratelimit_service_response_time_seconds is in seconds"
+                    .into(),
+            );
+        }
+    } else if env.any_set(&[
+        "PROMETHEUS_ADDR",
+        "PROMETHEUS_PATH",
+        "PROMETHEUS_MAPPER_YAML",
+    ]) {
         m.warn(
-            "USE_PROMETHEUS/PROMETHEUS_ADDR/PROMETHEUS_PATH: metrics are always on; they are \
-             served on the admin port (HOST:PORT) at /metrics, not on a port of their own \
-             (the reference's :9090); point the scrape there"
+            "PROMETHEUS_ADDR/PROMETHEUS_PATH/PROMETHEUS_MAPPER_YAML: not read without \
+             USE_PROMETHEUS=true (as the reference); metrics are served on the admin port's \
+             /metrics"
                 .into(),
         );
     }
@@ -80,6 +121,9 @@ pub(super) fn tracing(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
             _ => return Err(bad("TRACING_EXPORTER_PROTOCOL", v, "not http or grpc")),
         };
         m.set("tracing.protocol", json!(protocol));
+    } else if enabled == Some(true) {
+        // The reference's default; sluice's own is gRPC.
+        m.beneath("tracing.protocol", json!("http"));
     }
     match env.get("TRACING_SERVICE_NAME") {
         Some(v) => m.set("tracing.service_name", json!(v)),
@@ -115,7 +159,7 @@ pub(super) fn tracing(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::compat::tests::{get, map};
+    use crate::settings::compat::tests::{beneath, get, map, quiet};
 
     #[test]
     fn logging_maps_logrus_names() {
@@ -130,6 +174,65 @@ mod tests {
             map(&[("LOG_FORMAT", "xml")]).unwrap_err().variable,
             "LOG_FORMAT"
         );
+    }
+
+    #[test]
+    fn use_prometheus_opens_the_metrics_listener() {
+        // Envoy Gateway's variables.
+        let m = quiet(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "metrics.addr"), Some(&json!("0.0.0.0:19001")));
+        assert_eq!(get(&m, "metrics.path"), None);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].starts_with("PROMETHEUS_MAPPER_YAML"));
+        // The reference's defaults, and a path of its own.
+        let m = quiet(&[("USE_PROMETHEUS", "true")]).unwrap();
+        assert_eq!(get(&m, "metrics.addr"), Some(&json!("0.0.0.0:9090")));
+        let m = quiet(&[("USE_PROMETHEUS", "1"), ("PROMETHEUS_PATH", "/prom")]).unwrap();
+        assert_eq!(get(&m, "metrics.path"), Some(&json!("/prom")));
+        // Without USE_PROMETHEUS the others are not read, as in the reference; said so.
+        let m = quiet(&[("PROMETHEUS_ADDR", ":19001")]).unwrap();
+        assert_eq!(get(&m, "metrics.addr"), None);
+        assert!(
+            m.warnings[0].starts_with("PROMETHEUS_ADDR"),
+            "{:?}",
+            m.warnings
+        );
+        assert_eq!(
+            map(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "19001")])
+                .unwrap_err()
+                .variable,
+            "PROMETHEUS_ADDR"
+        );
+    }
+
+    /// Envoy Gateway turns tracing on with a collector's HTTP port and no protocol: the
+    /// reference then exports over OTLP/HTTP, and so does sluice.
+    #[test]
+    fn tracing_without_a_protocol_exports_over_http_as_the_reference() {
+        let m = map(&[
+            ("TRACING_ENABLED", "true"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.monitoring:4318",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(beneath(&m, "tracing.protocol"), Some(&json!("http")));
+        assert_eq!(get(&m, "tracing.protocol"), None);
+        let m = map(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "tracing.protocol"), Some(&json!("grpc")));
+        assert_eq!(beneath(&m, "tracing.protocol"), None);
+        // Tracing off: sluice's own default is left alone.
+        assert_eq!(beneath(&map(&[]).unwrap(), "tracing.protocol"), None);
     }
 
     #[test]
