@@ -19,6 +19,7 @@ mod ops;
 #[cfg(feature = "client")]
 mod quota_client;
 mod redis;
+mod redis_commands;
 mod redis_queue;
 mod redis_sentinel;
 mod redis_tls;

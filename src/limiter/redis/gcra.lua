@@ -164,9 +164,9 @@ local function write(key, tat)
   elseif injected then
     redis.call('SET', key, text(tat))
   else
-    -- Expires at the TAT's millisecond (its digits less the last six), as in gcra_lean.lua.
-    local t = text(tat)
-    redis.call('SET', key, t, 'PXAT', string.sub(t, 1, -7))
+    -- Expires no earlier than the TAT's millisecond, as in gcra_lean.lua: PX of the debt's whole
+    -- milliseconds + 2 (PXAT needs Redis 6.2).
+    redis.call('SET', key, text(tat), 'PX', string.format('%d', debt[1] * 1000 + math.floor(debt[2] / 1000000) + 2))
   end
 end
 

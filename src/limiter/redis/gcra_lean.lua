@@ -10,11 +10,11 @@
 -- charged: the same as separate calls in that order. The writes come after the last request, one
 -- per counter that moved, so a counter the whole batch shares is written once a call.
 --
--- KEYS     the counters of every op of every request, in order. A write sets the TAT to expire
---          at its own millisecond, rounded down (its leading digits: `SET ... PXAT`, Redis 6.2 or
---          later), so a key is never gone while its TAT is ahead. It also asks for the old value
---          (`GET`, unused), which Redis answers with a string or nil rather than a status that
---          reaches Lua as a table.
+-- KEYS     the counters of every op of every request, in order. A write sets the TAT with a TTL
+--          of the debt's whole milliseconds + 2 (`SET ... PX`, Redis 2.6.12 or later): it expires
+--          no earlier than the TAT's millisecond, so a key is never gone while its TAT is ahead.
+--          Redis TIME, read first, is at most 1 ms past the clock the TTL counts from (a script's
+--          start, Redis 7), and floor(now + d) <= floor(now) + floor(d) + 1 (in ms).
 -- ARGV[1]  "now" (prelude.lua)
 -- ARGV[2]  the number of requests
 -- ARGV[3]  the requests, as little-endian doubles (every value an integer below 2^53, so each is
@@ -79,12 +79,11 @@ if mode and mode < 4 then
     if ns >= G then s, ns = s + 1, ns - G end
     local tat
     if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
-    -- The prelude's GET found a string or nothing (a key of another type was deleted), so this
-    -- SET ... GET cannot meet one.
+    -- The prelude's GET found a string or nothing (a key of another type was deleted).
     if injected then
       call('SET', key, tat)
     else
-      call('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
+      call('SET', key, tat, 'PX', format('%d', (new - new % 1000000) / 1000000 + 2))
     end
   end
   local q = (tol - new) / T
@@ -114,6 +113,8 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
   -- The counters as read, then each op's debt found; false once the request is known not to be
   -- of plain charges.
   local stored = p[2] == nk and call('MGET', unpack(keys))
+  -- The counters MGET read as none: absent, or a key of another type (told apart when written).
+  local none
   -- reply[1] blocked, then op i's admitted, remaining and wait from reply[3i - 1]; made at its
   -- size for up to three ops (only the first 1 + 3 * nk entries are sent).
   local reply = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
@@ -147,6 +148,9 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
         local cap = tol + 4 * p[o + 5]
         if d > cap then d = cap elseif d < 0 then d = 0 end
       end
+    else
+      none = none or {}
+      none[i] = true
     end
     -- The debt found, for a refused request's restatement below.
     stored[i] = d
@@ -204,15 +208,12 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
       if ns >= G then s, ns = s + 1, ns - G end
       local tat
       if s == 0 then tat = format('%d', ns) else tat = format('%d%09d', s, ns) end
+      -- A key of another type (MGET reads it as none) is replaced, and counted.
+      if none and none[i] and call('EXISTS', keys[i]) == 1 then repaired = repaired + 1 end
       if injected then
         call('SET', keys[i], tat)
       else
-        local r = pcall_('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7), 'GET')
-        -- A key of another type (MGET reads it as none) is replaced, and counted.
-        if r and r.err then
-          call('SET', keys[i], tat, 'PXAT', sub(tat, 1, -7))
-          repaired = repaired + 1
-        end
+        call('SET', keys[i], tat, 'PX', format('%d', (debt - debt % 1000000) / 1000000 + 2))
       end
     end
     if repaired > 0 then return answer .. pack('<d', repaired) end
@@ -527,7 +528,7 @@ else
 end
 
 -- The writes: each counter whose debt moved, once, in the order of KEYS. TAT = now + debt,
--- expiring at the TAT's millisecond; a debt of 0 is a full bucket, the same as no key. The
+-- expiring no earlier than the TAT's millisecond; a debt of 0 is a full bucket, the same as no key. The
 -- decimal seconds of the batch's TATs are each formatted once: a batch's TATs fall in a few
 -- seconds, so most writes format only their nanoseconds.
 local seconds = {}
@@ -553,15 +554,12 @@ for i = 1, #keys do
         end
         tat = prefix .. format('%09d', ns)
       end
+      -- A key of another type (MGET reads it as none) is replaced, and counted.
+      if not stored[i] and call('EXISTS', key) == 1 then repaired = repaired + 1 end
       if injected then
         call('SET', key, tat)
       else
-        local r = pcall_('SET', key, tat, 'PXAT', sub(tat, 1, -7), 'GET')
-        -- A key of another type (MGET reads it as none) is replaced, and counted.
-        if r and r.err then
-          call('SET', key, tat, 'PXAT', sub(tat, 1, -7))
-          repaired = repaired + 1
-        end
+        call('SET', key, tat, 'PX', format('%d', (d - d % 1000000) / 1000000 + 2))
       end
     end
   end

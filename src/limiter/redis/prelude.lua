@@ -1,7 +1,7 @@
 -- sluice: the start of gcra_lean.lua, lease.lua and share.lua: the time, and a call's one counter
 -- read as its debt. Straight-line code, no function: Lua makes a function anew at every call.
 --
--- KEYS     the counters: each a decimal TAT in nanoseconds, expiring at the TAT's millisecond
+-- KEYS     the counters: each a decimal TAT in nanoseconds, expiring no earlier than the TAT's millisecond
 -- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share); an
 --          injected time is for tests, and then keys get no TTL
 --

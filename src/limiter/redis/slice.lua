@@ -9,8 +9,8 @@ local key = keys[1]
 local d = one or 0
 if d < 0 then d = 0 end
 
--- Writes TAT = now + debt, to expire at the TAT's millisecond (as gcra_lean.lua); a debt of 0 is a
--- full bucket, the same as no key.
+-- Writes TAT = now + debt, to expire no earlier than the TAT's millisecond (as gcra_lean.lua); a
+-- debt of 0 is a full bucket, the same as no key.
 local function write(debt)
   if debt <= 0 then
     redis.call('DEL', key)
@@ -24,7 +24,7 @@ local function write(debt)
   if injected then
     redis.call('SET', key, tat)
   else
-    redis.call('SET', key, tat, 'PXAT', string.sub(tat, 1, -7))
+    redis.call('SET', key, tat, 'PX', string.format('%d', (debt - debt % 1000000) / 1000000 + 2))
   end
 end
 
