@@ -1,9 +1,8 @@
 //! The composition root: loads policies, binds the listeners (gRPC, admin, and the optional
-//! metrics and debug ones), builds the backend and the
-//! decider, runs the servers and the background tasks (the store sweep, the Redis connection,
-//! the heartbeat and local-store sweep of `on_backend_error: local`, the policy reloader), and
-//! sequences shutdown. `sluice serve` and the integration tests share all of it; tests bind
-//! port 0 and stop the app with a channel.
+//! metrics and debug ones), builds the backend and the decider, runs the servers and the
+//! background tasks (the store sweep, the Redis connection, the heartbeat and local-store sweep
+//! of `on_backend_error: local`, the policy reloader), and sequences shutdown. `sluice serve`
+//! and the integration tests share all of it; tests bind port 0 and stop the app with a channel.
 
 use std::convert::Infallible;
 use std::future::Future;
