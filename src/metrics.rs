@@ -327,7 +327,7 @@ const FAMILIES: [(&str, Kind, &str); 46] = [
     (
         RLQS_REFUSED,
         Kind::Counter,
-        "Rate Limit Quota Service streams refused, by reason: no_domain, invalid (a malformed report), too_many_streams (rlqs.max_streams), too_many_streams_on_connection (rlqs.max_streams_per_connection).",
+        "Rate Limit Quota Service streams refused, by reason: no_domain, invalid (a malformed report), too_many_streams (rlqs.max_streams), too_many_streams_on_connection (rlqs.max_streams_per_connection), too_many_streams_from_peer (rlqs.max_streams_per_peer).",
     ),
     (BUILD_INFO, Kind::Gauge, "Build information."),
 ];
@@ -369,6 +369,8 @@ pub enum QuotaRefusal {
     TooManyStreams,
     /// `rlqs.max_streams_per_connection` streams were open on its connection.
     TooManyOnConnection,
+    /// `rlqs.max_streams_per_peer` streams were open from its peer's address.
+    TooManyFromPeer,
 }
 
 impl QuotaRefusal {
@@ -380,6 +382,7 @@ impl QuotaRefusal {
             Self::Invalid => "invalid",
             Self::TooManyStreams => "too_many_streams",
             Self::TooManyOnConnection => "too_many_streams_on_connection",
+            Self::TooManyFromPeer => "too_many_streams_from_peer",
         }
     }
 }

@@ -63,9 +63,18 @@ pub struct QuotaRenewal {
     pub leave: bool,
 }
 
+/// The shortest span a first rate is measured over: hits that came all at once count as
+/// having come over this long, not as an unbounded rate.
+pub const FIRST_SPAN: u64 = NANOS_PER_SEC / 1_000;
+
 /// One counter's demand on this node: hits offered, admitted and refused, since the last
 /// renewal, and the rate they came at over the last two renewal periods (so a demand that
 /// falls is seen within two renewals, and one period's noise weighs half).
+///
+/// A demand counted from the hits already seen ([`Demand::counted`]) has its first rate
+/// measured over all the time since those hits began, and taken whole: a count of part of a
+/// second averaged as if it were a rate would make a node new to a counter ask for a fraction
+/// of what it is offered until its second renewal.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Demand {
     /// Hits per second over the period before the current one.
@@ -76,6 +85,8 @@ pub struct Demand {
     hits: u64,
     /// When the current count began (clock nanoseconds).
     since: u64,
+    /// Not renewed yet, and no rate known: the first renewal measures it.
+    fresh: bool,
 }
 
 impl Demand {
@@ -87,6 +98,20 @@ impl Demand {
             rate,
             hits: 0,
             since: now,
+            fresh: false,
+        }
+    }
+
+    /// A demand of `hits` counted since `since`, its rate not known yet: the first renewal
+    /// measures it over the real time since `since` (at least [`FIRST_SPAN`]).
+    #[must_use]
+    pub fn counted(hits: u64, since: u64) -> Self {
+        Self {
+            last: 0.0,
+            rate: 0.0,
+            hits,
+            since,
+            fresh: true,
         }
     }
 
@@ -99,7 +124,15 @@ impl Demand {
     /// second.
     pub fn renew(&mut self, now: u64) -> f64 {
         let elapsed = now.saturating_sub(self.since);
-        if elapsed > 0 {
+        if self.fresh {
+            // Precision intended: a rate, not a count.
+            let first = self.hits as f64 * NANOS_PER_SEC as f64 / elapsed.max(FIRST_SPAN) as f64;
+            self.rate = first;
+            self.last = first;
+            self.hits = 0;
+            self.since = now.max(self.since);
+            self.fresh = false;
+        } else if elapsed > 0 {
             // Precision intended: a rate, not a count.
             let current = self.hits as f64 * NANOS_PER_SEC as f64 / elapsed as f64;
             self.rate = 0.5 * (self.last + current);
@@ -234,6 +267,23 @@ mod tests {
             "a demand that stops is gone in two renewals"
         );
         assert_eq!(d.rate(), 0.0);
+    }
+
+    #[test]
+    fn a_counted_demand_is_first_measured_over_the_time_since_its_hits_began() {
+        let ms = NANOS_PER_SEC / 1_000;
+        // 5 hits in the first 5 ms of a node's use of a counter, 2 more in the 2 ms until its
+        // first renewal: 1,000 a second, not 5 a second averaged with the 2 ms.
+        let mut d = Demand::counted(5, 0);
+        d.hit(2);
+        assert_eq!(d.renew(7 * ms), 1_000.0);
+        // Then as any demand: half of 1,000, half of 200.
+        d.hit(50);
+        assert_eq!(d.renew(257 * ms), 600.0);
+        // Hits that came all at once are a rate over FIRST_SPAN, never an unbounded one.
+        let mut burst = Demand::counted(5, 10 * ms);
+        assert_eq!(burst.renew(10 * ms), 5_000.0);
+        assert!(Demand::counted(0, 0).renew(ms).abs() < f64::EPSILON);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct QuotaSettings {
     /// Most streams open at once on one connection, from their headers on; one more is refused
     /// `RESOURCE_EXHAUSTED` (the server counts them: the table does not know connections).
     pub max_streams_per_connection: usize,
+    /// Most streams open at once from one peer address, over all its connections, from their
+    /// headers on; one more is refused `RESOURCE_EXHAUSTED` (the server counts them).
+    pub max_streams_per_peer: usize,
 }
 
 /// The part of its share a stream that reports no demand is assumed to ask for, as a fraction

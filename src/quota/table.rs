@@ -768,6 +768,7 @@ descriptors:
                 max_buckets_per_stream: max_buckets,
                 max_streams: 2,
                 max_streams_per_connection: 100,
+                max_streams_per_peer: 100,
             },
             PolicyHandle::new(set),
         ))
@@ -827,6 +828,7 @@ descriptors:
                 max_buckets_per_stream: 10,
                 max_streams: 3,
                 max_streams_per_connection: 100,
+                max_streams_per_peer: 100,
             },
             PolicyHandle::new(policy::load_str(&[("d.yaml", POLICY)]).expect("policy")),
         ));
@@ -1034,6 +1036,7 @@ descriptors:
                 max_buckets_per_stream: 10,
                 max_streams: 2,
                 max_streams_per_connection: 100,
+                max_streams_per_peer: 100,
             },
             PolicyHandle::new(set),
         ));

@@ -3,9 +3,10 @@
 //! loop; the idle cut (`super::idle`); a maximum age (±10 % jitter) after which the connection
 //! gets a GOAWAY and, past the grace, is closed, so clients behind a Service rebalance; and a
 //! graceful drain at shutdown. Each request carries what its connection's calls share (the count
-//! of its quota streams). The HTTP/2 limits are set on hyper's builder in
+//! of its quota streams, and its peer's address). The HTTP/2 limits are set on hyper's builder in
 //! [`super::grpc_connection`], the request timeout per call by the edge.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,7 +132,7 @@ async fn serve_grpc_connection<S, B>(
     let idle = connections.limits.idle_timeout;
     let Some(tls) = &connections.tls else {
         let io = IdleCut::new(io, idle, peer);
-        return serve_http2(io, service, connections, stop).await;
+        return serve_http2(io, peer, service, connections, stop).await;
     };
     let handshake = tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(io));
     let stream = tokio::select! {
@@ -150,11 +151,12 @@ async fn serve_grpc_connection<S, B>(
     };
     // The frame counter reads the decrypted bytes.
     let io = IdleCut::new(stream, idle, peer);
-    serve_http2(io, service, connections, stop).await;
+    serve_http2(io, peer, service, connections, stop).await;
 }
 
 async fn serve_http2<IO, S, B>(
     io: IO,
+    peer: SocketAddr,
     service: S,
     connections: &GrpcConnections,
     stop: &CancellationToken,
@@ -166,7 +168,7 @@ async fn serve_http2<IO, S, B>(
     let streams = Streams::default();
     let service = OnConnection {
         service,
-        quota_streams: ConnectionStreams::default(),
+        quota_streams: ConnectionStreams::from_peer(peer.ip()),
         streams: streams.clone(),
     };
     let served = super::grpc_connection(&connections.limits, streams.clone())
@@ -199,7 +201,8 @@ async fn serve_http2<IO, S, B>(
 }
 
 /// A connection's service: each request carries, in its extensions, what the calls of its
-/// connection share (the count of its quota streams, which the quota service bounds), and a
+/// connection share (the count of its quota streams and the peer's address, by which the quota
+/// service bounds them), and a
 /// quota stream its [`super::streams::StreamReset`], so that it can end a stream whose peer stopped reading.
 #[derive(Clone)]
 struct OnConnection<S> {

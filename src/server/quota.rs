@@ -2,17 +2,20 @@
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`QuotaStream`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
-//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a
-//! connection's streams to `rlqs.max_streams_per_connection` from their headers on
-//! ([`ConnectionStreams`]). It keeps the time and speaks the wire; what to assign
-//! is decided in [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
+//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, a
+//! connection's streams to `rlqs.max_streams_per_connection` and a peer address's to
+//! `rlqs.max_streams_per_peer`, from their headers on ([`ConnectionStreams`],
+//! [`PeerStreams`]). It keeps the time and speaks the wire; what to assign is decided in
+//! [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
 //! its streams watch in the fleet's quota tables, one call per rule every tick, and asks for a
 //! rule's part before its first bucket is assigned. Served through tonic's generated server
 //! behind the edge, as the health service is.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -55,6 +58,8 @@ pub(crate) struct QuotaService {
     reloaded: Arc<watch::Sender<()>>,
     /// The request caps (`requests.*`), applied to the domain and to every bucket id.
     caps: Caps,
+    /// The streams open from each peer address.
+    peers: PeerStreams,
 }
 
 impl QuotaService {
@@ -74,6 +79,7 @@ impl QuotaService {
             fleet,
             reloaded: Arc::new(watch::channel(()).0),
             caps,
+            peers: PeerStreams::default(),
         }
     }
 
@@ -234,23 +240,35 @@ impl Fleet {
     }
 }
 
-/// The quota streams open on one connection, from their headers on: the connection puts one
-/// into the extensions of each of its requests, and a stream holds a [`StreamPlace`] of it until
-/// it ends, so that one peer cannot hold every place of `rlqs.max_streams` over a few
-/// connections.
+/// The quota streams open on one connection, from their headers on, and the connection's peer
+/// address: the connection puts one into the extensions of each of its requests, and a stream
+/// holds a [`StreamPlace`] of it until it ends, so that one peer cannot hold every place of
+/// `rlqs.max_streams` over a few streams of one connection.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct ConnectionStreams(Arc<AtomicUsize>);
+pub(crate) struct ConnectionStreams {
+    open: Arc<AtomicUsize>,
+    /// The peer's address, when the connection has one.
+    peer: Option<IpAddr>,
+}
 
 impl ConnectionStreams {
+    /// The count of a connection from `peer`.
+    pub(crate) fn from_peer(peer: IpAddr) -> Self {
+        Self {
+            open: Arc::default(),
+            peer: Some(peer.to_canonical()),
+        }
+    }
+
     /// A place for one more stream, or `None` when `max` are open.
     fn take(&self, max: usize) -> Option<StreamPlace> {
         // Relaxed: a lone count; no other memory is ordered with it.
-        self.0
+        self.open
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
             })
             .ok()
-            .map(|_| StreamPlace(Arc::clone(&self.0)))
+            .map(|_| StreamPlace(Arc::clone(&self.open)))
     }
 }
 
@@ -262,6 +280,58 @@ impl Drop for StreamPlace {
     fn drop(&mut self) {
         // Relaxed: as in `ConnectionStreams::take`.
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The quota streams open from each peer address, across all its connections, from their
+/// headers on, so that one client cannot hold every place of `rlqs.max_streams` over many
+/// connections. An address is forgotten when its last stream ends, so the map holds no more
+/// entries than streams are open.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PeerStreams(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+impl PeerStreams {
+    fn open(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for one more stream from `peer`, or `None` when `max` are open.
+    fn take(&self, peer: IpAddr, max: usize) -> Option<PeerPlace> {
+        let mut open = self.open();
+        let n = open.entry(peer).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerPlace {
+            peers: self.clone(),
+            peer,
+        })
+    }
+
+    /// Addresses with a stream open.
+    #[cfg(test)]
+    fn peers(&self) -> usize {
+        self.open().len()
+    }
+}
+
+/// One stream's place among its peer's, given back when dropped.
+#[derive(Debug)]
+struct PeerPlace {
+    peers: PeerStreams,
+    peer: IpAddr,
+}
+
+impl Drop for PeerPlace {
+    fn drop(&mut self) {
+        let mut open = self.peers.open();
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -290,6 +360,26 @@ impl RateLimitQuotaService for QuotaService {
                             Status::resource_exhausted(
                                 "too many quota streams open on this connection \
                                  (rlqs.max_streams_per_connection)",
+                            ),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        let peer = request
+            .extensions()
+            .get::<ConnectionStreams>()
+            .and_then(|streams| streams.peer);
+        let peer_place = match peer {
+            Some(peer) => Some(
+                self.peers
+                    .take(peer, self.table.settings().max_streams_per_peer)
+                    .ok_or_else(|| {
+                        refuse(
+                            QuotaRefusal::TooManyFromPeer,
+                            Status::resource_exhausted(
+                                "too many quota streams open from this address \
+                                 (rlqs.max_streams_per_peer)",
                             ),
                         )
                     })?,
@@ -343,7 +433,7 @@ impl RateLimitQuotaService for QuotaService {
             epoch: self.epoch,
             ttl: self.table.settings().assignment_ttl,
             caps: self.caps,
-            _place: place,
+            _place: (place, peer_place),
             reset: reset.cloned(),
         };
         tokio::spawn(run.run(inbound, reports, self.stop.clone()));
@@ -364,8 +454,8 @@ struct StreamTask {
     ttl: Duration,
     /// The request caps, for every bucket id.
     caps: Caps,
-    /// Its place on its connection, held until the task ends.
-    _place: Option<StreamPlace>,
+    /// Its places on its connection and among its peer's streams, held until the task ends.
+    _place: (Option<StreamPlace>, Option<PeerPlace>),
     /// Resets its HTTP/2 stream, when it gives up on a peer that stopped reading.
     reset: Option<StreamReset>,
 }
@@ -625,5 +715,33 @@ fn strategy_pb(strategy: Strategy) -> RateLimitStrategy {
     };
     RateLimitStrategy {
         strategy: Some(strategy),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_holds_at_most_its_places_and_is_forgotten_with_its_last_stream() {
+        let peers = PeerStreams::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut held: Vec<PeerPlace> = (0..3).map(|_| peers.take(a, 3).unwrap()).collect();
+        assert!(peers.take(a, 3).is_none(), "a fourth place for one address");
+        let other = peers
+            .take(b, 3)
+            .expect("another address has its own places");
+        held.pop();
+        held.push(peers.take(a, 3).expect("a place given back is taken again"));
+        drop(held);
+        drop(other);
+        assert_eq!(peers.peers(), 0, "no address is kept without a stream");
+    }
+
+    #[test]
+    fn an_ipv4_peer_over_ipv6_counts_as_itself() {
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let streams = ConnectionStreams::from_peer(mapped);
+        assert_eq!(streams.peer, Some("10.0.0.1".parse().unwrap()));
     }
 }

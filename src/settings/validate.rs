@@ -52,6 +52,7 @@ impl Written {
                 "rlqs.max_streams_per_connection",
                 self.rlqs.max_streams_per_connection,
             ),
+            ("rlqs.max_streams_per_peer", self.rlqs.max_streams_per_peer),
         ] {
             positive(setting, value as u64)?;
         }
@@ -216,6 +217,7 @@ impl Written {
                 max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
                 max_streams: self.rlqs.max_streams,
                 max_streams_per_connection: self.rlqs.max_streams_per_connection,
+                max_streams_per_peer: self.rlqs.max_streams_per_peer,
             }),
             compat_warnings: self.compat_warnings,
             compat_set: self.compat_set,

@@ -243,6 +243,9 @@ pub struct RlqsSection {
     /// Most quota streams open at once on one connection, counted from their headers (a stream
     /// whose first message has not come yet counts); one more is refused `RESOURCE_EXHAUSTED`.
     pub max_streams_per_connection: usize,
+    /// Most quota streams open at once from one peer IP address, over all its connections,
+    /// counted from their headers; one more is refused `RESOURCE_EXHAUSTED`.
+    pub max_streams_per_peer: usize,
 }
 
 impl Default for RlqsSection {
@@ -253,6 +256,7 @@ impl Default for RlqsSection {
             max_buckets_per_stream: 1_000,
             max_streams: 1_000,
             max_streams_per_connection: 100,
+            max_streams_per_peer: 250,
         }
     }
 }

@@ -83,7 +83,7 @@ class Server:
             except ValueError:
                 continue
             if event.get("message") == "serving":
-                self.grpc = event["grpc"]
+                self.grpc, self.admin = event["grpc"], event["admin"]
         self.channel = grpc.insecure_channel(self.grpc)
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
 

@@ -1,7 +1,9 @@
 //! The queue of calls in front of one Redis node when Redis stops answering (`SIGSTOP`) under
 //! load: bounded, so a call past it fails at once for `on_backend_error` to answer; and a call
 //! whose caller stopped waiting charges nothing once Redis answers again when it was still
-//! queued (dropped) or answered late (given back), leaving at most the calls in flight.
+//! queued (dropped) or answered late (given back), leaving at most the calls in flight; and
+//! calls that go on coming while Redis stays paused are answered at once, unsent, so they
+//! charge nothing either.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +93,82 @@ async fn calls_nobody_waits_for_charge_nothing_when_redis_resumes() {
         })
         .await,
         "after resuming, {:?} left of 1,000,000 ({full} refused at the queue, {timed_out} timed out)",
+        remaining(Arc::clone(&store)).await
+    );
+}
+
+/// Calls that keep coming while Redis stays paused: once a call has timed out the connection
+/// sends nothing more until Redis answers a probe, so what Redis charges when it resumes is still
+/// at most the calls in flight when it stopped, however long the pause. Without that, each call
+/// sent behind the unanswered ones waited in Redis's socket and was charged on resuming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_during_a_long_pause_charge_nothing_when_redis_resumes() {
+    if redis_missing("calls_during_a_long_pause_charge_nothing_when_redis_resumes") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut settings = config(&redis.url());
+    settings.timeout = Duration::from_millis(20);
+    settings.breaker_failures = 0;
+    let store =
+        RedisStore::new(settings, Arc::new(MonotonicClock::new()), RedisTime::Server).unwrap();
+    let connecting = Arc::clone(&store);
+    tokio::spawn(async move { connecting.connect().await });
+    let quota = Quota::new(86_400 * NANOS_PER_SEC, 1_000_000, 1_000_000).unwrap();
+    let op = move |cost| Op {
+        key: 8,
+        quota,
+        cost,
+        charge: Charge::Ask,
+        mode: Mode::Enforce,
+    };
+    let remaining = move |store: Arc<RedisStore>| async move {
+        store
+            .count_batch(&[op(0)])
+            .await
+            .ok()
+            .map(|b| b.outcomes[0].remaining)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = Arc::clone(&store);
+            async move { remaining(s).await == Some(1_000_000) }
+        })
+        .await,
+        "redis never answered"
+    );
+
+    redis.pause();
+    // Ten calls every 10 ms for 2 s: a hundred deadlines of the connection's.
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        for _ in 0..10 {
+            let s = Arc::clone(&store);
+            calls.push(tokio::spawn(async move { s.count_batch(&[op(1)]).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = calls.len();
+    for call in calls {
+        match call.await.unwrap() {
+            Err(BackendError::QueueFull | BackendError::Timeout(_)) => {}
+            other => panic!("a call to a paused redis answered {other:?}"),
+        }
+    }
+    redis.resume();
+
+    let in_flight = 4 * 128;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = Arc::clone(&store);
+            async move {
+                remaining(s)
+                    .await
+                    .is_some_and(|r| r >= 1_000_000 - in_flight)
+            }
+        })
+        .await,
+        "after resuming, {:?} left of 1,000,000 after {sent} calls answered otherwise",
         remaining(Arc::clone(&store)).await
     );
 }

@@ -1,6 +1,7 @@
 //! Redis Sentinel against real processes (a master, a replica, three sentinels): the master
 //! killed under load, answered by the backend-error policy meanwhile and followed to the promoted
-//! replica with nothing charged twice; unreachable sentinels and a wrong master name logged.
+//! replica with nothing charged twice; shares of a contended counter held to their bound through
+//! the failover; unreachable sentinels and a wrong master name logged.
 //! Skips without `redis-sentinel` unless `CI` is set (`helpers::sentinel_missing`).
 
 use std::io::{BufRead, BufReader};
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice::decision::OnBackendError;
+use sluice::limiter::Clock;
 use sluice::pb::rate_limit_response::Code;
 use sluice::pb::rate_limit_service_client::RateLimitServiceClient;
 use sluice::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
@@ -367,6 +369,143 @@ async fn a_killed_master_is_followed_to_the_promoted_replica_without_a_restart()
          failover)",
         total.admitted,
         total.admitted.saturating_sub(u64::from(charged))
+    );
+}
+
+/// A counter of 200 a second with a burst of 200, for two leasing nodes to contend for.
+const CONTENDED: &str = "domain: fleet\ndescriptors:\n  - key: hot\n    rate_limit: {unit: second, requests_per_unit: 200, burst: 200}\n";
+
+/// Shares through a failover: two nodes leasing one counter (L = 500 ms), offered far more than
+/// its rate, the master killed under them, `on_backend_error: local` with the shares kept. In
+/// every window of a second the fleet admits at most `B + R × (1 s + L)` = 500, before, during
+/// and after the failover, and both nodes leave local mode once the replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_hold_their_bound_through_a_failover() {
+    if sentinel_missing("shares_hold_their_bound_through_a_failover") {
+        return;
+    }
+    let mut d = Deployment::start();
+    let node = || {
+        let urls = d.sentinel_urls();
+        TestServer::start_with(&[("f.yaml", CONTENDED)], move |w| {
+            w.backend = BackendKind::Redis;
+            w.redis.sentinel.master_name = MASTER.into();
+            w.redis.sentinel.urls = urls;
+            w.redis.timeout_ms = 250;
+            w.redis.connect_timeout_ms = 200;
+            w.redis.breaker_failures = 3;
+            w.redis.breaker_cooldown_ms = 200;
+            w.redis.fleet_size = Some(2);
+            w.redis.lease.enabled = true;
+            w.redis.lease.max_age_ms = 500;
+            w.redis.lease.min_rate = 5;
+            w.on_backend_error = OnBackendError::Local;
+        })
+    };
+    let nodes = [node().await, node().await];
+    // The nodes' clocks follow real time, as leases, shares and breakers need.
+    let stop = Arc::new(AtomicBool::new(false));
+    let clocks: Vec<_> = nodes.iter().map(|n| Arc::clone(&n.clock)).collect();
+    let ticking = {
+        let stop = Arc::clone(&stop);
+        let (base, real) = (clocks[0].now(), Instant::now());
+        tokio::spawn(async move {
+            // Relaxed: a flag polled in a loop; nothing else is published through it.
+            while !stop.load(Ordering::Relaxed) {
+                let now = base + u64::try_from(real.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                for c in &clocks {
+                    c.set(now);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    for n in &nodes {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                metric(n.admin, "sluice_redis_connected").await == Some(1.0)
+            })
+            .await,
+            "a node never reached the master"
+        );
+    }
+    let mode = |n: &TestServer, mode: &str| {
+        let (admin, series) = (n.admin, format!("sluice_backend_mode{{mode=\"{mode}\"}}"));
+        async move { metric(admin, &series).await == Some(1.0) }
+    };
+    let started = Instant::now();
+    let admitted = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let load: Vec<_> = (0..6)
+        .map(|i| {
+            let mut client: RateLimitServiceClient<_> = nodes[i % 2].client.clone();
+            let (stop, admitted) = (Arc::clone(&stop), Arc::clone(&admitted));
+            tokio::spawn(async move {
+                // Relaxed: a flag polled in a loop; nothing else is published through it.
+                while !stop.load(Ordering::Relaxed) {
+                    let answer = tokio::time::timeout(
+                        Duration::from_secs(3),
+                        client.should_rate_limit(single("fleet", "hot", "x")),
+                    )
+                    .await
+                    .expect("every call is answered within 3 s")
+                    .expect("answered, by Redis or locally");
+                    if answer.into_inner().overall_code == Code::Ok as i32 {
+                        admitted.lock().unwrap().push(started.elapsed());
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    d.master.kill();
+    let killed = Instant::now();
+    let local = eventually(Duration::from_secs(10), || mode(&nodes[0], "local")).await;
+    let back = eventually(Duration::from_secs(30), || async {
+        d.sentinels[0].master_port() == Some(d.replica.port)
+            && !mode(&nodes[0], "local").await
+            && !mode(&nodes[1], "local").await
+    })
+    .await;
+    let took = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.expect("load task");
+    }
+    ticking.await.expect("the clocks' task");
+    let times = admitted.lock().unwrap().clone();
+    let end = started.elapsed();
+    let (window, bound) = (Duration::from_secs(1), 500);
+    let mut worst = (0, Duration::ZERO);
+    let mut from = Duration::ZERO;
+    while from + window <= end {
+        let n = times
+            .iter()
+            .filter(|t| **t >= from && **t < from + window)
+            .count();
+        worst = worst.max((n, from));
+        from += Duration::from_millis(50);
+    }
+    eprintln!(
+        "shares through a failover: {} admitted in {end:?}; at most {} in a second (from {:?}); \
+         local mode seen: {local}; out of it {took:?} after the kill",
+        times.len(),
+        worst.0,
+        worst.1
+    );
+    assert!(local, "the outage was answered locally");
+    assert!(back, "the nodes never left local mode after the failover");
+    assert!(
+        worst.0 <= bound,
+        "{} admitted in the second from {:?}, over B + R × (1 s + L) = {bound}",
+        worst.0,
+        worst.1
+    );
+    assert!(
+        times.len() > 200,
+        "the load was admitted at all: {}",
+        times.len()
     );
 }
 

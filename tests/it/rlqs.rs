@@ -1392,6 +1392,108 @@ async fn one_connection_cannot_take_every_stream() {
     assert!(again, "a place freed on the raw connection is taken again");
 }
 
+/// A client whose connections come from `source` (any address of 127/8 reaches the server).
+async fn client_from(server: &TestServer, source: std::net::IpAddr) -> Client {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .expect("endpoint")
+        .connect_with_connector(FromSource(source))
+        .await
+        .expect("connect");
+    RateLimitQuotaServiceClient::new(channel)
+}
+
+/// Connects from one source address.
+#[derive(Clone)]
+struct FromSource(std::net::IpAddr);
+
+impl tonic::codegen::Service<http::Uri> for FromSource {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let source = self.0;
+        Box::pin(async move {
+            let to: std::net::SocketAddr = uri
+                .authority()
+                .map(|a| a.as_str())
+                .unwrap_or_default()
+                .parse()
+                .map_err(std::io::Error::other)?;
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(std::net::SocketAddr::new(source, 0))?;
+            Ok(hyper_util::rt::TokioIo::new(socket.connect(to).await?))
+        })
+    }
+}
+
+/// Past `rlqs.max_streams_per_peer` from one address, over any number of connections, a stream
+/// is refused `RESOURCE_EXHAUSTED` naming the setting, and counted; a client from another
+/// address is still served, and a place given back is taken again.
+#[tokio::test]
+async fn one_peer_cannot_take_every_stream_over_many_connections() {
+    let _gauges = GAUGES.read().await;
+    let s = TestServer::start_with(&[("edge.yaml", POLICY)], |w| {
+        w.rlqs.max_streams = 10;
+        w.rlqs.max_streams_per_connection = 2;
+        w.rlqs.max_streams_per_peer = 4;
+    })
+    .await;
+    let series = "sluice_rlqs_refused_streams_total{reason=\"too_many_streams_from_peer\"}";
+    let before = metric(s.admin, series).await.unwrap_or(0.0);
+    let first = |user: &str| reports("edge", &[(bucket(&[("user", user)]), 1)]);
+    // One client from 127.0.0.1: two streams on each of two connections, its four places.
+    let mut held = Vec::new();
+    for c in 0..2 {
+        let mut connection = client(&s).await;
+        for i in 0..2 {
+            let mut envoy = open_on(&mut connection, first(&format!("c{c}-{i}")))
+                .await
+                .expect("accepted");
+            envoy.assignment().await;
+            held.push(envoy);
+        }
+    }
+    // A third connection of its own has room, the address has none.
+    let third = client(&s).await;
+    for _ in 0..2 {
+        let status = match open_on(&mut third.clone(), first("c2")).await {
+            Ok(_) => panic!("a fifth stream from one address was accepted"),
+            Err(status) => status,
+        };
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status.message().contains("rlqs.max_streams_per_peer"),
+            "{status:?}"
+        );
+    }
+    assert_eq!(metric(s.admin, series).await, Some(before + 2.0));
+    // Another address is served.
+    let mut other = client_from(&s, [127, 0, 0, 2].into()).await;
+    let mut envoy = open_on(&mut other, first("other"))
+        .await
+        .expect("another address is served");
+    assert!(rate(&token_bucket(&envoy.assignment().await)) > 0.0);
+    still_served(&mut held[0], "c0-0").await;
+    // A place given back is taken again, on the third connection.
+    held.pop();
+    let again = crate::helpers::eventually(WAIT, || {
+        let mut third = third.clone();
+        async move { open_on(&mut third, first("again")).await.is_ok() }
+    })
+    .await;
+    assert!(again, "a place given back is taken again");
+}
+
 /// A peer that stops reading its answers (it grants no flow-control window) while it goes on
 /// reporting is given up on once an answer has waited a TTL, and its stream is reset: the
 /// `RST_STREAM` reaches it behind the unread answers, not at the connection's idle cut.

@@ -246,8 +246,6 @@ async fn trial_fleet(test: &str, n: usize, key: u128) -> Option<(RedisProcess, u
     }
     let redis = RedisProcess::start();
     // A fixed seed, so that CI runs the same schedule every time; `SHARE_SEED=N` runs another.
-    // With seeds 11 and 22 a node new to a shared counter admits 5 in its first two renewal
-    // periods against the others' 22.5, under the quarter its test asks.
     let seed = match std::env::var("SHARE_SEED") {
         Ok(_) => seeds("SHARE_SEED")[0],
         Err(_) => 33,
@@ -584,43 +582,49 @@ async fn a_corrupt_share_table_is_repaired_not_obeyed() {
 }
 
 /// A node new to a shared counter gets a share at its first renewal, not at the others' next
-/// one: two nodes overload the counter, then a third joins as busy as they are.
+/// one: two nodes overload the counter, then a third joins as busy as they are. Its first
+/// demand is measured over the time its hits were counted, part of a second: seeds 11 and 22
+/// once starved it for two renewal periods, asking at the rate of that partial count.
 #[tokio::test]
 async fn a_node_new_to_a_shared_counter_is_not_starved() {
-    let Some((_redis, seed, mut rng, mut fleet)) = trial_fleet(
-        "a_node_new_to_a_shared_counter_is_not_starved",
-        3,
-        0x5eed_7000,
-    )
-    .await
-    else {
+    if redis_missing("a_node_new_to_a_shared_counter_is_not_starved") {
         return;
-    };
-    fleet
-        .offer(&mut rng, &[900.0, 900.0, 0.0], 2 * NANOS_PER_SEC)
-        .await;
-    let joined = fleet.clock.now();
-    fleet
-        .offer(&mut rng, &[900.0, 900.0, 900.0], 2 * NANOS_PER_SEC)
-        .await;
-    let period = trial().1.renewal_period();
-    // Its first two renewal periods, then a second: what it admits against the others' mean.
-    let spans = [
-        (joined, joined + 2 * period, 0.25),
-        (joined + NANOS_PER_SEC, joined + 2 * NANOS_PER_SEC, 0.75),
-    ];
-    for (from, to, least) in spans {
-        let admitted: Vec<f64> = (0..3).map(|i| fleet.on(i, from, to).1 as f64).collect();
-        let others = (admitted[0] + admitted[1]) / 2.0;
-        assert!(
-            admitted[2] >= least * others,
-            "SHARE_SEED={seed}: in the {} ms from {} ms after it joined, the new node admitted \
-             {} against the others' {others} (at least {least} of it)",
-            (to - from) / MS,
-            (from - joined) / MS,
-            admitted[2]
-        );
     }
-    fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
-    fleet.close().await;
+    let redis = RedisProcess::start();
+    // Fixed seeds, so that CI runs the same schedules every time; `SHARE_SEED=N` runs another.
+    let seeds = match std::env::var("SHARE_SEED") {
+        Ok(_) => seeds("SHARE_SEED"),
+        Err(_) => vec![11, 22, 33],
+    };
+    for (run, seed) in seeds.into_iter().enumerate() {
+        let mut rng = Lcg(seed);
+        let mut fleet = Fleet::start(&redis.url(), 3, 0x5eed_7000 + run as u128, trial()).await;
+        fleet
+            .offer(&mut rng, &[900.0, 900.0, 0.0], 2 * NANOS_PER_SEC)
+            .await;
+        let joined = fleet.clock.now();
+        fleet
+            .offer(&mut rng, &[900.0, 900.0, 900.0], 2 * NANOS_PER_SEC)
+            .await;
+        let period = trial().1.renewal_period();
+        // Its first two renewal periods, then a second: what it admits against the others' mean.
+        let spans = [
+            (joined, joined + 2 * period, 0.25),
+            (joined + NANOS_PER_SEC, joined + 2 * NANOS_PER_SEC, 0.75),
+        ];
+        for (from, to, least) in spans {
+            let admitted: Vec<f64> = (0..3).map(|i| fleet.on(i, from, to).1 as f64).collect();
+            let others = (admitted[0] + admitted[1]) / 2.0;
+            assert!(
+                admitted[2] >= least * others,
+                "SHARE_SEED={seed}: in the {} ms from {} ms after it joined, the new node \
+                 admitted {} against the others' {others} (at least {least} of it)",
+                (to - from) / MS,
+                (from - joined) / MS,
+                admitted[2]
+            );
+        }
+        fleet.check_bound(&[50 * MS, NANOS_PER_SEC], &format!("SHARE_SEED={seed}"));
+        fleet.close().await;
+    }
 }

@@ -108,6 +108,26 @@ impl Receiver {
         format!("http://{addr}")
     }
 
+    /// Serves on `listener` until `stop` fires; then ends its connections.
+    fn serve_until(
+        &self,
+        listener: tokio::net::TcpListener,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> tokio::task::JoinHandle<()> {
+        let service = TraceServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async {
+                        let _ = stop.await;
+                    },
+                )
+                .await;
+        })
+    }
+
     /// Serves on 127.0.0.1:0; returns its URL.
     async fn start(&self) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -544,6 +564,74 @@ async fn a_dead_collector_costs_no_time(dead: &str) {
         stopping.elapsed()
     );
     plain.stop().await.unwrap();
+}
+
+/// A collector that comes and goes (up 1 s, down 1 s, for 6 s) while calls go on: every call
+/// is answered and none waits on it, spans are exported while it is up and the ones it cannot
+/// take are counted as dropped, and the server still stops at once.
+#[tokio::test]
+async fn a_collector_that_flaps_delays_no_answer() {
+    let port = free_port();
+    let receiver = Receiver::default();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let s = TestServer::start_with(&[("p.yaml", POLICY)], |w| {
+        traced(&endpoint, 1.0)(w);
+        w.tracing.export_timeout_ms = 200;
+        w.tracing.shutdown_timeout_ms = 300;
+    })
+    .await;
+    timed_calls(&s, 20).await;
+    let (mut calls, mut slowest) = (0, Duration::ZERO);
+    for _ in 0..3 {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("the collector's port again");
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let up = receiver.serve_until(listener, stopped);
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let (_, slow) = timed_calls(&s, 20).await;
+            (calls, slowest) = (calls + 20, slowest.max(slow));
+        }
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(2), up).await;
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let (_, slow) = timed_calls(&s, 20).await;
+            (calls, slowest) = (calls + 20, slowest.max(slow));
+        }
+    }
+    assert!(
+        slowest < Duration::from_millis(500),
+        "the slowest of {calls} calls took {slowest:?}"
+    );
+    let exported = metric(s.admin, "sluice_tracing_spans_exported_total").await;
+    assert!(
+        exported.unwrap_or(0.0) > 0.0,
+        "exported while up: {exported:?}"
+    );
+    assert!(!receiver.spans().is_empty(), "the collector received spans");
+    let dropped = eventually(Duration::from_secs(10), || async {
+        metric(
+            s.admin,
+            "sluice_tracing_spans_dropped_total{reason=\"export_failed\"}",
+        )
+        .await
+        .unwrap_or(0.0)
+            > 0.0
+    })
+    .await;
+    assert!(
+        dropped,
+        "the spans of the down seconds are counted as dropped"
+    );
+    let stopping = Instant::now();
+    s.stop().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "stop took {:?}",
+        stopping.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -31,6 +31,19 @@ impl Call {
             Self::Lease(l) => l.reply.is_closed(),
         }
     }
+
+    /// Answers its caller with `error`, unsent.
+    pub(super) fn fail(self, error: BackendError) {
+        // A caller that stopped waiting is answered by nobody.
+        match self {
+            Self::Count(c) => {
+                let _ = c.reply.send(Err(error));
+            }
+            Self::Lease(l) => {
+                let _ = l.reply.send(Err(error));
+            }
+        }
+    }
 }
 
 /// A request waiting for a lean-script call.

@@ -10,7 +10,12 @@
 //! `on_backend_error`) is dropped before it is sent; one already sent when its caller left has
 //! what it charged given back as soon as its answer arrives, so a request answered otherwise is
 //! not charged in Redis as well. A call the connection gave up on at its own deadline gets no
-//! answer to give back: at most the [`IN_FLIGHT`] calls out when Redis stopped answering.
+//! answer to give back: at most the [`IN_FLIGHT`] calls out when Redis stopped answering. So once a
+//! call times out the connection is stalled: every call is answered with the timeout at once,
+//! unsent, and a `PING` (which charges nothing) probes it, one at a time (at once, then as calls
+//! come), until an answer comes. Otherwise each call sent behind the unanswered ones would wait in
+//! Redis's socket, be given up on in turn, and be carried out and charged when Redis reads again,
+//! however long the pause and whatever `on_backend_error` answered meanwhile.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -46,10 +51,25 @@ impl RedisStore {
     pub(super) async fn coalesce(&self, mut queue: mpsc::Receiver<Call>) {
         let mut in_flight = FuturesUnordered::new();
         let mut carry: Option<Call> = None;
+        // A call timed out and Redis has answered nothing since (module header).
+        let mut stalled = false;
+        let mut probing = false;
         loop {
             tokio::select! {
                 next = recv(&mut carry, &mut queue), if in_flight.len() < IN_FLIGHT => {
                     let Some(mut job) = next else { return };
+                    if stalled {
+                        let timeout = BackendError::Timeout(self.config.timeout);
+                        job.fail(timeout.clone());
+                        while let Ok(next) = queue.try_recv() {
+                            next.fail(timeout.clone());
+                        }
+                        if !probing {
+                            probing = true;
+                            in_flight.push(Box::pin(self.probe()) as Trip<'_>);
+                        }
+                        continue;
+                    }
                     let (mut batch, mut leases, mut keys) = (Vec::new(), Vec::new(), 0);
                     loop {
                         match job {
@@ -79,16 +99,42 @@ impl RedisStore {
                     if batch.is_empty() && leases.is_empty() {
                         continue;
                     }
-                    in_flight.push(self.send(batch, leases));
+                    in_flight.push(Box::pin(self.send(batch, leases)) as Trip<'_>);
                 }
-                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                Some(trip) = in_flight.next(), if !in_flight.is_empty() => match trip {
+                    Heard::Answer => stalled = false,
+                    Heard::Timeout => {
+                        stalled = true;
+                        // Probed at once, so that a Redis that was only slow is trusted again
+                        // within a round trip; then again with each call that comes while it
+                        // stays stalled, never in a loop of its own.
+                        if !probing {
+                            probing = true;
+                            in_flight.push(Box::pin(self.probe()) as Trip<'_>);
+                        }
+                    }
+                    Heard::Failure => {}
+                    Heard::Probe(answered) => {
+                        probing = false;
+                        stalled &= !answered;
+                    }
+                },
             }
         }
     }
 
+    /// A `PING` on the coalesced calls' connection: whether Redis answered it in time.
+    async fn probe(&self) -> Heard {
+        let Ok(mut c) = self.single() else {
+            return Heard::Probe(false);
+        };
+        let answer = redis::cmd("PING").query_async::<Value>(&mut c).await;
+        Heard::Probe(answer.is_ok())
+    }
+
     /// One round trip for `batch` and `leases`; every request and lease call gets its own
-    /// answer, or the round trip's error.
-    async fn send(&self, batch: Vec<CountCall>, leases: Vec<LeaseCall>) {
+    /// answer, or the round trip's error. What was heard of Redis.
+    async fn send(&self, batch: Vec<CountCall>, leases: Vec<LeaseCall>) -> Heard {
         let (answers, leased) = if leases.is_empty() {
             (self.call(&batch).await, Vec::new())
         } else {
@@ -96,6 +142,11 @@ impl RedisStore {
                 Ok((answers, leased)) => (answers, leased),
                 Err(e) => (Err(e.clone()), vec![Err(e); leases.len()]),
             }
+        };
+        let heard = match &answers {
+            Ok(_) => Heard::Answer,
+            Err(BackendError::Timeout(_)) => Heard::Timeout,
+            Err(_) => Heard::Failure,
         };
         match answers {
             Ok(answers) => {
@@ -120,6 +171,7 @@ impl RedisStore {
         for (l, a) in leases.into_iter().zip(leased) {
             let _ = l.reply.send(a);
         }
+        heard
     }
 
     /// Gives back, in one call, the charges of requests whose callers stopped waiting before
@@ -245,6 +297,21 @@ fn charged(ops: &[Op], answer: &Batch) -> Vec<Op> {
         })
         .collect()
 }
+
+/// What one round trip of the coalescer heard of Redis.
+enum Heard {
+    /// An answer: Redis reads the connection.
+    Answer,
+    /// No answer within the deadline: the connection is stalled.
+    Timeout,
+    /// Another failure, which says nothing of the calls behind it.
+    Failure,
+    /// A probe of a stalled connection, answered in time or not.
+    Probe(bool),
+}
+
+/// A round trip in flight.
+type Trip<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Heard> + Send + 'a>>;
 
 /// The lean script's answers to a batch, one per request.
 type Answers = Result<Vec<Batch>, BackendError>;

@@ -126,8 +126,40 @@ struct Heat {
     second: u64,
     /// Hits counted this second.
     count: u64,
+    /// When `count` began: the second's start, or the instant the key took the slot.
+    from: u64,
     /// Hits in the second before.
     prev: u64,
+    /// When `prev` began.
+    prev_from: u64,
+}
+
+impl Heat {
+    /// Moves the count on to the second of `now`.
+    fn roll(&mut self, now: u64) {
+        let second = now / NANOS_PER_SEC;
+        if self.second != second {
+            self.prev = if self.second + 1 == second {
+                self.count
+            } else {
+                0
+            };
+            self.prev_from = self.from;
+            self.count = 0;
+            self.second = second;
+            self.from = second.saturating_mul(NANOS_PER_SEC);
+        }
+    }
+
+    /// The hits counted for the slot's key and when their count began: this second's, with
+    /// the second before's when it counted any.
+    fn seen(&self) -> (u64, u64) {
+        if self.prev > 0 {
+            (self.prev.saturating_add(self.count), self.prev_from)
+        } else {
+            (self.count, self.from)
+        }
+    }
 }
 
 /// The leased backend: a [`RedisStore`] and this node's leases of hot counters.
@@ -335,15 +367,8 @@ impl LeasedStore {
     /// count down and take the slot over once it reaches 0, so the slot keeps whichever key is
     /// hotter.
     fn heat(&self, key: Key, cost: u64, now: u64) -> u64 {
-        // Truncation intended: the key is a hash, its low bits pick the slot.
-        let slot = &self.heat[(key as usize) & (HEAT_SLOTS - 1)];
-        let mut h = lock(slot);
-        let second = now / NANOS_PER_SEC;
-        if h.second != second {
-            h.prev = if h.second + 1 == second { h.count } else { 0 };
-            h.count = 0;
-            h.second = second;
-        }
+        let mut h = lock(self.heat_slot(key));
+        h.roll(now);
         if h.key != key {
             if h.count > cost || h.prev >= self.config.min_rate {
                 h.count -= cost.min(h.count);
@@ -351,13 +376,27 @@ impl LeasedStore {
             }
             *h = Heat {
                 key,
-                second,
+                second: h.second,
                 count: 0,
+                from: now,
                 prev: 0,
+                prev_from: now,
             };
         }
         h.count += cost;
         h.count.max(h.prev)
+    }
+
+    /// The hits counted on `key` as of `now` and when their count began, if it holds its slot.
+    fn seen(&self, key: Key, now: u64) -> Option<(u64, u64)> {
+        let mut h = lock(self.heat_slot(key));
+        h.roll(now);
+        (h.key == key).then(|| h.seen())
+    }
+
+    fn heat_slot(&self, key: Key) -> &Mutex<Heat> {
+        // Truncation intended: the key is a hash, its low bits pick the slot.
+        &self.heat[(key as usize) & (HEAT_SLOTS - 1)]
     }
 
     /// The answer from leases, or `None` when the request must go to Redis (then takes are
@@ -774,9 +813,15 @@ impl LeasedStore {
                 // than it asked for even so. The counter is contended, and this node asks for a
                 // share.
                 if (l.ahead || granted < ask) && l.share.is_none() && l.quota == quota {
-                    // Precision intended: a rate.
+                    // Its demand measured over the time its hits were counted, which may be
+                    // part of a second: never that count taken for a rate.
+                    let demand = match self.seen(key, received) {
+                        Some((hits, since)) => Demand::counted(hits, since),
+                        // Precision intended: a rate.
+                        None => Demand::new(rate as f64, received),
+                    };
                     l.share = Some(Share {
-                        demand: Demand::new(rate as f64, received),
+                        demand,
                         next: received,
                         millionths: 0,
                         debt,
