@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use super::written::TracingSection;
 use super::{
-    AdminLimits, BackendKind, BackendSettings, GrpcLimits, GrpcTls, GrpcTlsSection, LeaseSection,
-    LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, RedisSection, Settings, SettingsError, Written,
+    AdminLimits, BackendKind, BackendSettings, DEFAULT_XDS_MAX_MESSAGE_BYTES, GrpcLimits, GrpcTls,
+    GrpcTlsSection, LeaseSection, LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, PolicySource,
+    RedisSection, Settings, SettingsError, Written, XdsBackoff, XdsSection, XdsSettings, XdsTls,
 };
 use crate::decision::{self, Caps, HeaderOptions};
 use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
@@ -147,11 +148,16 @@ impl Written {
             BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
         };
         let tracing = tracing_config(&self.tracing)?;
+        let xds = match self.policy_source {
+            PolicySource::Files => None,
+            PolicySource::Xds => Some(xds_config(&self.xds)?),
+        };
         let lease = lease_config(&self.redis.lease)?
             .filter(|_| matches!(backend, BackendSettings::Redis(_)));
         Ok(Settings {
             grpc_addr: self.grpc_addr,
             admin_addr: self.admin_addr,
+            xds,
             policies: self.policies,
             policy_files: self.policy_files,
             watch_policies: self.watch_policies,
@@ -245,6 +251,139 @@ fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
             handshake_timeout: Duration::from_millis(t.handshake_timeout_ms),
         })),
     }
+}
+
+/// The xDS server's settings: the URL split into authority and host, TLS from the scheme or
+/// `xds.tls.enabled`, header names checked as gRPC metadata keys, the backoff in range.
+fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
+    let err = |setting, value: &str, why: &str| SettingsError::Xds {
+        setting,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    let url = x.url.trim();
+    let (scheme_tls, authority) = match url.split_once("://") {
+        None => (false, url),
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        Some(_) => {
+            return Err(err(
+                "xds.url",
+                url,
+                "the scheme must be http:// or https://",
+            ));
+        }
+    };
+    let authority = authority.trim_end_matches('/');
+    let parsed: tonic::codegen::http::uri::Authority = authority
+        .parse()
+        .map_err(|_| err("xds.url", url, "not host:port"))?;
+    if parsed.port_u16().is_none() || parsed.host().is_empty() || authority.contains('@') {
+        return Err(err("xds.url", url, "not host:port (the port is required)"));
+    }
+    if x.tls.enabled && url.starts_with("http://") {
+        return Err(err(
+            "xds.url",
+            url,
+            "http:// with xds.tls.enabled; write host:port or https://",
+        ));
+    }
+    if x.node_id.trim().is_empty() {
+        return Err(err("xds.node_id", &x.node_id, "empty"));
+    }
+    let mut headers = Vec::new();
+    for (name, value) in &x.headers {
+        let lower = name.trim().to_ascii_lowercase();
+        if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(lower.as_bytes())
+            .is_err()
+            || lower.ends_with("-bin")
+            || lower.starts_with("grpc-")
+        {
+            return Err(err(
+                "xds.headers",
+                name,
+                "not a gRPC metadata name (token characters, not grpc-*, not *-bin)",
+            ));
+        }
+        if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(value.as_str())
+            .is_err()
+        {
+            return Err(err("xds.headers", name, "its value is not visible ASCII"));
+        }
+        headers.push((lower, value.clone()));
+    }
+    let b = &x.backoff;
+    if b.initial_ms == 0 {
+        return Err(SettingsError::Zero {
+            setting: "xds.backoff.initial_ms",
+        });
+    }
+    if b.max_ms < b.initial_ms {
+        return Err(err(
+            "xds.backoff.max_ms",
+            &b.max_ms.to_string(),
+            "shorter than xds.backoff.initial_ms",
+        ));
+    }
+    if !(0.0..=1.0).contains(&b.random_factor) {
+        return Err(err(
+            "xds.backoff.random_factor",
+            &b.random_factor.to_string(),
+            "not between 0 and 1",
+        ));
+    }
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let t = &x.tls;
+    let (cert, key, ca) = (path(&t.cert_file), path(&t.key_file), path(&t.ca_file));
+    let san = t.san.clone().filter(|s| !s.trim().is_empty());
+    let tls = scheme_tls || t.enabled;
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(SettingsError::TlsNeeds {
+                setting: "xds.tls.cert_file",
+                needs: "xds.tls.key_file",
+            });
+        }
+        (None, Some(_)) => {
+            return Err(SettingsError::TlsNeeds {
+                setting: "xds.tls.key_file",
+                needs: "xds.tls.cert_file",
+            });
+        }
+    };
+    if !tls && (client.is_some() || ca.is_some() || san.is_some()) {
+        return Err(SettingsError::TlsNeeds {
+            setting: "xds.tls.cert_file, key_file, ca_file or san",
+            needs: "xds.tls.enabled (or an https:// xds.url)",
+        });
+    }
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+    Ok(XdsSettings {
+        authority: authority.to_string(),
+        host: host.to_string(),
+        node_id: x.node_id.trim().to_string(),
+        node_metadata: x.node_metadata.clone(),
+        headers,
+        max_message_bytes: if x.max_message_bytes == 0 {
+            DEFAULT_XDS_MAX_MESSAGE_BYTES
+        } else {
+            x.max_message_bytes
+        },
+        force_start: x.force_start,
+        backoff: XdsBackoff {
+            initial: Duration::from_millis(b.initial_ms),
+            max: Duration::from_millis(b.max_ms),
+            random_factor: b.random_factor,
+            jitter: b.jitter,
+        },
+        tls: tls.then(|| XdsTls {
+            client,
+            ca_file: ca,
+            server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
+        }),
+    })
 }
 
 /// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).

@@ -28,3 +28,4 @@ mod shares;
 mod tls;
 mod traces;
 mod wire;
+mod xds;

@@ -11,6 +11,7 @@ mod listeners;
 mod observability;
 mod policies;
 mod redis;
+mod xds;
 
 use std::collections::BTreeMap;
 
@@ -101,6 +102,7 @@ pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, Compat
     let mut m = Mapped::default();
     listeners::addresses(&env, &mut m)?;
     observability::logging(&env, &mut m)?;
+    xds::source(&env, &mut m)?;
     policies::runtime(&env, &mut m)?;
     redis::backend(&env, &mut m)?;
     decisions::answers(&env, &mut m)?;
@@ -165,15 +167,6 @@ fn unsupported_error(variable: &'static str, why: &str) -> CompatError {
 /// Variables that ask for what sluice does not offer yet, where ignoring them would change
 /// where configuration comes from or where clients connect: errors.
 fn unsupported(env: &Env<'_>) -> Result<(), CompatError> {
-    if let Some(v) = env.get("CONFIG_TYPE")
-        && !v.eq_ignore_ascii_case("FILE")
-    {
-        return Err(bad(
-            "CONFIG_TYPE",
-            v,
-            "not supported: only FILE (policies from the runtime directory)",
-        ));
-    }
     if env.get("GRPC_UDS").is_some() {
         return Err(unsupported_error(
             "GRPC_UDS",
@@ -275,7 +268,7 @@ mod tests {
             "GRPC_SERVER_TLS_CERT"
         );
         assert_eq!(
-            map(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])
+            map(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")])
                 .unwrap_err()
                 .variable,
             "CONFIG_TYPE"

@@ -1,0 +1,627 @@
+//! Policies pushed over xDS: a management server in the test shaped like Envoy Gateway's (ADS,
+//! state of the world; only node id `envoy-ratelimit` is answered; versions from a counter, a
+//! nonce per response; a fresh wildcard stream gets the snapshot; nothing while it is empty)
+//! drives the app with Envoy Gateway's descriptor trees. Then the broken and hostile servers:
+//! an oversized response, another type, a silent server, a flood of versions.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::Stream;
+use prost::Message;
+use sluice::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use sluice::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use sluice::pb::rate_limit_response::Code;
+use sluice::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use sluice::pb::{RateLimitRequest, RateLimitResponse};
+use sluice::settings::{PolicySource, Written};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::helpers::{TestServer, descriptor, eventually, http_get, request};
+
+/// Envoy Gateway's node id for its rate-limit service.
+const NODE_ID: &str = "envoy-ratelimit";
+const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+const ROUTE: &str = "httproute/default/r/rule/0/match/0/x";
+const DOMAIN: &str = "default/eg/http";
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// What the server holds: a version (from a counter) and the response's resources.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    version: String,
+    type_url: String,
+    resources: Vec<prost_types::Any>,
+}
+
+/// The management server's state, shared by its streams and the test.
+#[derive(Clone)]
+struct Control {
+    snapshot: Arc<watch::Sender<Option<Snapshot>>>,
+    counter: Arc<Mutex<u64>>,
+    nonces: Arc<Mutex<u64>>,
+    /// Every request of every stream, in arrival order, with its stream's number and headers.
+    seen: Arc<Mutex<Vec<(usize, DiscoveryRequest, tonic::metadata::MetadataMap)>>>,
+    streams: Arc<Mutex<usize>>,
+}
+
+impl Control {
+    fn new() -> Self {
+        Self {
+            snapshot: Arc::new(watch::channel(None).0),
+            counter: Arc::new(Mutex::new(0)),
+            nonces: Arc::new(Mutex::new(0)),
+            seen: Arc::new(Mutex::new(Vec::new())),
+            streams: Arc::new(Mutex::new(0)),
+        }
+    }
+
+    /// A new snapshot of `configs`; its version.
+    fn set(&self, configs: &[RateLimitConfig]) -> String {
+        self.set_raw(TYPE_URL, configs.iter().map(any).collect())
+    }
+
+    /// A new snapshot of raw resources in a response of `type_url`; its version.
+    fn set_raw(&self, type_url: &str, resources: Vec<prost_types::Any>) -> String {
+        let version = {
+            let mut c = self.counter.lock().unwrap();
+            *c += 1;
+            c.to_string()
+        };
+        self.snapshot.send_replace(Some(Snapshot {
+            version: version.clone(),
+            type_url: type_url.into(),
+            resources,
+        }));
+        version
+    }
+
+    fn requests(&self) -> Vec<(usize, DiscoveryRequest)> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(s, r, _)| (*s, r.clone()))
+            .collect()
+    }
+
+    fn streams(&self) -> usize {
+        *self.streams.lock().unwrap()
+    }
+
+    /// Waits for a request that `matches`; the first one.
+    async fn wait_for(&self, matches: impl Fn(&DiscoveryRequest) -> bool) -> DiscoveryRequest {
+        let mut found = None;
+        let ok = eventually(WITHIN, || {
+            found = self.requests().into_iter().map(|(_, r)| r).find(&matches);
+            let ok = found.is_some();
+            async move { ok }
+        })
+        .await;
+        assert!(ok, "no such request; seen: {:#?}", self.requests());
+        found.unwrap()
+    }
+
+    /// Waits for the ACK of `version`: that version, no error detail, and the nonce of a
+    /// response that carried it.
+    async fn acked(&self, version: &str) -> DiscoveryRequest {
+        let ack = self
+            .wait_for(|r| {
+                r.version_info == version
+                    && r.error_detail.is_none()
+                    && !r.response_nonce.is_empty()
+            })
+            .await;
+        assert_eq!(ack.type_url, TYPE_URL);
+        assert!(ack.resource_names.is_empty(), "a wildcard subscription");
+        ack
+    }
+
+    /// Serves on `listener` until [`Serving::kill`].
+    fn serve(&self, listener: tokio::net::TcpListener) -> Serving {
+        let service = AggregatedDiscoveryServiceServer::new(self.clone())
+            .max_encoding_message_size(usize::MAX);
+        let sockets = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::unbounded_channel::<std::io::Result<tokio::net::TcpStream>>();
+        let held = Arc::clone(&sockets);
+        let accept = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                // A second handle on the socket, to cut the connection from outside tonic.
+                let socket = socket.into_std().unwrap();
+                held.lock().unwrap().push(socket.try_clone().unwrap());
+                let socket = tokio::net::TcpStream::from_std(socket).unwrap();
+                if tx.send(Ok(socket)).is_err() {
+                    return;
+                }
+            }
+        });
+        let incoming =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        Serving {
+            tasks: vec![accept, task],
+            sockets,
+        }
+    }
+
+    fn next_nonce(&self) -> String {
+        let mut n = self.nonces.lock().unwrap();
+        *n += 1;
+        format!("nonce-{n}")
+    }
+}
+
+/// A running management server.
+struct Serving {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Serving {
+    /// Gone as a crashed process is: no listener, every connection cut.
+    async fn kill(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        for socket in self.sockets.lock().unwrap().drain(..) {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Control {
+    type StreamAggregatedResourcesStream = Responses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Responses>, Status> {
+        let stream = {
+            let mut n = self.streams.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        let headers = request.metadata().clone();
+        let mut inbound = request.into_inner();
+        // One response at a time: the next is made only once this one is taken.
+        let (tx, rx) = mpsc::channel::<Result<DiscoveryResponse, Status>>(1);
+        let control = self.clone();
+        tokio::spawn(async move {
+            let mut snapshot = control.snapshot.subscribe();
+            let mut sent: Option<String> = None;
+            let mut answered = false;
+            loop {
+                if answered {
+                    let current = snapshot.borrow_and_update().clone();
+                    if let Some(s) = current
+                        && sent.as_ref() != Some(&s.version)
+                    {
+                        let response = DiscoveryResponse {
+                            version_info: s.version.clone(),
+                            resources: s.resources,
+                            canary: false,
+                            type_url: s.type_url,
+                            nonce: control.next_nonce(),
+                        };
+                        if tx.send(Ok(response)).await.is_err() {
+                            return;
+                        }
+                        sent = Some(s.version);
+                    }
+                }
+                tokio::select! {
+                    changed = snapshot.changed(), if answered => if changed.is_err() { return },
+                    msg = inbound.message() => match msg {
+                        Ok(Some(r)) => {
+                            // Only Envoy Gateway's rate-limit node is ever answered.
+                            answered = r.node.as_ref().is_some_and(|n| n.id == NODE_ID);
+                            control.seen.lock().unwrap().push((stream, r, headers.clone()));
+                        }
+                        _ => return,
+                    },
+                }
+            }
+        });
+        let out =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+fn any(c: &RateLimitConfig) -> prost_types::Any {
+    prost_types::Any {
+        type_url: TYPE_URL.into(),
+        value: c.encode_to_vec(),
+    }
+}
+
+/// Envoy Gateway's tree for one route: `key = value = route name`, then the client's CIDR
+/// `masked_remote_address = 0.0.0.0/0` with `requests_per_unit` per `unit`.
+fn gateway(domain: &str, requests_per_unit: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: domain.into(),
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: ROUTE.into(),
+            value: ROUTE.into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "masked_remote_address".into(),
+                value: "0.0.0.0/0".into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: unit as i32,
+                    requests_per_unit,
+                    ..RateLimitPolicy::default()
+                }),
+                ..RateLimitDescriptor::default()
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+    }
+}
+
+/// Envoy's request for that route from any client.
+fn route_call(domain: &str) -> RateLimitRequest {
+    request(
+        domain,
+        vec![descriptor(&[
+            (ROUTE, ROUTE),
+            ("masked_remote_address", "0.0.0.0/0"),
+        ])],
+    )
+}
+
+/// The limit the app applies to the route in `domain` now (`None`: no rule).
+async fn limit_of(app: &TestServer, domain: &str) -> Option<(u32, i32)> {
+    let answer: RateLimitResponse = app.ok(route_call(domain)).await;
+    answer.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| (l.requests_per_unit, l.unit))
+}
+
+/// Waits until the route in `domain` is limited as `expected`.
+async fn until_limit(app: &TestServer, domain: &str, expected: Option<(u32, i32)>) {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let last = limit_of(app, domain).await;
+        if last == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{domain}: limit {last:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A management server on a loopback port.
+async fn management_server() -> (Control, SocketAddr, Serving) {
+    let control = Control::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = control.serve(listener);
+    (control, addr, task)
+}
+
+/// The app on `policy_source: xds` pointed at `addr` as Envoy Gateway's node, with short waits.
+fn xds_settings(addr: SocketAddr, force_start: bool) -> impl FnOnce(&mut Written) {
+    move |w| {
+        w.policy_source = PolicySource::Xds;
+        w.xds.url = addr.to_string();
+        w.xds.node_id = NODE_ID.into();
+        w.xds.force_start = force_start;
+        w.xds
+            .node_metadata
+            .insert("pod".into(), "ratelimit-0".into());
+        w.xds.headers.insert("x-tenant".into(), "eg".into());
+        w.xds.backoff.initial_ms = 50;
+        w.xds.backoff.max_ms = 200;
+    }
+}
+
+#[tokio::test]
+async fn policies_arrive_are_acked_and_an_update_replaces_every_one() {
+    let (control, addr, _server) = management_server().await;
+    let app = TestServer::start_with(&[], xds_settings(addr, true)).await;
+    // The subscription: Envoy Gateway's node, its metadata and the extra header, wildcard.
+    let first = control.wait_for(|_| true).await;
+    let node = first.node.as_ref().unwrap();
+    assert_eq!(node.id, NODE_ID);
+    let pod = &node.metadata.as_ref().unwrap().fields["pod"];
+    assert_eq!(
+        pod.kind,
+        Some(prost_types::value::Kind::StringValue("ratelimit-0".into()))
+    );
+    assert_eq!(
+        (first.version_info.as_str(), first.response_nonce.as_str()),
+        ("", "")
+    );
+    assert_eq!(first.type_url, TYPE_URL);
+    let header = control.seen.lock().unwrap()[0].2.get("x-tenant").cloned();
+    assert_eq!(header.unwrap(), "eg");
+
+    let v1 = control.set(&[
+        gateway(DOMAIN, 2, RateLimitUnit::Week),
+        gateway("default/eg/https", 5, RateLimitUnit::Minute),
+    ]);
+    let ack = control.acked(&v1).await;
+    assert_eq!(ack.response_nonce, "nonce-1");
+    until_limit(&app, DOMAIN, Some((2, 7))).await;
+    // Decisions follow: 2 a week, the third is over (the clock stands still).
+    let call = route_call(DOMAIN);
+    assert_eq!(app.ok(call.clone()).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        app.ok(call.clone()).await.overall_code,
+        Code::OverLimit as i32
+    );
+    until_limit(&app, "default/eg/https", Some((5, 2))).await;
+
+    // The next version has one domain, with another limit: the other domain is gone.
+    let v2 = control.set(&[gateway(DOMAIN, 100, RateLimitUnit::Second)]);
+    let ack = control.acked(&v2).await;
+    assert_eq!(ack.response_nonce, "nonce-2");
+    until_limit(&app, DOMAIN, Some((100, 1))).await;
+    assert_eq!(limit_of(&app, "default/eg/https").await, None);
+    let (status, rlconfig) = http_get(app.admin, "/rlconfig").await;
+    assert_eq!(status, 200);
+    assert!(
+        rlconfig.contains(DOMAIN) && !rlconfig.contains("default/eg/https"),
+        "{rlconfig}"
+    );
+
+    // An empty list is an empty set, ACKed.
+    let v3 = control.set(&[]);
+    control.acked(&v3).await;
+    until_limit(&app, DOMAIN, None).await;
+}
+
+#[tokio::test]
+async fn a_bad_resource_is_nacked_by_name_and_the_last_good_set_keeps_deciding() {
+    let (control, addr, _server) = management_server().await;
+    let app = TestServer::start_with(&[], xds_settings(addr, true)).await;
+    let good = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Hour)]);
+    control.acked(&good).await;
+    until_limit(&app, DOMAIN, Some((3, 3))).await;
+
+    // A limited descriptor with unit UNKNOWN, beside a good resource.
+    let bad = control.set(&[
+        gateway("default/eg/other", 1, RateLimitUnit::Second),
+        gateway("default/eg/broken", 1, RateLimitUnit::Unknown),
+    ]);
+    let nack = control.wait_for(|r| r.error_detail.is_some()).await;
+    // The last accepted version, the rejected response's nonce, and why.
+    assert_eq!(nack.version_info, good);
+    assert_eq!(nack.response_nonce, "nonce-2");
+    let detail = nack.error_detail.unwrap();
+    assert_eq!(detail.code, 3);
+    assert_eq!(
+        detail.message,
+        "default/eg/broken: descriptors[0].descriptors[0].rate_limit.unit: invalid rate limit \
+         unit \"UNKNOWN\" (expected second, minute, hour, day, week, month or year)"
+    );
+    assert_ne!(bad, good);
+    // Nothing of the rejected response is in force.
+    assert_eq!(limit_of(&app, DOMAIN).await, Some((3, 3)));
+    assert_eq!(limit_of(&app, "default/eg/other").await, None);
+
+    // A resource of another type in the list: NACKed too.
+    let cluster = prost_types::Any {
+        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+        value: vec![],
+    };
+    control.set_raw(
+        TYPE_URL,
+        vec![any(&gateway(DOMAIN, 9, RateLimitUnit::Day)), cluster],
+    );
+    let nack = control.wait_for(|r| r.response_nonce == "nonce-3").await;
+    assert_eq!(nack.version_info, good);
+    let message = nack.error_detail.expect("a NACK").message;
+    assert!(
+        message.starts_with(
+            "resources[1]: type \"type.googleapis.com/envoy.config.cluster.v3.Cluster\""
+        ),
+        "{message}"
+    );
+    assert_eq!(limit_of(&app, DOMAIN).await, Some((3, 3)));
+
+    // And a response of another type altogether.
+    control.set_raw(
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+        vec![],
+    );
+    let nack = control.wait_for(|r| r.response_nonce == "nonce-4").await;
+    assert_eq!(nack.version_info, good);
+    assert!(
+        nack.error_detail
+            .expect("a NACK")
+            .message
+            .starts_with("response type")
+    );
+    assert_eq!(limit_of(&app, DOMAIN).await, Some((3, 3)));
+
+    // The next good version is accepted.
+    let fixed = control.set(&[gateway(DOMAIN, 4, RateLimitUnit::Hour)]);
+    control.acked(&fixed).await;
+    until_limit(&app, DOMAIN, Some((4, 3))).await;
+    let rejected =
+        crate::helpers::metric(app.admin, "sluice_xds_responses_total{result=\"rejected\"}").await;
+    assert!(rejected.is_some_and(|n| n >= 3.0), "{rejected:?}");
+}
+
+#[tokio::test]
+async fn the_server_goes_away_and_comes_back_and_the_client_rejoins() {
+    let (control, addr, server) = management_server().await;
+    let app = TestServer::start_with(&[], xds_settings(addr, true)).await;
+    let v = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    control.acked(&v).await;
+    until_limit(&app, DOMAIN, Some((3, 2))).await;
+
+    // Gone: every stream dropped, nothing listening.
+    server.kill().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        limit_of(&app, DOMAIN).await,
+        Some((3, 2)),
+        "kept while the server is away"
+    );
+    let (status, _) = http_get(app.admin, "/healthcheck").await;
+    assert_eq!(status, 200);
+
+    // Back, restarted as Envoy Gateway restarts: its version counter starts again from 1.
+    let again = Control::new();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let _server = again.serve(listener);
+    let first = again.wait_for(|_| true).await;
+    assert_eq!(
+        first.version_info, v,
+        "the rejoining client says what it runs"
+    );
+    assert_eq!(first.response_nonce, "");
+    let restarted = again.set(&[gateway(DOMAIN, 7, RateLimitUnit::Minute)]);
+    assert_eq!(restarted, "1");
+    again.acked(&restarted).await;
+    until_limit(&app, DOMAIN, Some((7, 2))).await;
+}
+
+#[tokio::test]
+async fn with_force_start_health_is_ok_and_calls_are_unknown_before_any_policy() {
+    let (control, addr, _server) = management_server().await;
+    let app = TestServer::start_with(&[], xds_settings(addr, true)).await;
+    control.wait_for(|_| true).await;
+    let (status, body) = http_get(app.admin, "/healthcheck").await;
+    assert_eq!((status, body.trim()), (200, "OK"));
+    let err = app.call(route_call(DOMAIN)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unknown);
+    assert_eq!(err.message(), "no rate limit configuration loaded");
+    // The empty snapshot is never sent: still nothing loaded.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(control.requests().len(), 1);
+    let v = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    control.acked(&v).await;
+    until_limit(&app, DOMAIN, Some((3, 2))).await;
+}
+
+#[tokio::test]
+async fn without_force_start_health_waits_for_the_first_policies() {
+    let (control, addr, _server) = management_server().await;
+    let app = TestServer::start_with(&[], xds_settings(addr, false)).await;
+    control.wait_for(|_| true).await;
+    let (status, _) = http_get(app.admin, "/healthcheck").await;
+    assert_eq!(status, 500);
+    let mut health = app.health().await;
+    let check = |service: &str| tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    let serving = |r: tonic_health::pb::HealthCheckResponse| r.status;
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    let answer = health.check(check("ratelimit")).await.unwrap().into_inner();
+    assert_eq!(serving(answer), not_serving);
+    let err = app.call(route_call(DOMAIN)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unknown);
+
+    let v = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    control.acked(&v).await;
+    assert!(
+        eventually(WITHIN, || async {
+            http_get(app.admin, "/healthcheck").await.0 == 200
+        })
+        .await,
+        "healthy after the first policies"
+    );
+    let answer = health.check(check("ratelimit")).await.unwrap().into_inner();
+    assert_eq!(
+        serving(answer),
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    until_limit(&app, DOMAIN, Some((3, 2))).await;
+}
+
+#[tokio::test]
+async fn an_oversized_response_resets_the_stream_and_the_last_good_set_stays() {
+    let (control, addr, _server) = management_server().await;
+    let app = TestServer::start_with(&[], |w| {
+        xds_settings(addr, true)(w);
+        w.xds.max_message_bytes = 4_096;
+    })
+    .await;
+    let good = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    control.acked(&good).await;
+    until_limit(&app, DOMAIN, Some((3, 2))).await;
+
+    // Far over the limit: one domain with a 64 KiB route name.
+    let mut big = gateway("default/eg/big", 1, RateLimitUnit::Minute);
+    big.descriptors[0].value = "x".repeat(65_536);
+    control.set(&[big]);
+    // The stream is reset and opened again (again and again, after the backoff), subscribing
+    // with the last good version; nothing of the big response is ever ACKed or NACKed.
+    assert!(
+        eventually(WITHIN, || async { control.streams() >= 3 }).await,
+        "streams: {}",
+        control.streams()
+    );
+    let rejoined: Vec<_> = control
+        .requests()
+        .into_iter()
+        .filter(|(s, _)| *s > 1)
+        .map(|(_, r)| r)
+        .collect();
+    assert!(!rejoined.is_empty());
+    for r in &rejoined {
+        assert_eq!(
+            (r.version_info.as_str(), r.error_detail.is_none()),
+            (good.as_str(), true)
+        );
+    }
+    assert_eq!(limit_of(&app, DOMAIN).await, Some((3, 2)));
+    assert_eq!(limit_of(&app, "default/eg/big").await, None);
+
+    // A server that comes to its senses is followed again.
+    let fixed = control.set(&[gateway(DOMAIN, 5, RateLimitUnit::Minute)]);
+    control.acked(&fixed).await;
+    until_limit(&app, DOMAIN, Some((5, 2))).await;
+}
+
+#[tokio::test]
+async fn a_silent_server_is_waited_for_without_reconnecting() {
+    let (control, addr, _server) = management_server().await;
+    // Another node id: Envoy Gateway's cache never answers it.
+    let app = TestServer::start_with(&[], |w| {
+        xds_settings(addr, true)(w);
+        w.xds.node_id = "not-envoy-ratelimit".into();
+    })
+    .await;
+    control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    control.wait_for(|_| true).await;
+    // With a 50 ms backoff, a client that gave up on silence would have come back many times.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!((control.streams(), control.requests().len()), (1, 1));
+    let err = app.call(route_call(DOMAIN)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unknown);
+    let (status, _) = http_get(app.admin, "/healthcheck").await;
+    assert_eq!(status, 200);
+}
