@@ -5,6 +5,7 @@
 //! an oversized response, another type, a silent server, a flood of versions.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,20 +127,42 @@ impl Control {
 
     /// Serves on `listener` until [`Serving::kill`].
     fn serve(&self, listener: tokio::net::TcpListener) -> Serving {
+        self.serve_with(listener, None)
+    }
+
+    /// Serves on `listener`, over TLS through `tls` when given (a connection whose handshake
+    /// fails is counted in [`Serving::refused`] and dropped).
+    fn serve_with(
+        &self,
+        listener: tokio::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Serving {
         let service = AggregatedDiscoveryServiceServer::new(self.clone())
             .max_encoding_message_size(usize::MAX);
         let sockets = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::unbounded_channel::<std::io::Result<tokio::net::TcpStream>>();
-        let held = Arc::clone(&sockets);
+        let refused = Arc::new(Mutex::new(0usize));
+        let (tx, rx) = mpsc::unbounded_channel::<std::io::Result<Io>>();
+        let (held, failed) = (Arc::clone(&sockets), Arc::clone(&refused));
         let accept = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 // A second handle on the socket, to cut the connection from outside tonic.
                 let socket = socket.into_std().unwrap();
                 held.lock().unwrap().push(socket.try_clone().unwrap());
                 let socket = tokio::net::TcpStream::from_std(socket).unwrap();
-                if tx.send(Ok(socket)).is_err() {
-                    return;
-                }
+                let (tx, failed, tls) = (tx.clone(), Arc::clone(&failed), tls.clone());
+                tokio::spawn(async move {
+                    let io = match tls {
+                        None => Io::Plain(socket),
+                        Some(tls) => match tls.accept(socket).await {
+                            Ok(s) => Io::Tls(Box::new(s)),
+                            Err(_) => {
+                                *failed.lock().unwrap() += 1;
+                                return;
+                            }
+                        },
+                    };
+                    let _ = tx.send(Ok(io));
+                });
             }
         });
         let incoming =
@@ -156,6 +179,7 @@ impl Control {
         Serving {
             tasks: vec![accept, task],
             sockets,
+            refused,
         }
     }
 
@@ -170,9 +194,72 @@ impl Control {
 struct Serving {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
+    refused: Arc<Mutex<usize>>,
+}
+
+/// A connection to the management server, plain or TLS.
+enum Io {
+    Plain(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>),
+}
+
+impl tonic::transport::server::Connected for Io {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 impl Serving {
+    /// Connections whose TLS handshake failed.
+    fn refused(&self) -> usize {
+        *self.refused.lock().unwrap()
+    }
+
     /// Gone as a crashed process is: no listener, every connection cut.
     async fn kill(self) {
         for task in &self.tasks {
@@ -624,4 +711,218 @@ async fn a_silent_server_is_waited_for_without_reconnecting() {
     assert_eq!(err.code(), tonic::Code::Unknown);
     let (status, _) = http_get(app.admin, "/healthcheck").await;
     assert_eq!(status, 200);
+}
+
+/// Runs `openssl` with `args` in `dir`; panics with its stderr when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Certificates as Envoy Gateway makes them (`internal/crypto/certgen.go`): RSA 2048 keys written
+/// as PKCS#1 (`RSA PRIVATE KEY`), key usage set, no extended key usage. In `dir`: `ca.crt`;
+/// the server's `server.crt`/`server.key` for `envoy-gateway` (and 127.0.0.1); the client's
+/// `client.crt`/`client.key` (CN `envoy`, DNS `*.envoy-gateway-system`); and a client
+/// certificate of another CA, `rogue.crt`/`rogue.key`.
+fn envoy_gateway_certs(dir: &Path) {
+    for ca in ["ca", "other-ca"] {
+        openssl(
+            dir,
+            &[
+                "genrsa",
+                "-traditional",
+                "-out",
+                &format!("{ca}.key"),
+                "2048",
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                &format!("{ca}.key"),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=envoy-gateway",
+                "-out",
+                &format!("{ca}.crt"),
+            ],
+        );
+    }
+    let leaves = [
+        (
+            "server",
+            "ca",
+            "envoy-gateway",
+            "DNS:envoy-gateway,DNS:envoy-gateway.envoy-gateway-system,IP:127.0.0.1",
+        ),
+        ("client", "ca", "envoy", "DNS:*.envoy-gateway-system"),
+        ("rogue", "other-ca", "envoy", "DNS:*.envoy-gateway-system"),
+    ];
+    for (name, ca, cn, san) in leaves {
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName={san}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "genrsa",
+                "-traditional",
+                "-out",
+                &format!("{name}.key"),
+                "2048",
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                &format!("/CN={cn}"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                &format!("{ca}.crt"),
+                "-CAkey",
+                &format!("{ca}.key"),
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.crt"),
+            ],
+        );
+    }
+}
+
+/// Envoy Gateway's xDS server TLS: its certificate, client certificates required and verified
+/// against the CA, TLS 1.3 only, ALPN h2.
+fn envoy_gateway_tls(dir: &Path) -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(dir.join("ca.crt")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .unwrap();
+    let chain: Vec<_> = CertificateDer::pem_file_iter(dir.join("server.crt"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[tokio::test]
+async fn mtls_with_envoy_gateways_certificates_and_rotated_client_files() {
+    if crate::helpers::openssl_missing(
+        "mtls_with_envoy_gateways_certificates_and_rotated_client_files",
+    ) {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    envoy_gateway_certs(dir);
+    let key = std::fs::read_to_string(dir.join("client.key")).unwrap();
+    assert!(
+        key.starts_with("-----BEGIN RSA PRIVATE KEY-----"),
+        "PKCS#1, as Envoy Gateway"
+    );
+    // The mounted files start out holding a certificate the server does not trust.
+    let mounted = tempfile::tempdir().unwrap();
+    let (crt, tls_key) = (
+        mounted.path().join("tls.crt"),
+        mounted.path().join("tls.key"),
+    );
+    std::fs::copy(dir.join("rogue.crt"), &crt).unwrap();
+    std::fs::copy(dir.join("rogue.key"), &tls_key).unwrap();
+
+    let control = Control::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = control.serve_with(listener, Some(envoy_gateway_tls(dir)));
+    let v = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
+    let (ca, crt2, key2) = (dir.join("ca.crt"), crt.clone(), tls_key.clone());
+    let app = TestServer::start_with(&[], move |w| {
+        xds_settings(format!("127.0.0.1:{port}").parse().unwrap(), true)(w);
+        // Envoy Gateway's URL names the host; here the certificate's name is given instead.
+        w.xds.tls.enabled = true;
+        w.xds.tls.cert_file = Some(crt2);
+        w.xds.tls.key_file = Some(key2);
+        w.xds.tls.ca_file = Some(ca);
+        w.xds.tls.san = Some("envoy-gateway".into());
+    })
+    .await;
+    assert!(
+        eventually(WITHIN, || async { server.refused() >= 2 }).await,
+        "the untrusted client certificate is refused, and tried again"
+    );
+    assert!(control.requests().is_empty());
+    // Rotated in place, as the kubelet updates a mounted Secret: the next attempt uses it.
+    std::fs::copy(dir.join("client.crt"), &crt).unwrap();
+    std::fs::copy(dir.join("client.key"), &tls_key).unwrap();
+    control.acked(&v).await;
+    until_limit(&app, DOMAIN, Some((3, 2))).await;
+
+    // A server name the certificate does not carry is refused by the client.
+    let wrong = TestServer::start_with(&[], move |w| {
+        xds_settings(format!("127.0.0.1:{port}").parse().unwrap(), true)(w);
+        w.xds.tls.enabled = true;
+        w.xds.tls.cert_file = Some(crt);
+        w.xds.tls.key_file = Some(tls_key);
+        w.xds.tls.ca_file = Some(certs.path().join("ca.crt"));
+        w.xds.tls.san = Some("not-envoy-gateway".into());
+    })
+    .await;
+    let before = control.requests().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        control.requests().len(),
+        before,
+        "no stream without a trusted server"
+    );
+    let err = wrong.call(route_call(DOMAIN)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unknown);
 }
