@@ -511,6 +511,20 @@ impl Process {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log lines after "serving" not read yet, until none comes for `quiet`.
+    pub fn log_for(&self, quiet: std::time::Duration) -> Vec<serde_json::Value> {
+        let mut lines = Vec::new();
+        while let Ok(event) = self.log.recv_timeout(quiet) {
+            lines.push(event);
+        }
+        lines
+    }
+
     /// The first log line after "serving" with the message `message`, waiting at most `within`.
     pub fn logged(&self, message: &str, within: std::time::Duration) -> Option<serde_json::Value> {
         let deadline = std::time::Instant::now() + within;

@@ -127,60 +127,16 @@ impl Control {
 
     /// Serves on `listener` until [`Serving::kill`].
     fn serve(&self, listener: tokio::net::TcpListener) -> Serving {
-        self.serve_with(listener, None)
+        serve_ads(self.clone(), listener, None)
     }
 
-    /// Serves on `listener`, over TLS through `tls` when given (a connection whose handshake
-    /// fails is counted in [`Serving::refused`] and dropped).
-    fn serve_with(
+    /// Serves on `listener` over TLS through `tls`.
+    fn serve_tls(
         &self,
         listener: tokio::net::TcpListener,
-        tls: Option<tokio_rustls::TlsAcceptor>,
+        tls: tokio_rustls::TlsAcceptor,
     ) -> Serving {
-        let service = AggregatedDiscoveryServiceServer::new(self.clone())
-            .max_encoding_message_size(usize::MAX);
-        let sockets = Arc::new(Mutex::new(Vec::new()));
-        let refused = Arc::new(Mutex::new(0usize));
-        let (tx, rx) = mpsc::unbounded_channel::<std::io::Result<Io>>();
-        let (held, failed) = (Arc::clone(&sockets), Arc::clone(&refused));
-        let accept = tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                // A second handle on the socket, to cut the connection from outside tonic.
-                let socket = socket.into_std().unwrap();
-                held.lock().unwrap().push(socket.try_clone().unwrap());
-                let socket = tokio::net::TcpStream::from_std(socket).unwrap();
-                let (tx, failed, tls) = (tx.clone(), Arc::clone(&failed), tls.clone());
-                tokio::spawn(async move {
-                    let io = match tls {
-                        None => Io::Plain(socket),
-                        Some(tls) => match tls.accept(socket).await {
-                            Ok(s) => Io::Tls(Box::new(s)),
-                            Err(_) => {
-                                *failed.lock().unwrap() += 1;
-                                return;
-                            }
-                        },
-                    };
-                    let _ = tx.send(Ok(io));
-                });
-            }
-        });
-        let incoming =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await;
-        });
-        Serving {
-            tasks: vec![accept, task],
-            sockets,
-            refused,
-        }
+        serve_ads(self.clone(), listener, Some(tls))
     }
 
     fn next_nonce(&self) -> String {
@@ -195,6 +151,56 @@ struct Serving {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     sockets: Arc<Mutex<Vec<std::net::TcpStream>>>,
     refused: Arc<Mutex<usize>>,
+}
+
+/// Serves `service` on `listener`, over TLS through `tls` when given (a connection whose
+/// handshake fails is counted in [`Serving::refused`] and dropped), until [`Serving::kill`].
+fn serve_ads<S: AggregatedDiscoveryService>(
+    service: S,
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Serving {
+    let service =
+        AggregatedDiscoveryServiceServer::new(service).max_encoding_message_size(usize::MAX);
+    let sockets = Arc::new(Mutex::new(Vec::new()));
+    let refused = Arc::new(Mutex::new(0usize));
+    let (tx, rx) = mpsc::unbounded_channel::<std::io::Result<Io>>();
+    let (held, failed) = (Arc::clone(&sockets), Arc::clone(&refused));
+    let accept = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            // A second handle on the socket, to cut the connection from outside tonic.
+            let socket = socket.into_std().unwrap();
+            held.lock().unwrap().push(socket.try_clone().unwrap());
+            let socket = tokio::net::TcpStream::from_std(socket).unwrap();
+            let (tx, failed, tls) = (tx.clone(), Arc::clone(&failed), tls.clone());
+            tokio::spawn(async move {
+                let io = match tls {
+                    None => Io::Plain(socket),
+                    Some(tls) => match tls.accept(socket).await {
+                        Ok(s) => Io::Tls(Box::new(s)),
+                        Err(_) => {
+                            *failed.lock().unwrap() += 1;
+                            return;
+                        }
+                    },
+                };
+                let _ = tx.send(Ok(io));
+            });
+        }
+    });
+    let incoming =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let task = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    Serving {
+        tasks: vec![accept, task],
+        sockets,
+        refused,
+    }
 }
 
 /// A connection to the management server, plain or TLS.
@@ -882,7 +888,7 @@ async fn mtls_with_envoy_gateways_certificates_and_rotated_client_files() {
     let control = Control::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = control.serve_with(listener, Some(envoy_gateway_tls(dir)));
+    let server = control.serve_tls(listener, envoy_gateway_tls(dir));
     let v = control.set(&[gateway(DOMAIN, 3, RateLimitUnit::Minute)]);
     let (ca, crt2, key2) = (dir.join("ca.crt"), crt.clone(), tls_key.clone());
     let app = TestServer::start_with(&[], move |w| {
@@ -925,4 +931,170 @@ async fn mtls_with_envoy_gateways_certificates_and_rotated_client_files() {
     );
     let err = wrong.call(route_call(DOMAIN)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unknown);
+}
+
+/// A server that floods: on a stream from Envoy Gateway's node it pushes `good` versions of a
+/// small valid policy (`requests_per_unit` = the version), then `big` responses each holding a
+/// 1 MiB resource of another type, then one last good version with `requests_per_unit` 42,
+/// without waiting for any answer. Every request is recorded.
+#[derive(Clone)]
+struct Flooder {
+    good: u32,
+    big: u32,
+    seen: Arc<Mutex<Vec<DiscoveryRequest>>>,
+}
+
+impl Flooder {
+    fn last(&self) -> u32 {
+        self.good + self.big + 1
+    }
+
+    fn response(&self, n: u32) -> DiscoveryResponse {
+        let resources = if n > self.good && n < self.last() {
+            vec![prost_types::Any {
+                type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                value: vec![0; 1 << 20],
+            }]
+        } else {
+            let rpu = if n == self.last() { 42 } else { n };
+            vec![any(&gateway(DOMAIN, rpu, RateLimitUnit::Minute))]
+        };
+        DiscoveryResponse {
+            version_info: n.to_string(),
+            resources,
+            canary: false,
+            type_url: TYPE_URL.into(),
+            nonce: format!("nonce-{n}"),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Flooder {
+    type StreamAggregatedResourcesStream = Responses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Responses>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<DiscoveryResponse, Status>>(1);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Ok(Some(first)) = inbound.message().await else {
+                return;
+            };
+            this.seen.lock().unwrap().push(first);
+            let seen = Arc::clone(&this.seen);
+            tokio::spawn(async move {
+                while let Ok(Some(r)) = inbound.message().await {
+                    seen.lock().unwrap().push(r);
+                }
+            });
+            for n in 1..=this.last() {
+                if tx.send(Ok(this.response(n))).await.is_err() {
+                    return;
+                }
+            }
+            // Held open, silent, as a real server would be.
+            tx.closed().await;
+        });
+        let out =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+/// The peak resident memory of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+/// The real binary against a flood of 1,000 versions, then 200 responses of 1 MiB each (NACKed),
+/// then a last version: every response is answered in turn, the last version decides, the
+/// log stays short, and the process's peak memory grows by far less than the 200 MiB pushed.
+#[tokio::test]
+async fn a_flood_of_versions_is_answered_in_turn_in_bounded_memory() {
+    if !std::path::Path::new("/proc/self/status").exists() {
+        return;
+    }
+    let flooder = Flooder {
+        good: 1_000,
+        big: 200,
+        seen: Arc::new(Mutex::new(Vec::new())),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let settings = format!(
+        "log_level: info\npolicy_source: xds\nxds:\n  url: {addr}\n  node_id: {NODE_ID}\n  \
+         force_start: true\n  backoff:\n    initial_ms: 50\n    max_ms: 200\n"
+    );
+    let process = crate::helpers::Process::start(&[], &settings);
+    let before = peak_rss_kib(process.pid());
+    let _server = serve_ads(flooder.clone(), listener, None);
+
+    let last = flooder.last().to_string();
+    let answered = eventually(Duration::from_secs(120), || {
+        let done = flooder
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.version_info == last && r.error_detail.is_none());
+        async move { done }
+    })
+    .await;
+    let seen = flooder.seen.lock().unwrap().clone();
+    assert!(
+        answered,
+        "the last version was not ACKed; {} requests",
+        seen.len()
+    );
+    // One stream, the subscription, then exactly one answer per response, in order.
+    assert_eq!(seen.len(), 1 + flooder.last() as usize);
+    for (n, reply) in (1..=flooder.last()).zip(&seen[1..]) {
+        assert_eq!(reply.response_nonce, format!("nonce-{n}"));
+        let nacked = n > flooder.good && n < flooder.last();
+        assert_eq!(reply.error_detail.is_some(), nacked, "response {n}");
+        // A NACK repeats the last accepted version.
+        let version = if nacked { flooder.good } else { n };
+        assert_eq!(reply.version_info, version.to_string(), "response {n}");
+    }
+    let after = peak_rss_kib(process.pid());
+    assert!(
+        after.saturating_sub(before) < 64 * 1024,
+        "peak memory grew from {before} KiB to {after} KiB"
+    );
+
+    // The last version decides.
+    let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", process.grpc),
+    )
+    .await
+    .unwrap();
+    let answer = client
+        .should_rate_limit(route_call(DOMAIN))
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = answer.statuses[0].current_limit.as_ref().expect("a limit");
+    assert_eq!(limit.requests_per_unit, 42);
+    // A line per response, but not 1,201 of them.
+    let lines = process.log_for(Duration::from_millis(500));
+    let responses = lines
+        .iter()
+        .filter(|l| {
+            let m = l["message"].as_str().unwrap_or_default();
+            m.starts_with("xDS policies accepted") || m.starts_with("xDS response rejected")
+        })
+        .count();
+    assert!((1..=40).contains(&responses), "{responses} response lines");
 }
