@@ -644,6 +644,92 @@ mod tests {
         assert!(!err.contains("secret"), "{err}");
     }
 
+    fn xds(tune: impl FnOnce(&mut Written)) -> Result<XdsSettings, String> {
+        let mut raw = Written {
+            policy_source: PolicySource::Xds,
+            ..Written::default()
+        };
+        tune(&mut raw);
+        raw.validate()
+            .map(|s| s.xds.expect("the xds source"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_xds_url_gives_the_authority_host_and_tls() {
+        assert_eq!(Written::default().validate().unwrap().xds, None);
+        let plain = xds(|_| {}).unwrap();
+        assert_eq!(
+            (plain.authority.as_str(), plain.host.as_str(), plain.tls),
+            ("localhost:18000", "localhost", None)
+        );
+        assert_eq!(plain.max_message_bytes, 4 << 20);
+        assert_eq!(plain.backoff.initial, Duration::from_secs(10));
+        let tls = xds(|w| w.xds.url = "https://envoy-gateway:18001/".into()).unwrap();
+        assert_eq!(tls.authority, "envoy-gateway:18001");
+        let t = tls.tls.expect("TLS from the scheme");
+        assert_eq!(
+            (t.server_name.as_str(), t.client.is_none()),
+            ("envoy-gateway", true)
+        );
+        let san = xds(|w| {
+            w.xds.url = "[::1]:18001".into();
+            w.xds.tls.enabled = true;
+            w.xds.tls.san = Some("envoy-gateway".into());
+            w.xds.tls.cert_file = Some("/certs/tls.crt".into());
+            w.xds.tls.key_file = Some("/certs/tls.key".into());
+        })
+        .unwrap();
+        assert_eq!(san.host, "::1");
+        let t = san.tls.unwrap();
+        assert_eq!(t.server_name, "envoy-gateway");
+        assert_eq!(
+            t.client,
+            Some(("/certs/tls.crt".into(), "/certs/tls.key".into()))
+        );
+    }
+
+    #[test]
+    fn xds_settings_that_cannot_be_used_name_the_setting() {
+        type Tune = fn(&mut Written);
+        let cases: [(&str, Tune); 9] = [
+            ("xds.url", |w| w.xds.url = "envoy-gateway".into()),
+            ("xds.url", |w| {
+                w.xds.url = "grpc://envoy-gateway:18001".into()
+            }),
+            ("xds.url", |w| {
+                w.xds.url = "http://envoy-gateway:18001".into();
+                w.xds.tls.enabled = true;
+            }),
+            ("xds.node_id", |w| w.xds.node_id = " ".into()),
+            ("xds.headers", |w| {
+                w.xds.headers.insert("grpc-timeout".into(), "1s".into());
+            }),
+            ("xds.headers", |w| {
+                w.xds.headers.insert("x-a".into(), "line\nbreak".into());
+            }),
+            ("xds.backoff.max_ms", |w| w.xds.backoff.max_ms = 1),
+            ("xds.backoff.random_factor", |w| {
+                w.xds.backoff.random_factor = 1.5;
+            }),
+            ("xds.tls.cert_file", |w| {
+                w.xds.tls.enabled = true;
+                w.xds.tls.cert_file = Some("/c".into());
+            }),
+        ];
+        for (setting, tune) in cases {
+            let err = xds(tune).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid settings: {setting}")),
+                "{err}"
+            );
+        }
+        let err = xds(|w| w.xds.tls.ca_file = Some("/ca".into())).unwrap_err();
+        assert!(err.contains("needs xds.tls.enabled"), "{err}");
+        let err = xds(|w| w.xds.backoff.initial_ms = 0).unwrap_err();
+        assert!(err.contains("xds.backoff.initial_ms"), "{err}");
+    }
+
     #[test]
     fn lease_settings_are_checked_and_apply_to_redis_only() {
         let mut raw = redis("redis://a:6379");

@@ -48,7 +48,7 @@ const MAX_NACK_BYTES: usize = 4_096;
 const INVALID_ARGUMENT: i32 = 3;
 
 /// One line per response is logged up to this many per [`LOG_WINDOW`]; past it responses are
-/// counted and summed up in one line when the next window opens.
+/// counted and summed up in one line when the window ends (or the stream does).
 const LOG_LINES_PER_WINDOW: u32 = 10;
 const LOG_WINDOW: Duration = Duration::from_secs(10);
 
@@ -163,7 +163,15 @@ impl XdsClient {
         self.metrics.xds_connected(true);
         tracing::info!(server = %self.settings.authority, version = %self.accepted, "xDS stream open; subscribed to RateLimitConfig");
         loop {
-            let response = match inbound.message().await {
+            let summary = self.log.due();
+            let message = tokio::select! {
+                m = inbound.message() => m,
+                () = until(summary) => {
+                    self.log.flush();
+                    continue;
+                }
+            };
+            let response = match message {
                 Ok(Some(r)) => r,
                 Ok(None) => return "the server ended the stream".into(),
                 Err(status) => return describe(&status),
@@ -313,6 +321,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Resolves at `at`, or never.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// `text` cut to at most `max` bytes, on a character boundary.
 fn cut(mut text: String, max: usize) -> String {
     if text.len() > max {
@@ -354,6 +370,13 @@ impl LogBudget {
         }
     }
 
+    /// When the lines held back are due to be summed up: the end of the window.
+    fn due(&self) -> Option<Instant> {
+        self.window
+            .filter(|_| self.held > 0)
+            .map(|w| w + LOG_WINDOW)
+    }
+
     /// Sums up the responses handled without a line, if any.
     fn flush(&mut self) {
         if self.held > 0 {
@@ -376,8 +399,9 @@ mod tests {
         let allowed = (0..1_000).filter(|_| log.allow()).count();
         assert_eq!(allowed, LOG_LINES_PER_WINDOW as usize);
         assert_eq!(log.held, 990);
+        assert_eq!(log.due(), log.window.map(|w| w + LOG_WINDOW));
         log.flush();
-        assert_eq!(log.held, 0);
+        assert_eq!((log.held, log.due()), (0, None));
     }
 
     #[test]

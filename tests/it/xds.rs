@@ -1098,3 +1098,78 @@ async fn a_flood_of_versions_is_answered_in_turn_in_bounded_memory() {
         .count();
     assert!((1..=40).contains(&responses), "{responses} response lines");
 }
+
+/// The real binary with Envoy Gateway's environment for its rate-limit Deployment (the xDS and
+/// runtime variables as it renders them; listeners on free loopback ports, counters in memory,
+/// JSON logs): it starts healthy with no policy, reads nothing under `RUNTIME_ROOT=/data`, and
+/// takes its policies over mTLS from the management server.
+#[tokio::test]
+async fn envoy_gateways_environment_takes_policies_over_mtls() {
+    if crate::helpers::openssl_missing("envoy_gateways_environment_takes_policies_over_mtls") {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    envoy_gateway_certs(dir);
+    let control = Control::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = listener.local_addr().unwrap().to_string();
+    let _server = control.serve_tls(listener, envoy_gateway_tls(dir));
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (crt, key, ca) = (path("client.crt"), path("client.key"), path("ca.crt"));
+    let process = crate::compat::spawn(&[
+        ("SLUICE_COMPAT", "envoy-ratelimit"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("LOG_FORMAT", "json"),
+        ("SLUICE_BACKEND", "memory"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", &url),
+        ("CONFIG_GRPC_XDS_NODE_ID", NODE_ID),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &crt),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &key),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ]);
+    let (status, _) = http_get(process.admin, "/healthcheck").await;
+    assert_eq!(status, 200, "healthy before any policy");
+    let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", process.grpc),
+    )
+    .await
+    .unwrap();
+    let err = client
+        .should_rate_limit(route_call(DOMAIN))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (tonic::Code::Unknown, "no rate limit configuration loaded")
+    );
+    let subscribed = control.wait_for(|_| true).await;
+    assert_eq!(subscribed.node.unwrap().id, NODE_ID);
+    let v = control.set(&[gateway(DOMAIN, 2, RateLimitUnit::Hour)]);
+    control.acked(&v).await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = client
+            .should_rate_limit(route_call(DOMAIN))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(answer.overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+}
