@@ -323,6 +323,8 @@ impl App {
         if let Some(watch) = quota_reloads {
             tasks.spawn(watch);
         }
+        // Cancelled when shutdown begins, before health goes NOT_SERVING for good.
+        let draining = CancellationToken::new();
         match &settings.xds {
             Some(xds) => {
                 let (first, arrived) = oneshot::channel();
@@ -335,7 +337,7 @@ impl App {
                     // Said to gRPC health checks too (an unset status is "not found").
                     health.set(false).await;
                     tracing::info!("health reports not serving until the first policies arrive");
-                    tasks.spawn(healthy_when(arrived, health.clone(), stop.clone()));
+                    tasks.spawn(healthy_when(arrived, health.clone(), draining.clone()));
                 }
             }
             None => {
@@ -348,6 +350,7 @@ impl App {
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "serving");
         let mut servers = Servers { grpc, admin };
         let failure = servers.until_stopped(shutdown).await;
+        draining.cancel();
         shut_down(&settings, &health, failure.is_none(), stop, async {
             let _ = tokio::join!(servers.grpc, servers.admin, tasks.join_all());
         })
@@ -546,12 +549,12 @@ fn start_counting_tasks(
     }
 }
 
-/// Reports healthy once the first policies have `arrived` (unless stopping first): with an xDS
-/// source and no force start, health says not serving until then.
-async fn healthy_when(arrived: oneshot::Receiver<()>, health: Health, stop: CancellationToken) {
+/// Reports healthy once the first policies have `arrived`, unless shutdown began first
+/// (`draining`): with an xDS source and no force start, health says not serving until then.
+async fn healthy_when(arrived: oneshot::Receiver<()>, health: Health, draining: CancellationToken) {
     tokio::select! {
-        () = stop.cancelled() => {}
-        got = arrived => if got.is_ok() && !stop.is_cancelled() {
+        () = draining.cancelled() => {}
+        got = arrived => if got.is_ok() && !draining.is_cancelled() {
             health.set(true).await;
             tracing::info!("first policies in force; health reports serving");
         }

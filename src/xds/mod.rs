@@ -156,12 +156,14 @@ impl XdsClient {
                 request.metadata_mut().insert(name, value);
             }
         }
+        // A server may hold its response headers back until it has something to send (Envoy
+        // Gateway's does while it has no policy): the stream counts as open from here.
+        self.metrics.xds_connected(true);
+        tracing::info!(server = %self.settings.authority, version = %self.accepted, "connected to the xDS server; subscribed to RateLimitConfig");
         let mut inbound = match client.stream_aggregated_resources(request).await {
             Ok(r) => r.into_inner(),
             Err(status) => return describe(&status),
         };
-        self.metrics.xds_connected(true);
-        tracing::info!(server = %self.settings.authority, version = %self.accepted, "xDS stream open; subscribed to RateLimitConfig");
         loop {
             let summary = self.log.due();
             let message = tokio::select! {
