@@ -1173,3 +1173,83 @@ async fn envoy_gateways_environment_takes_policies_over_mtls() {
         [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
 }
+
+/// The operator's view, from the real binary's JSON log: a line per accepted version with its
+/// counts, per NACK with the reason, per lost stream with the reason and the wait before the
+/// next attempt (an oversized response, then the server gone). The log is read by blocking, so
+/// the management server runs on other threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_event_has_its_log_line() {
+    let control = Control::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = control.serve(listener);
+    let settings = format!(
+        "policy_source: xds\nxds:\n  url: {addr}\n  node_id: {NODE_ID}\n  force_start: true\n  \
+         max_message_bytes: 4096\n  backoff:\n    initial_ms: 50\n    max_ms: 200\n    \
+         jitter: false\n"
+    );
+    let process = crate::helpers::Process::start(&[], &settings);
+    let within = Duration::from_secs(10);
+
+    let v1 = control.set(&[
+        gateway(DOMAIN, 3, RateLimitUnit::Minute),
+        gateway("default/eg/https", 3, RateLimitUnit::Minute),
+    ]);
+    let accepted = process
+        .logged("xDS policies accepted (ACK)", within)
+        .expect("an ACK line");
+    assert_eq!(accepted["version"], v1.as_str());
+    assert_eq!(
+        (accepted["domains"].as_u64(), accepted["rules"].as_u64()),
+        (Some(2), Some(2))
+    );
+
+    let v2 = control.set(&[gateway("default/eg/broken", 1, RateLimitUnit::Unknown)]);
+    let nack = process
+        .logged(
+            "xDS response rejected (NACK); keeping the last good policies",
+            within,
+        )
+        .expect("a NACK line");
+    assert_eq!(nack["version"], v2.as_str());
+    assert!(
+        nack["level"]
+            .as_str()
+            .is_some_and(|l| l.eq_ignore_ascii_case("warn")),
+        "{nack}"
+    );
+    let error = nack["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("default/eg/broken: descriptors[0]"),
+        "{error}"
+    );
+
+    let mut big = gateway("default/eg/big", 1, RateLimitUnit::Minute);
+    big.descriptors[0].value = "x".repeat(8_192);
+    control.set(&[big]);
+    let ended = process
+        .logged(
+            "xDS stream ended; keeping the last good policies and reconnecting",
+            within,
+        )
+        .expect("a line for the reset stream");
+    let reason = ended["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("too large"), "{reason}");
+    assert_eq!(ended["retry_in_ms"].as_u64(), Some(50));
+
+    // The server gone for good: the waits grow to the maximum, and are said.
+    control.set(&[gateway(DOMAIN, 5, RateLimitUnit::Minute)]);
+    server.kill().await;
+    let mut waits = Vec::new();
+    while waits.last() != Some(&200) {
+        let ended = process
+            .logged(
+                "xDS stream ended; keeping the last good policies and reconnecting",
+                within,
+            )
+            .expect("a line per attempt");
+        waits.push(ended["retry_in_ms"].as_u64().expect("retry_in_ms"));
+    }
+    assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+}
