@@ -97,8 +97,9 @@ pub struct Settings {
     pub compat_warnings: Vec<String>,
 }
 
-/// The xDS management server that pushes the policies, validated.
-#[derive(Clone, Debug, PartialEq)]
+/// The xDS management server that pushes the policies, validated. Its `Debug` shows the
+/// names of the extra headers, not their values (often credentials).
+#[derive(Clone, PartialEq)]
 pub struct XdsSettings {
     /// `host:port` of the server.
     pub authority: String,
@@ -119,6 +120,29 @@ pub struct XdsSettings {
     pub backoff: XdsBackoff,
     /// TLS to the server; `None` is plaintext HTTP/2.
     pub tls: Option<XdsTls>,
+}
+
+impl std::fmt::Debug for XdsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsSettings")
+            .field("authority", &self.authority)
+            .field("host", &self.host)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(k, _)| (k, "***"))
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("force_start", &self.force_start)
+            .field("backoff", &self.backoff)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 /// gRPC's default largest message, taken when `xds.max_message_bytes` is 0.

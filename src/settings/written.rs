@@ -108,8 +108,9 @@ pub enum PolicySource {
     Xds,
 }
 
-/// The xDS management server that pushes `RateLimitConfig` resources, as written.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The xDS management server that pushes `RateLimitConfig` resources, as written. Its `Debug`
+/// hides the headers' values.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct XdsSection {
     /// `host:port`, `http://host:port` or `https://host:port` (TLS).
@@ -145,6 +146,24 @@ impl Default for XdsSection {
             backoff: XdsBackoffSection::default(),
             tls: XdsTlsSection::default(),
         }
+    }
+}
+
+impl std::fmt::Debug for XdsSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsSection")
+            .field("url", &self.url)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field(
+                "headers",
+                &self.headers.keys().map(|k| (k, "***")).collect::<Vec<_>>(),
+            )
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("force_start", &self.force_start)
+            .field("backoff", &self.backoff)
+            .field("tls", &self.tls)
+            .finish()
     }
 }
 
@@ -666,6 +685,22 @@ impl Default for StoreSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xds_header_values_stay_out_of_logs() {
+        let mut w = Written {
+            policy_source: PolicySource::Xds,
+            ..Written::default()
+        };
+        w.xds
+            .headers
+            .insert("authorization".into(), "Bearer hunter2".into());
+        assert!(!format!("{w:?}").contains("hunter2"));
+        assert!(format!("{w:?}").contains("authorization"));
+        let s = w.validate().unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(format!("{s:?}").contains("authorization"));
+    }
 
     #[test]
     fn redis_credentials_stay_out_of_logs() {
