@@ -433,6 +433,21 @@ pub fn openssl_missing(test: &str) -> bool {
     missing(test, &["openssl"], "version", "openssl")
 }
 
+/// Runs `openssl` with `args` in `dir` (to make test certificates); panics with its stderr when
+/// it fails.
+pub fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The real `sluice serve` binary in a process of its own, on loopback ports it chose, with
 /// the given policy files: its metrics are its own, not the test binary's shared recorder.
 pub struct Process {

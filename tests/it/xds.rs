@@ -25,7 +25,7 @@ use sluice::settings::{PolicySource, Written};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::helpers::{TestServer, descriptor, eventually, http_get, request};
+use crate::helpers::{TestServer, descriptor, eventually, http_get, openssl, request};
 
 /// Envoy Gateway's node id for its rate-limit service.
 const NODE_ID: &str = "envoy-ratelimit";
@@ -717,20 +717,6 @@ async fn a_silent_server_is_waited_for_without_reconnecting() {
     assert_eq!(err.code(), tonic::Code::Unknown);
     let (status, _) = http_get(app.admin, "/healthcheck").await;
     assert_eq!(status, 200);
-}
-
-/// Runs `openssl` with `args` in `dir`; panics with its stderr when it fails.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Certificates as Envoy Gateway makes them (`internal/crypto/certgen.go`): RSA 2048 keys written
