@@ -152,7 +152,7 @@ impl App {
         );
         let set = match &settings.xds {
             Some(xds) => {
-                tracing::info!(server = %xds.authority, node_id = %xds.node_id, force_start = xds.force_start, "policies from an xDS server; none until its first response");
+                tracing::info!(server = %xds.authority, node_id = %xds.node_id, tls = xds.tls.is_some(), force_start = xds.force_start, "policies from an xDS server; none until its first response");
                 PolicySet::pending()
             }
             None => {

@@ -100,12 +100,6 @@ impl XdsClient {
     /// Holds a stream to the server until `stop`, reconnecting after each end.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut backoff = Backoff::new(self.settings.backoff);
-        tracing::info!(
-            server = %self.settings.authority,
-            node_id = %self.settings.node_id,
-            tls = self.settings.tls.is_some(),
-            "policies from the xDS server"
-        );
         loop {
             let ended = tokio::select! {
                 () = stop.cancelled() => return,
