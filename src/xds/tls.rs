@@ -121,3 +121,32 @@ impl Service<Uri> for Connector {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(dir: &std::path::Path) -> XdsTls {
+        XdsTls {
+            client: Some((dir.join("tls.crt"), dir.join("tls.key"))),
+            ca_file: Some(dir.join("ca.crt")),
+            server_name: "envoy-gateway".into(),
+        }
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_used_is_named_with_its_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |t: &XdsTls| Connector::new(t, "envoy-gateway:18001").err().unwrap();
+        assert!(err(&tls(dir.path())).starts_with("xds.tls.ca_file"));
+        std::fs::write(dir.path().join("ca.crt"), "not PEM\n").unwrap();
+        let e = err(&tls(dir.path()));
+        assert!(e.contains("no certificate"), "{e}");
+        let no_client = XdsTls {
+            client: None,
+            ca_file: None,
+            server_name: "not a name!".into(),
+        };
+        assert!(err(&no_client).contains("not a DNS name"));
+    }
+}
