@@ -53,6 +53,18 @@ pub(super) struct Mapped {
     /// With no Redis variable set: the reference's default socket, which deserves a warning if
     /// it is still the Redis counted in once every source is layered.
     pub default_socket: Option<String>,
+    /// `xds.node_metadata` and `xds.headers`, set on the layered settings rather than through
+    /// the layers, whose paths would split a key with a dot in it.
+    pub xds_maps: XdsMaps,
+}
+
+/// The two maps of the `xds` section, when their variables are set.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct XdsMaps {
+    /// `CONFIG_GRPC_XDS_NODE_METADATA`.
+    pub node_metadata: Option<BTreeMap<String, String>>,
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`.
+    pub headers: Option<BTreeMap<String, String>>,
 }
 
 impl Mapped {

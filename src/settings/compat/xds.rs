@@ -3,7 +3,9 @@
 //! `FORCE_START_WITHOUT_INITIAL_CONFIG` as `xds.force_start`. `CONFIG_TYPE=FILE` (or unset) is
 //! the policy directory; any other value is an error.
 
-use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+
+use serde_json::json;
 
 use super::{CompatError, Env, Mapped, bad};
 
@@ -43,16 +45,10 @@ pub(super) fn source(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
         m.set("xds.node_id", json!(id));
     }
     if let Some(v) = env.get("CONFIG_GRPC_XDS_NODE_METADATA") {
-        m.set(
-            "xds.node_metadata",
-            pairs("CONFIG_GRPC_XDS_NODE_METADATA", v, '=')?,
-        );
+        m.xds_maps.node_metadata = Some(pairs("CONFIG_GRPC_XDS_NODE_METADATA", v, '=')?);
     }
     if let Some(v) = env.get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS") {
-        m.set(
-            "xds.headers",
-            pairs("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", v, ':')?,
-        );
+        m.xds_maps.headers = Some(pairs("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", v, ':')?);
     }
     if let Some(n) =
         env.parse::<usize>("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "not a number of bytes")?
@@ -118,15 +114,19 @@ pub(super) fn source(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> {
 }
 
 /// `k1<sep>v1,k2<sep>v2` as a map, split on the first `sep` of each pair.
-fn pairs(variable: &'static str, text: &str, sep: char) -> Result<Value, CompatError> {
-    let mut map = Map::new();
+fn pairs(
+    variable: &'static str,
+    text: &str,
+    sep: char,
+) -> Result<BTreeMap<String, String>, CompatError> {
+    let mut map = BTreeMap::new();
     for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((k, v)) = pair.split_once(sep) else {
             return Err(bad(variable, pair, &format!("not key{sep}value")));
         };
-        map.insert(k.trim().to_string(), json!(v.trim()));
+        map.insert(k.trim().to_string(), v.trim().to_string());
     }
-    Ok(Value::Object(map))
+    Ok(map)
 }
 
 /// A Go duration (`10s`, `1m30s`, `500ms`, `1.5s`) in whole milliseconds.
@@ -213,13 +213,21 @@ mod tests {
             ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
         ])
         .unwrap();
+        let expected = |pairs: &[(&str, &str)]| {
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
         assert_eq!(
-            get(&m, "xds.node_metadata"),
-            Some(&json!({"zone": "a=b", "team": "rl"}))
+            m.xds_maps.node_metadata,
+            expected(&[("zone", "a=b"), ("team", "rl")])
         );
         assert_eq!(
-            get(&m, "xds.headers"),
-            Some(&json!({"x-token": "abc:def", "x-env": "prod"}))
+            m.xds_maps.headers,
+            expected(&[("x-token", "abc:def"), ("x-env", "prod")])
         );
         assert_eq!(get(&m, "xds.max_message_bytes"), Some(&json!(8_388_608)));
         assert_eq!(
