@@ -1,10 +1,14 @@
-//! Compiles the Envoy rate-limit and rate-limit quota proto subsets under `proto/` with protox (a protobuf compiler
-//! written in Rust), so a fresh machine needs no system `protoc`.
+//! Compiles the Envoy rate-limit, rate-limit quota and aggregated discovery (xDS) proto subsets, and
+//! envoyproxy/ratelimit's `RateLimitConfig` resource, under `proto/` with protox (a protobuf
+//! compiler written in Rust), so a fresh machine needs no system `protoc`. The well-known types
+//! (`Any`, `Struct`, ...) map to `prost-types`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let entries = [
         "proto/envoy/service/ratelimit/v3/rls.proto",
         "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
+        "proto/envoy/service/discovery/v3/ads.proto",
+        "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     let files = protox::compile(entries, ["proto"])?;

@@ -1,8 +1,11 @@
 //! The composition root: loads policies, binds the listeners (gRPC, admin, and the optional
 //! metrics and debug ones), builds the backend and the decider, runs the servers and the
 //! background tasks (the store sweep, the Redis connection, the heartbeat and local-store sweep
-//! of `on_backend_error: local`, the policy reloader), and sequences shutdown. `sluice serve`
-//! and the integration tests share all of it; tests bind port 0 and stop the app with a channel.
+//! of `on_backend_error: local`, the policy reloader or the xDS client), and sequences shutdown.
+//! With an xDS source the ports open at once and calls are answered `UNKNOWN` until the first
+//! policies; health reports serving at once with `xds.force_start`, else only from then.
+//! `sluice serve` and the integration tests share all of it; tests bind port 0 and stop the app
+//! with a channel.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic_health::pb::health_server::HealthServer;
@@ -32,6 +36,7 @@ use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
 use crate::tls::{self, ServerTls, TlsError};
 use crate::traces::{CallTracer, Traces, TracesError};
+use crate::xds::XdsClient;
 
 /// Why the app could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -150,13 +155,21 @@ impl App {
             Metrics::install(settings.max_detailed_series)
                 .with_near_limit_ratio(settings.near_limit_ratio),
         );
-        let set = policy::load_dir_with(&settings.policies, load_options(&settings)).inspect_err(
-            |_| {
-                metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
-            },
-        )?;
-        metrics.policy_loaded(LoadResult::Success, LoadTrigger::Startup);
-        tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
+        let set = match &settings.xds {
+            Some(xds) => {
+                tracing::info!(server = %xds.authority, node_id = %xds.node_id, tls = xds.tls.is_some(), force_start = xds.force_start, "policies from an xDS server; none until its first response");
+                PolicySet::pending()
+            }
+            None => {
+                let set = policy::load_dir_with(&settings.policies, load_options(&settings))
+                    .inspect_err(|_| {
+                        metrics.policy_loaded(LoadResult::Failure, LoadTrigger::Startup);
+                    })?;
+                metrics.policy_loaded(LoadResult::Success, LoadTrigger::Startup);
+                tracing::info!(policies = %settings.policies.display(), summary = %set.summary(), "policies loaded");
+                set
+            }
+        };
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
                 .await
@@ -358,10 +371,30 @@ impl App {
         if let Some(watch) = quota_reloads {
             tasks.spawn(watch);
         }
-        let reloader = Reloader::new(&settings.policies, policies, metrics)
-            .with_options(load_options(&settings));
-        tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
-        health.set(true).await;
+        // Cancelled when shutdown begins, before health goes NOT_SERVING for good.
+        let draining = CancellationToken::new();
+        match &settings.xds {
+            Some(xds) => {
+                let (first, arrived) = oneshot::channel();
+                let client = XdsClient::new(xds.clone(), settings.merge_domains, policies, metrics)
+                    .on_first_policies(first);
+                tasks.spawn(client.run(stop.clone()));
+                if xds.force_start {
+                    health.set(true).await;
+                } else {
+                    // Said to gRPC health checks too (an unset status is "not found").
+                    health.set(false).await;
+                    tracing::info!("health reports not serving until the first policies arrive");
+                    tasks.spawn(healthy_when(arrived, health.clone(), draining.clone()));
+                }
+            }
+            None => {
+                let reloader = Reloader::new(&settings.policies, policies, metrics)
+                    .with_options(load_options(&settings));
+                tasks.spawn(reloader.run(settings.watch_policies, stop.clone()));
+                health.set(true).await;
+            }
+        }
         tracing::info!(
             grpc = %grpc_addr,
             admin = %admin_addr,
@@ -371,6 +404,7 @@ impl App {
         );
         let mut servers = Servers { grpc, admin, extra };
         let failure = servers.until_stopped(shutdown).await;
+        draining.cancel();
         shut_down(&settings, &health, failure.is_none(), stop, async {
             let extra = servers.extra.into_iter().map(|(_, task)| task);
             let _ = tokio::join!(
@@ -595,6 +629,18 @@ fn start_counting_tasks(
                     .heartbeat(&heartbeat, |n| local.see_fleet(n), stop.cancelled_owned())
                     .await;
             });
+        }
+    }
+}
+
+/// Reports healthy once the first policies have `arrived`, unless shutdown began first
+/// (`draining`): with an xDS source and no force start, health says not serving until then.
+async fn healthy_when(arrived: oneshot::Receiver<()>, health: Health, draining: CancellationToken) {
+    tokio::select! {
+        () = draining.cancelled() => {}
+        got = arrived => if got.is_ok() && !draining.is_cancelled() {
+            health.set(true).await;
+            tracing::info!("first policies in force; health reports serving");
         }
     }
 }

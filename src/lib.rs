@@ -13,8 +13,8 @@
 //! - `server` (internal): the gRPC port (`ShouldRateLimit`, `StreamRateLimitQuotas`, health) and
 //!   the HTTP admin port, with their bounds on what a peer can hold. [`lab`]: `sluice check`'s
 //!   guarantees and `sluice replay`; never serves. `reload` (internal): the policy directory and
-//!   SIGHUP. [`probe`]: the load client. `client` (feature `client`): the other side of the wire;
-//!   it speaks `pb` only.
+//!   SIGHUP. [`xds`]: policies pushed by an xDS management server instead. [`probe`]: the load
+//!   client. `client` (feature `client`): the other side of the wire; it speaks `pb` only.
 //! - [`settings`]: settings as written (defaults, file, environment, flags), validated once into
 //!   typed [`settings::Settings`]. [`wire`]: the request and answer as protobuf and proto3 JSON,
 //!   converted to and from the decision layer.
@@ -63,3 +63,4 @@ pub mod telemetry;
 pub mod tls;
 pub mod traces;
 pub mod wire;
+pub mod xds;

@@ -20,7 +20,7 @@ use crate::histogram::{self, LatencyHistogram, LatencySnapshot};
 use crate::limiter::fallback::{BackendMode, LocalFigures};
 use crate::limiter::figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
 use crate::limiter::key::KeyHash;
-use crate::policy::{PolicySet, Rule};
+use crate::policy::{PolicyError, PolicyHandle, PolicySet, Rule, Summary};
 
 /// Hits on a limited rule (weighted by cost).
 pub const TOTAL_HITS: &str = "ratelimit_service_rate_limit_total_hits";
@@ -59,6 +59,10 @@ pub const STORE_KEYS: &str = "sluice_store_keys";
 pub const STORE_EVICTIONS: &str = "sluice_store_evictions_total";
 /// Policy reloads by result.
 pub const POLICY_RELOADS: &str = "sluice_policy_reloads_total";
+/// Responses of the xDS management server, by result.
+pub const XDS_RESPONSES: &str = "sluice_xds_responses_total";
+/// Whether the xDS stream is open.
+pub const XDS_CONNECTED: &str = "sluice_xds_connected";
 /// Script calls sent to Redis.
 pub const REDIS_ROUND_TRIPS: &str = "sluice_redis_round_trips_total";
 /// The same round trips by purpose: count, take, give or renew.
@@ -135,7 +139,7 @@ enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-const FAMILIES: [(&str, Kind, &str); 46] = [
+const FAMILIES: [(&str, Kind, &str); 48] = [
     (
         SHOULD_RATE_LIMIT_ERROR,
         Kind::Counter,
@@ -216,6 +220,16 @@ const FAMILIES: [(&str, Kind, &str); 46] = [
         "Live keys evicted because the store was full.",
     ),
     (POLICY_RELOADS, Kind::Counter, "Policy reloads by result."),
+    (
+        XDS_RESPONSES,
+        Kind::Counter,
+        "Responses of the xDS management server, by result: accepted (ACKed, policies swapped in) or rejected (NACKed, the last good policies kept).",
+    ),
+    (
+        XDS_CONNECTED,
+        Kind::Gauge,
+        "1 while the stream to the xDS management server is open.",
+    ),
     (
         REDIS_ROUND_TRIPS,
         Kind::Counter,
@@ -334,7 +348,7 @@ const FAMILIES: [(&str, Kind, &str); 46] = [
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 21] = [
+const RECORDED: [&str; 23] = [
     SHOULD_RATE_LIMIT_ERROR,
     TOTAL_REQUESTS,
     TOTAL_HITS,
@@ -349,6 +363,8 @@ const RECORDED: [&str; 21] = [
     CONFIG_LOAD_ERROR,
     DECISIONS,
     POLICY_RELOADS,
+    XDS_RESPONSES,
+    XDS_CONNECTED,
     BUILD_INFO,
     crate::tls::NOT_AFTER_METRIC,
     RLQS_STREAMS,
@@ -465,7 +481,7 @@ pub enum LoadResult {
 pub enum LoadTrigger {
     /// The process starting.
     Startup,
-    /// A change in the directory, a re-scan or SIGHUP.
+    /// A change in the directory, a re-scan, SIGHUP, or a response of the xDS server.
     Reload,
 }
 
@@ -685,6 +701,45 @@ impl Metrics {
             };
             metrics::counter!(POLICY_RELOADS, "result" => result).increment(1);
         }
+    }
+
+    /// Swaps a loaded set into `policies` and counts the load as a reload, or only counts the
+    /// failure (the running policies stay): the one path every policy source takes. Series of
+    /// rules the new set no longer has are dropped before the swap. Gives the previous set, to
+    /// be dropped wherever suits the caller (freeing a large set takes a while).
+    ///
+    /// # Errors
+    ///
+    /// The load's error, unchanged.
+    pub fn swap_policies(
+        &self,
+        policies: &PolicyHandle,
+        loaded: Result<PolicySet, PolicyError>,
+    ) -> Result<(Summary, Arc<PolicySet>), PolicyError> {
+        match loaded {
+            Ok(set) => {
+                let summary = set.summary();
+                self.keep_rules_of(&set);
+                let old = policies.swap(set);
+                self.policy_loaded(LoadResult::Success, LoadTrigger::Reload);
+                Ok((summary, old))
+            }
+            Err(e) => {
+                self.policy_loaded(LoadResult::Failure, LoadTrigger::Reload);
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts a response of the xDS server, accepted or rejected.
+    pub fn xds_response(&self, accepted: bool) {
+        let result = if accepted { "accepted" } else { "rejected" };
+        metrics::counter!(XDS_RESPONSES, "result" => result).increment(1);
+    }
+
+    /// Records whether the stream to the xDS server is open.
+    pub fn xds_connected(&self, open: bool) {
+        metrics::gauge!(XDS_CONNECTED).set(f64::from(u8::from(open)));
     }
 
     /// Counts a request by its result; a failed one also as the reference's

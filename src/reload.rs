@@ -71,23 +71,16 @@ impl Reloader {
         &self,
         loaded: Result<PolicySet, PolicyError>,
     ) -> Result<(Summary, Arc<PolicySet>), PolicyError> {
-        match loaded {
-            Ok(set) => {
-                let summary = set.summary();
-                self.metrics.keep_rules_of(&set);
-                let old = self.policies.swap(set);
-                self.metrics
-                    .policy_loaded(LoadResult::Success, LoadTrigger::Reload);
+        let swapped = self.metrics.swap_policies(&self.policies, loaded);
+        match &swapped {
+            Ok((summary, _)) => {
                 tracing::info!(policies = %self.dir.display(), %summary, "policies reloaded");
-                Ok((summary, old))
             }
             Err(e) => {
-                self.metrics
-                    .policy_loaded(LoadResult::Failure, LoadTrigger::Reload);
                 tracing::warn!(policies = %self.dir.display(), error = %e, "policy reload rejected; keeping the running policies");
-                Err(e)
             }
         }
+        swapped
     }
 
     /// What a load of the directory would read now.

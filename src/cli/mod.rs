@@ -258,8 +258,10 @@ struct Policies {
 }
 
 /// Loads the settings of `config` with `dir` over their policy directory, then their policies;
-/// compat warnings go to standard error. Invalid settings or policies exit 2.
+/// compat warnings go to standard error. Invalid settings or policies exit 2. With policies from
+/// an xDS server and no `dir`, only the settings are checked (an empty set).
 fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, ExitCode> {
+    let explicit = dir.is_some();
     let overrides = settings::Overrides {
         compat: None,
         policies: dir,
@@ -269,9 +271,24 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
     for warning in &settings.compat_warnings {
         eprintln!("sluice: warning: {warning}");
     }
-    let set = app::load_policies(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?;
+    let from_xds = settings.xds.as_ref().filter(|_| !explicit);
+    let set = match from_xds {
+        // Nothing to read: the settings alone were checked.
+        Some(xds) => {
+            eprintln!(
+                "sluice: policies come from the xDS server {} (policy_source: xds); pass a \
+                 directory to check policy files",
+                xds.authority
+            );
+            PolicySet::default()
+        }
+        None => app::load_policies(&settings).map_err(|e| fail(&e, ExitCode::from(2)))?,
+    };
     Ok(Policies {
-        dir: settings.policies.display().to_string(),
+        dir: match from_xds {
+            Some(xds) => format!("xds://{}", xds.authority),
+            None => settings.policies.display().to_string(),
+        },
         set,
         lease_max_age_nanos: settings.lease.map(|l| l.max_age_nanos()),
         rlqs_ttl_nanos: settings

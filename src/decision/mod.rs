@@ -186,6 +186,9 @@ pub enum DecideError {
     /// The backend could not decide and the operator chose to answer with an error.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// No policies were loaded yet (an xDS source before its first response).
+    #[error("no rate limit configuration loaded")]
+    NoPolicies,
 }
 
 /// The decision use case over live policies and one backend.
@@ -247,6 +250,9 @@ impl Decider {
             return Err(e.into());
         }
         let policies = self.policies.load();
+        if policies.is_pending() {
+            return Err(DecideError::NoPolicies);
+        }
         let Some(domain) = policies.domain(&req.domain) else {
             let mut decision =
                 self.respond(Code::Ok, vec![Status::UNMATCHED; req.descriptors.len()]);

@@ -1,4 +1,4 @@
-//! The protobuf codec of the rate-limit service: prost's encoding, with one difference on
+//! The protobuf codec of the generated services (rate limit, quota, aggregated discovery): prost's encoding, with one difference on
 //! decoding. A request that does not decode (a truncated field, a domain that is not UTF-8) is
 //! the caller's error, so the server answers `INVALID_ARGUMENT` with prost's message, where
 //! tonic's stock codec answers `INTERNAL`. A response that does not decode (client side) stays
@@ -37,6 +37,14 @@ impl Wire for RateLimitQuotaUsageReports {
 }
 
 impl Wire for RateLimitQuotaResponse {}
+
+impl Wire for super::envoy::service::discovery::v3::DiscoveryResponse {}
+
+impl Wire for super::envoy::service::discovery::v3::DiscoveryRequest {
+    fn decode_error(error: prost::DecodeError) -> Status {
+        Status::invalid_argument(format!("cannot decode the discovery request: {error}"))
+    }
+}
 
 /// The codec the generated service and client use (`build.rs` names it).
 #[derive(Debug, Clone, Copy)]

@@ -20,6 +20,11 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
     pub mod extensions {
         pub mod common {
@@ -39,6 +44,24 @@ pub mod envoy {
         pub mod core {
             pub mod v3 {
                 tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
+/// googleapis' `google.rpc.Status`, the error detail of an xDS NACK.
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's own API: the `RateLimitConfig` resource pushed over xDS.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
             }
         }
     }

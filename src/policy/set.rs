@@ -15,9 +15,28 @@ use super::rule::Limit;
 pub struct PolicySet {
     pub(super) domains: matcher::FastMap<String, Domain>,
     pub(super) files: usize,
+    /// No policies were loaded yet (an xDS source before its first response), as opposed to a
+    /// load that gave no domain.
+    pub(super) pending: bool,
 }
 
 impl PolicySet {
+    /// The set held before any policies arrived: no domain, and [`PolicySet::is_pending`].
+    #[must_use]
+    pub fn pending() -> Self {
+        Self {
+            pending: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether no policies were loaded yet (calls are then answered as the reference does
+    /// before its first configuration).
+    #[must_use]
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
     /// The domain named `name`.
     #[must_use]
     pub fn domain(&self, name: &str) -> Option<&Domain> {

@@ -126,7 +126,7 @@ async fn decide_json(
     }
     let decision = match decided {
         Ok(d) => d,
-        Err(DecideError::Backend(e)) => {
+        Err(e @ (DecideError::Backend(_) | DecideError::NoPolicies)) => {
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response();
         }
         Err(e @ DecideError::Request(_)) => return bad(e.to_string()),

@@ -56,10 +56,12 @@ impl RateLimitHandler {
 }
 
 /// The one mapping from errors to gRPC statuses: malformed input is `INVALID_ARGUMENT`; a
-/// backend that cannot decide is `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides.
+/// backend that cannot decide is `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides; no
+/// policies yet is `UNKNOWN` with envoyproxy/ratelimit's message.
 fn status(err: DecideError) -> Status {
     match err {
         DecideError::Request(e) => Status::invalid_argument(e.to_string()),
         DecideError::Backend(e) => Status::unavailable(e.to_string()),
+        e @ DecideError::NoPolicies => Status::unknown(e.to_string()),
     }
 }

@@ -93,6 +93,13 @@ impl Written {
             let mapped = compat::from_env(&env)?;
             settings = layered(Some(&mapped))?;
             settings.compat = Compat::EnvoyRatelimit;
+            // Above the file, as the other variables are (no `SLUICE_*` variable names a map).
+            if let Some(m) = mapped.xds_maps.node_metadata {
+                settings.xds.node_metadata = m;
+            }
+            if let Some(h) = mapped.xds_maps.headers {
+                settings.xds.headers = h;
+            }
             settings.compat_warnings = mapped.warnings;
             setting_names(
                 &serde_json::Value::Object(mapped.overrides),
@@ -216,6 +223,47 @@ mod tests {
         vars.iter()
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect()
+    }
+
+    #[test]
+    fn xds_maps_keep_their_keys_through_the_layers() {
+        let vars = env(&[
+            ("SLUICE_COMPAT", "envoy-ratelimit"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            (
+                "CONFIG_GRPC_XDS_NODE_METADATA",
+                "Zone=eu-West-1,team.name=RL",
+            ),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "X-Token:Abc"),
+        ]);
+        let s = Written::load_with_env(None, &Overrides::default(), vars).unwrap();
+        assert_eq!(s.policy_source, super::super::PolicySource::Xds);
+        let metadata: Vec<_> = s
+            .xds
+            .node_metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(metadata, [("Zone", "eu-West-1"), ("team.name", "RL")]);
+        let settings = s.validate().unwrap();
+        let xds = settings.xds.expect("xds");
+        assert_eq!(xds.headers, [("x-token".to_string(), "Abc".to_string())]);
+        // From a settings file too.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(
+            &path,
+            "xds:\n  node_metadata:\n    Zone: eu\n    \"team.name\": RL\n",
+        )
+        .unwrap();
+        let s = Written::load_with_env(Some(&path), &Overrides::default(), env(&[])).unwrap();
+        let metadata: Vec<_> = s
+            .xds
+            .node_metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(metadata, [("Zone", "eu"), ("team.name", "RL")]);
     }
 
     #[test]

@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 pub use compat::{Compat, CompatError};
 pub use layers::Overrides;
 pub use written::{
-    AdminSection, GrpcSection, GrpcTlsSection, LeaseSection, MetricsSection, RedisSection,
-    RedisTlsSection, RequestsSection, SentinelSection, StoreSection, TracingSection, Written,
+    AdminSection, GrpcSection, GrpcTlsSection, LeaseSection, MetricsSection, PolicySource,
+    RedisSection, RedisTlsSection, RequestsSection, SentinelSection, StoreSection, TracingSection,
+    Written, XdsBackoffSection, XdsSection, XdsTlsSection,
 };
 
 use crate::decision;
@@ -47,6 +48,9 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address.
     pub admin_addr: SocketAddr,
+    /// With `policy_source: xds`, the management server that pushes the policies; the policy
+    /// directory is then neither read nor watched.
+    pub xds: Option<XdsSettings>,
     /// Directory of policy files.
     pub policies: PathBuf,
     /// Which of its entries are policy files.
@@ -99,6 +103,81 @@ pub struct Settings {
     pub compat_warnings: Vec<String>,
     /// The settings the reference's variables (`compat`) set, by dotted name, for the log.
     pub compat_set: Vec<String>,
+}
+
+/// The xDS management server that pushes the policies, validated. Its `Debug` shows the
+/// names of the extra headers, not their values (often credentials).
+#[derive(Clone, PartialEq)]
+pub struct XdsSettings {
+    /// `host:port` of the server.
+    pub authority: String,
+    /// The host alone (the server name TLS checks, unless `tls.server_name` says otherwise).
+    pub host: String,
+    /// The node id.
+    pub node_id: String,
+    /// The node's metadata.
+    pub node_metadata: std::collections::BTreeMap<String, String>,
+    /// Extra gRPC metadata on the stream (names lowercase).
+    pub headers: Vec<(String, String)>,
+    /// Largest response accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Healthy before the first policies (envoyproxy/ratelimit's
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub force_start: bool,
+    /// The wait before each reconnection.
+    pub backoff: XdsBackoff,
+    /// TLS to the server; `None` is plaintext HTTP/2.
+    pub tls: Option<XdsTls>,
+}
+
+impl std::fmt::Debug for XdsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsSettings")
+            .field("authority", &self.authority)
+            .field("host", &self.host)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(k, _)| (k, "***"))
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("force_start", &self.force_start)
+            .field("backoff", &self.backoff)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// gRPC's default largest message, taken when `xds.max_message_bytes` is 0.
+pub const DEFAULT_XDS_MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// The wait before each reconnection to the xDS server (see [`XdsBackoffSection`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XdsBackoff {
+    /// The first wait.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+    /// How far a jittered wait may be from the computed one (0 to 1).
+    pub random_factor: f64,
+    /// Jitter the waits.
+    pub jitter: bool,
+}
+
+/// TLS to the xDS server: files re-read at every connection, so rotated ones are picked up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdsTls {
+    /// Client certificate chain and key (PEM), when the server asks for one.
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// CA certificates (PEM) trusted besides the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The name the server's certificate must carry.
+    pub server_name: String,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold.
@@ -223,6 +302,16 @@ pub enum SettingsError {
         "invalid settings: metrics.path {0:?} must start with / and hold none of {{ }} * (a plain path)"
     )]
     MetricsPath(String),
+    /// An `xds` setting that cannot be used.
+    #[error("invalid settings: {setting} {value:?}: {why}")]
+    Xds {
+        /// The setting's dotted name.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it cannot be used.
+        why: String,
+    },
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),

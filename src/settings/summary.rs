@@ -19,10 +19,23 @@ impl Settings {
         } else {
             "reloaded on SIGHUP"
         };
-        let mut lines = vec![format!(
-            "policies: directory {} ({files}), {watched}",
-            self.policies.display()
-        )];
+        let mut lines = vec![match &self.xds {
+            Some(x) => format!(
+                "policies: over xDS from {} ({}), node {}, {}",
+                x.authority,
+                if x.tls.is_some() { "TLS" } else { "plaintext" },
+                x.node_id,
+                if x.force_start {
+                    "healthy before the first policies"
+                } else {
+                    "not serving until the first policies"
+                }
+            ),
+            None => format!(
+                "policies: directory {} ({files}), {watched}",
+                self.policies.display()
+            ),
+        }];
         let grpc = match &self.grpc_tls {
             None => "plaintext (h2c)".to_owned(),
             Some(t) => match (&t.client_ca_file, &t.client_san) {
@@ -117,5 +130,17 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part} not in {text}");
         }
+        let mut raw = Written {
+            policy_source: crate::settings::written::PolicySource::Xds,
+            ..Written::default()
+        };
+        raw.xds.url = "envoy-gateway:18001".into();
+        raw.xds.node_id = "envoy-ratelimit".into();
+        let lines = raw.validate().unwrap().summary();
+        assert_eq!(
+            lines[0],
+            "policies: over xDS from envoy-gateway:18001 (plaintext), node envoy-ratelimit, \
+             not serving until the first policies"
+        );
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use super::written::TracingSection;
 use super::{
-    AdminLimits, BackendKind, BackendSettings, GrpcLimits, GrpcTls, GrpcTlsSection, LeaseSection,
-    LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, RedisSection, Settings, SettingsError, Written,
+    AdminLimits, BackendKind, BackendSettings, DEFAULT_XDS_MAX_MESSAGE_BYTES, GrpcLimits, GrpcTls,
+    GrpcTlsSection, LeaseSection, LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, PolicySource,
+    RedisSection, Settings, SettingsError, Written, XdsBackoff, XdsSection, XdsSettings, XdsTls,
 };
 use crate::decision::{self, Caps, HeaderOptions};
 use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
@@ -152,11 +153,16 @@ impl Written {
             BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
         };
         let tracing = tracing_config(&self.tracing)?;
+        let xds = match self.policy_source {
+            PolicySource::Files => None,
+            PolicySource::Xds => Some(xds_config(&self.xds)?),
+        };
         let lease = lease_config(&self.redis.lease)?
             .filter(|_| matches!(backend, BackendSettings::Redis(_)));
         Ok(Settings {
             grpc_addr: self.grpc_addr,
             admin_addr: self.admin_addr,
+            xds,
             policies: self.policies,
             policy_files: self.policy_files,
             watch_policies: self.watch_policies,
@@ -254,6 +260,139 @@ fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
             handshake_timeout: Duration::from_millis(t.handshake_timeout_ms),
         })),
     }
+}
+
+/// The xDS server's settings: the URL split into authority and host, TLS from the scheme or
+/// `xds.tls.enabled`, header names checked as gRPC metadata keys, the backoff in range.
+fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
+    let err = |setting, value: &str, why: &str| SettingsError::Xds {
+        setting,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    let url = x.url.trim();
+    let (scheme_tls, authority) = match url.split_once("://") {
+        None => (false, url),
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        Some(_) => {
+            return Err(err(
+                "xds.url",
+                url,
+                "the scheme must be http:// or https://",
+            ));
+        }
+    };
+    let authority = authority.trim_end_matches('/');
+    let parsed: tonic::codegen::http::uri::Authority = authority
+        .parse()
+        .map_err(|_| err("xds.url", url, "not host:port"))?;
+    if parsed.port_u16().is_none() || parsed.host().is_empty() || authority.contains('@') {
+        return Err(err("xds.url", url, "not host:port (the port is required)"));
+    }
+    if x.tls.enabled && url.starts_with("http://") {
+        return Err(err(
+            "xds.url",
+            url,
+            "http:// with xds.tls.enabled; write host:port or https://",
+        ));
+    }
+    if x.node_id.trim().is_empty() {
+        return Err(err("xds.node_id", &x.node_id, "empty"));
+    }
+    let mut headers = Vec::new();
+    for (name, value) in &x.headers {
+        let lower = name.trim().to_ascii_lowercase();
+        if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(lower.as_bytes())
+            .is_err()
+            || lower.ends_with("-bin")
+            || lower.starts_with("grpc-")
+        {
+            return Err(err(
+                "xds.headers",
+                name,
+                "not a gRPC metadata name (token characters, not grpc-*, not *-bin)",
+            ));
+        }
+        if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(value.as_str())
+            .is_err()
+        {
+            return Err(err("xds.headers", name, "its value is not visible ASCII"));
+        }
+        headers.push((lower, value.clone()));
+    }
+    let b = &x.backoff;
+    if b.initial_ms == 0 {
+        return Err(SettingsError::Zero {
+            setting: "xds.backoff.initial_ms",
+        });
+    }
+    if b.max_ms < b.initial_ms {
+        return Err(err(
+            "xds.backoff.max_ms",
+            &b.max_ms.to_string(),
+            "shorter than xds.backoff.initial_ms",
+        ));
+    }
+    if !(0.0..=1.0).contains(&b.random_factor) {
+        return Err(err(
+            "xds.backoff.random_factor",
+            &b.random_factor.to_string(),
+            "not between 0 and 1",
+        ));
+    }
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let t = &x.tls;
+    let (cert, key, ca) = (path(&t.cert_file), path(&t.key_file), path(&t.ca_file));
+    let san = t.san.clone().filter(|s| !s.trim().is_empty());
+    let tls = scheme_tls || t.enabled;
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(SettingsError::TlsNeeds {
+                setting: "xds.tls.cert_file",
+                needs: "xds.tls.key_file",
+            });
+        }
+        (None, Some(_)) => {
+            return Err(SettingsError::TlsNeeds {
+                setting: "xds.tls.key_file",
+                needs: "xds.tls.cert_file",
+            });
+        }
+    };
+    if !tls && (client.is_some() || ca.is_some() || san.is_some()) {
+        return Err(SettingsError::TlsNeeds {
+            setting: "xds.tls.cert_file, key_file, ca_file or san",
+            needs: "xds.tls.enabled (or an https:// xds.url)",
+        });
+    }
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+    Ok(XdsSettings {
+        authority: authority.to_string(),
+        host: host.to_string(),
+        node_id: x.node_id.trim().to_string(),
+        node_metadata: x.node_metadata.clone(),
+        headers,
+        max_message_bytes: if x.max_message_bytes == 0 {
+            DEFAULT_XDS_MAX_MESSAGE_BYTES
+        } else {
+            x.max_message_bytes
+        },
+        force_start: x.force_start,
+        backoff: XdsBackoff {
+            initial: Duration::from_millis(b.initial_ms),
+            max: Duration::from_millis(b.max_ms),
+            random_factor: b.random_factor,
+            jitter: b.jitter,
+        },
+        tls: tls.then(|| XdsTls {
+            client,
+            ca_file: ca,
+            server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
+        }),
+    })
 }
 
 /// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).
@@ -512,6 +651,92 @@ mod tests {
             .to_string();
         assert!(err.starts_with("invalid settings: redis.url"), "{err}");
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    fn xds(tune: impl FnOnce(&mut Written)) -> Result<XdsSettings, String> {
+        let mut raw = Written {
+            policy_source: PolicySource::Xds,
+            ..Written::default()
+        };
+        tune(&mut raw);
+        raw.validate()
+            .map(|s| s.xds.expect("the xds source"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_xds_url_gives_the_authority_host_and_tls() {
+        assert_eq!(Written::default().validate().unwrap().xds, None);
+        let plain = xds(|_| {}).unwrap();
+        assert_eq!(
+            (plain.authority.as_str(), plain.host.as_str(), plain.tls),
+            ("localhost:18000", "localhost", None)
+        );
+        assert_eq!(plain.max_message_bytes, 4 << 20);
+        assert_eq!(plain.backoff.initial, Duration::from_secs(10));
+        let tls = xds(|w| w.xds.url = "https://envoy-gateway:18001/".into()).unwrap();
+        assert_eq!(tls.authority, "envoy-gateway:18001");
+        let t = tls.tls.expect("TLS from the scheme");
+        assert_eq!(
+            (t.server_name.as_str(), t.client.is_none()),
+            ("envoy-gateway", true)
+        );
+        let san = xds(|w| {
+            w.xds.url = "[::1]:18001".into();
+            w.xds.tls.enabled = true;
+            w.xds.tls.san = Some("envoy-gateway".into());
+            w.xds.tls.cert_file = Some("/certs/tls.crt".into());
+            w.xds.tls.key_file = Some("/certs/tls.key".into());
+        })
+        .unwrap();
+        assert_eq!(san.host, "::1");
+        let t = san.tls.unwrap();
+        assert_eq!(t.server_name, "envoy-gateway");
+        assert_eq!(
+            t.client,
+            Some(("/certs/tls.crt".into(), "/certs/tls.key".into()))
+        );
+    }
+
+    #[test]
+    fn xds_settings_that_cannot_be_used_name_the_setting() {
+        type Tune = fn(&mut Written);
+        let cases: [(&str, Tune); 9] = [
+            ("xds.url", |w| w.xds.url = "envoy-gateway".into()),
+            ("xds.url", |w| {
+                w.xds.url = "grpc://envoy-gateway:18001".into()
+            }),
+            ("xds.url", |w| {
+                w.xds.url = "http://envoy-gateway:18001".into();
+                w.xds.tls.enabled = true;
+            }),
+            ("xds.node_id", |w| w.xds.node_id = " ".into()),
+            ("xds.headers", |w| {
+                w.xds.headers.insert("grpc-timeout".into(), "1s".into());
+            }),
+            ("xds.headers", |w| {
+                w.xds.headers.insert("x-a".into(), "line\nbreak".into());
+            }),
+            ("xds.backoff.max_ms", |w| w.xds.backoff.max_ms = 1),
+            ("xds.backoff.random_factor", |w| {
+                w.xds.backoff.random_factor = 1.5;
+            }),
+            ("xds.tls.cert_file", |w| {
+                w.xds.tls.enabled = true;
+                w.xds.tls.cert_file = Some("/c".into());
+            }),
+        ];
+        for (setting, tune) in cases {
+            let err = xds(tune).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid settings: {setting}")),
+                "{err}"
+            );
+        }
+        let err = xds(|w| w.xds.tls.ca_file = Some("/ca".into())).unwrap_err();
+        assert!(err.contains("needs xds.tls.enabled"), "{err}");
+        let err = xds(|w| w.xds.backoff.initial_ms = 0).unwrap_err();
+        assert!(err.contains("xds.backoff.initial_ms"), "{err}");
     }
 
     #[test]

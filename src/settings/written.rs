@@ -3,6 +3,7 @@
 //! units they are written in (milliseconds, URL strings); `layers` fills them in from every
 //! source and `validate` turns them into [`super::Settings`]. Secrets stay out of `Debug`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -27,6 +28,11 @@ pub struct Written {
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address.
     pub admin_addr: SocketAddr,
+    /// Where policies come from: `files` (the `policies` directory, watched) or `xds` (pushed by
+    /// an xDS management server, the `xds` section; the directory is then not read).
+    pub policy_source: PolicySource,
+    /// The xDS management server, for `policy_source: xds`.
+    pub xds: XdsSection,
     /// Directory of policy files.
     pub policies: PathBuf,
     /// Which of its entries are policy files: `yaml` (`*.yaml`, `*.yml`, not hidden), `all`
@@ -92,6 +98,119 @@ pub struct Written {
     /// The settings the `compat` variables set (dotted names), for the log. Not a setting.
     #[serde(skip)]
     pub compat_set: Vec<String>,
+}
+
+/// Where policies come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicySource {
+    /// The policy directory.
+    #[default]
+    Files,
+    /// An xDS management server (aggregated discovery, state of the world).
+    Xds,
+}
+
+/// The xDS management server that pushes `RateLimitConfig` resources, as written. Its `Debug`
+/// hides the headers' values.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct XdsSection {
+    /// `host:port`, `http://host:port` or `https://host:port` (TLS).
+    pub url: String,
+    /// The node id sent to the server (Envoy Gateway answers only `envoy-ratelimit`).
+    pub node_id: String,
+    /// The node's metadata, string values.
+    pub node_metadata: BTreeMap<String, String>,
+    /// Extra gRPC metadata (HTTP/2 headers) sent on the stream.
+    pub headers: BTreeMap<String, String>,
+    /// Largest response accepted, in bytes; 0 is gRPC's default, 4 MiB. A larger one resets the
+    /// stream.
+    pub max_message_bytes: usize,
+    /// Before the first policies arrive, report healthy and answer calls `UNKNOWN` ("no rate
+    /// limit configuration loaded"); when false, health reports not serving until then (calls
+    /// get the same answer).
+    pub force_start: bool,
+    /// The wait before reconnecting.
+    pub backoff: XdsBackoffSection,
+    /// TLS to the server.
+    pub tls: XdsTlsSection,
+}
+
+impl Default for XdsSection {
+    fn default() -> Self {
+        Self {
+            url: "localhost:18000".into(),
+            node_id: "default".into(),
+            node_metadata: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            max_message_bytes: 0,
+            force_start: false,
+            backoff: XdsBackoffSection::default(),
+            tls: XdsTlsSection::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for XdsSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsSection")
+            .field("url", &self.url)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field(
+                "headers",
+                &self.headers.keys().map(|k| (k, "***")).collect::<Vec<_>>(),
+            )
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("force_start", &self.force_start)
+            .field("backoff", &self.backoff)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// The wait before each reconnection to the xDS server: `initial_ms`, doubled after each failed
+/// attempt up to `max_ms`, back to `initial_ms` after an accepted response; with `jitter`, drawn
+/// at random within ±`random_factor` of that (never past `max_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct XdsBackoffSection {
+    /// The first wait, in milliseconds.
+    pub initial_ms: u64,
+    /// The longest wait, in milliseconds.
+    pub max_ms: u64,
+    /// How far a jittered wait may be from the computed one, as a fraction (0 to 1).
+    pub random_factor: f64,
+    /// Jitter the waits.
+    pub jitter: bool,
+}
+
+impl Default for XdsBackoffSection {
+    fn default() -> Self {
+        Self {
+            initial_ms: 10_000,
+            max_ms: 60_000,
+            random_factor: 0.5,
+            jitter: true,
+        }
+    }
+}
+
+/// TLS to the xDS server, as written. Empty paths are unset.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct XdsTlsSection {
+    /// Connect over TLS (also implied by an `https://` URL).
+    pub enabled: bool,
+    /// Client certificate chain (PEM), for a server that requires one (mTLS); with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) the server's certificate may chain to, besides the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The name the server's certificate must carry; unset: the host of `url`.
+    pub san: Option<String>,
 }
 
 /// Bounds on the gRPC port: what one connection, and all of them, can hold; and its TLS.
@@ -526,6 +645,8 @@ impl Default for Written {
             compat: Compat::None,
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
             admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            policy_source: PolicySource::Files,
+            xds: XdsSection::default(),
             policies: PathBuf::from("config/policies"),
             policy_files: Files::Yaml,
             watch_policies: true,
@@ -584,6 +705,22 @@ impl Default for StoreSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xds_header_values_stay_out_of_logs() {
+        let mut w = Written {
+            policy_source: PolicySource::Xds,
+            ..Written::default()
+        };
+        w.xds
+            .headers
+            .insert("authorization".into(), "Bearer hunter2".into());
+        assert!(!format!("{w:?}").contains("hunter2"));
+        assert!(format!("{w:?}").contains("authorization"));
+        let s = w.validate().unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(format!("{s:?}").contains("authorization"));
+    }
 
     #[test]
     fn redis_credentials_stay_out_of_logs() {

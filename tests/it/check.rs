@@ -305,6 +305,38 @@ fn missing_directory_and_bad_settings_exit_2() {
 }
 
 #[test]
+fn with_policies_from_xds_the_settings_are_checked_and_a_directory_if_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = dir.path().join("s.yaml");
+    let written = |url: &str| {
+        std::fs::write(
+            &settings,
+            format!("policy_source: xds\npolicies: /nonexistent\nxds:\n  url: {url}\n"),
+        )
+        .unwrap();
+    };
+    written("envoy-gateway:18001");
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("policies come from the xDS server envoy-gateway:18001"),
+        "{stderr}"
+    );
+    // A directory given is checked as ever.
+    let out = check(&[
+        "--config",
+        settings.to_str().unwrap(),
+        "/nonexistent/policies",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    written("envoy-gateway");
+    let out = check(&["--config", settings.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("xds.url"));
+}
+
+#[test]
 fn shipped_config_is_valid() {
     let out = check(&["--config", "config/sluice.yaml"]);
     let stdout = String::from_utf8(out.stdout).unwrap();

@@ -439,6 +439,21 @@ pub fn openssl_missing(test: &str) -> bool {
     missing(test, &["openssl"], "version", "openssl")
 }
 
+/// Runs `openssl` with `args` in `dir` (to make test certificates); panics with its stderr when
+/// it fails.
+pub fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The real `sluice serve` binary in a process of its own, on loopback ports it chose, with
 /// the given policy files: its metrics are its own, not the test binary's shared recorder.
 pub struct Process {
@@ -515,6 +530,20 @@ impl Process {
             log,
             startup,
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log lines after "serving" not read yet, until none comes for `quiet`.
+    pub fn log_for(&self, quiet: std::time::Duration) -> Vec<serde_json::Value> {
+        let mut lines = Vec::new();
+        while let Ok(event) = self.log.recv_timeout(quiet) {
+            lines.push(event);
+        }
+        lines
     }
 
     /// The first log line after "serving" with the message `message`, waiting at most `within`.

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["main"],
     &["cli"],
     &["app", "fuzz"],
-    &["server", "lab", "reload", "probe", "client"],
+    &["server", "lab", "reload", "xds", "probe", "client"],
     &["settings", "wire"],
     &["traces"],
     &["decision", "quota"],

@@ -29,3 +29,4 @@ mod shares;
 mod tls;
 mod traces;
 mod wire;
+mod xds;

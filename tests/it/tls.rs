@@ -4,7 +4,6 @@
 //! error naming the setting. Certificates are made by the `openssl` command in a temp dir.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use sluice::settings::Written;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::helpers::{TestServer, openssl_missing, single};
+use crate::helpers::{TestServer, openssl, openssl_missing, single};
 
 const POLICY: &str = r"
 domain: test
@@ -25,20 +24,6 @@ descriptors:
 ";
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-
-/// Runs `openssl` with `args` in `dir`; panics with its stderr when it fails.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A CA (`ca.crt`) and a server certificate for `localhost`/127.0.0.1 signed by it
 /// (`server.crt`, `server.key`), in `dir`.

@@ -11,6 +11,7 @@ mod listeners;
 mod observability;
 mod policies;
 mod redis;
+mod xds;
 
 use std::collections::BTreeMap;
 
@@ -52,6 +53,18 @@ pub(super) struct Mapped {
     /// With no Redis variable set: the reference's default socket, which deserves a warning if
     /// it is still the Redis counted in once every source is layered.
     pub default_socket: Option<String>,
+    /// `xds.node_metadata` and `xds.headers`, set on the layered settings rather than through
+    /// the layers, whose paths would split a key with a dot in it.
+    pub xds_maps: XdsMaps,
+}
+
+/// The two maps of the `xds` section, when their variables are set.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct XdsMaps {
+    /// `CONFIG_GRPC_XDS_NODE_METADATA`.
+    pub node_metadata: Option<BTreeMap<String, String>>,
+    /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS`.
+    pub headers: Option<BTreeMap<String, String>>,
 }
 
 impl Mapped {
@@ -101,6 +114,7 @@ pub(super) fn from_env(vars: &BTreeMap<String, String>) -> Result<Mapped, Compat
     let mut m = Mapped::default();
     listeners::addresses(&env, &mut m)?;
     observability::logging(&env, &mut m)?;
+    xds::source(&env, &mut m)?;
     policies::runtime(&env, &mut m)?;
     redis::backend(&env, &mut m)?;
     decisions::answers(&env, &mut m)?;
@@ -165,15 +179,6 @@ fn unsupported_error(variable: &'static str, why: &str) -> CompatError {
 /// Variables that ask for what sluice does not offer yet, where ignoring them would change
 /// where configuration comes from or where clients connect: errors.
 fn unsupported(env: &Env<'_>) -> Result<(), CompatError> {
-    if let Some(v) = env.get("CONFIG_TYPE")
-        && !v.eq_ignore_ascii_case("FILE")
-    {
-        return Err(bad(
-            "CONFIG_TYPE",
-            v,
-            "not supported: only FILE (policies from the runtime directory)",
-        ));
-    }
     if env.get("GRPC_UDS").is_some() {
         return Err(unsupported_error(
             "GRPC_UDS",
@@ -277,7 +282,7 @@ mod tests {
             "GRPC_SERVER_TLS_CERT"
         );
         assert_eq!(
-            map(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")])
+            map(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")])
                 .unwrap_err()
                 .variable,
             "CONFIG_TYPE"

@@ -1,5 +1,6 @@
 //! The policy directory, from the reference's `RUNTIME_*` layout, read as it reads it (every
-//! file, dot files too unless `RUNTIME_IGNOREDOTFILES`), and `MERGE_DOMAIN_CONFIG`.
+//! file, dot files too unless `RUNTIME_IGNOREDOTFILES`), and `MERGE_DOMAIN_CONFIG`. With
+//! `CONFIG_TYPE=GRPC_XDS_SOTW` the layout is not read, only warned of.
 
 use std::path::PathBuf;
 
@@ -29,6 +30,18 @@ pub(super) fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
         m.set("merge_domains", json!(merge));
     }
     if !env.any_set(&layout) {
+        return Ok(());
+    }
+    if super::xds::selected(env)? {
+        let set: Vec<&str> = layout
+            .iter()
+            .copied()
+            .filter(|n| env.get(n).is_some())
+            .collect();
+        m.warn(format!(
+            "{}: not read with CONFIG_TYPE=GRPC_XDS_SOTW (as in the reference): policies come              from the xDS server, and nothing is read from or written to the runtime directory",
+            set.join(", ")
+        ));
         return Ok(());
     }
     let mut dir = PathBuf::from(env.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
@@ -93,6 +106,21 @@ mod tests {
         let m = map(&[("MERGE_DOMAIN_CONFIG", "0")]).unwrap();
         assert_eq!(get(&m, "merge_domains"), Some(&json!(false)));
         assert_eq!(get(&m, "policies"), None);
+        // Envoy Gateway's xDS Deployment sets the layout with no volume: not read, said.
+        let m = quiet(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+        ])
+        .unwrap();
+        assert_eq!(get(&m, "policies"), None);
+        assert_eq!(get(&m, "policy_files"), None);
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].starts_with(
+            "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_IGNOREDOTFILES, RUNTIME_WATCH_ROOT: not read"
+        ));
         assert_eq!(
             map(&[("MERGE_DOMAIN_CONFIG", "merge")])
                 .unwrap_err()
