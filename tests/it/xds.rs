@@ -1085,54 +1085,344 @@ async fn a_flood_of_versions_is_answered_in_turn_in_bounded_memory() {
     assert!((1..=40).contains(&responses), "{responses} response lines");
 }
 
-/// The real binary with Envoy Gateway's environment for its rate-limit Deployment (the xDS and
-/// runtime variables as it renders them; listeners on free loopback ports, counters in memory,
-/// JSON logs): it starts healthy with no policy, reads nothing under `RUNTIME_ROOT=/data`, and
-/// takes its policies over mTLS from the management server.
+/// The `env` of the `envoy-ratelimit` container in `deploy/envoy-gateway/ratelimit-deployment.yaml`
+/// (Envoy Gateway's Deployment with sluice's image), in order, after checking that the container
+/// is started as Envoy Gateway starts it (`command: ["/bin/ratelimit"]`, no arguments). A
+/// `valueFrom` entry (Envoy Gateway renders `REDIS_URL` from a Secret with `urlRef`) is kept with
+/// an empty value: [`envoy_gateways_deployment_takes_policies_over_xds`] replaces it.
+fn deployment_env() -> Vec<(String, String)> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/envoy-gateway/ratelimit-deployment.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&text).unwrap();
+    let containers = docs[0]["spec"]["template"]["spec"]["containers"]
+        .as_vec()
+        .expect("containers");
+    let container = containers
+        .iter()
+        .find(|c| c["name"].as_str() == Some(NODE_ID))
+        .expect("the envoy-ratelimit container");
+    let command: Vec<_> = container["command"]
+        .as_vec()
+        .expect("a command")
+        .iter()
+        .map(|a| a.as_str().expect("a string"))
+        .collect();
+    assert_eq!(command, ["/bin/ratelimit"]);
+    assert!(container["args"].is_badvalue(), "no arguments");
+    container["env"]
+        .as_vec()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().expect("a name").to_string();
+            let value = match e["value"].as_str() {
+                Some(v) => v.to_string(),
+                None => {
+                    assert!(
+                        !e["valueFrom"].is_badvalue(),
+                        "{name}: neither a string value nor valueFrom"
+                    );
+                    String::new()
+                }
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Connects over TLS as Envoy does to Envoy Gateway's rate-limit Service: the chain verified
+/// against the CA of `/certs/ca.crt`, no name matched (the certificate's `*.envoy-gateway-system`
+/// is not a name webpki accepts), ALPN h2.
+#[derive(Clone)]
+struct TlsTo(Arc<tokio_rustls::rustls::ClientConfig>);
+
+impl TlsTo {
+    fn trusting(ca: &Path) -> Self {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::CertificateDer;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::clone(&provider),
+        )
+        .build()
+        .unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ChainOnly(chain)))
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Self(Arc::new(config))
+    }
+}
+
+/// A server certificate verified as Envoy's upstream TLS context without SAN matchers does:
+/// the chain, dates and signatures, and not the name.
+#[derive(Debug)]
+struct ChainOnly(Arc<tokio_rustls::rustls::client::WebPkiServerVerifier>);
+
+impl tokio_rustls::rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
+        server_name: &tokio_rustls::rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: tokio_rustls::rustls::pki_types::UnixTime,
+    ) -> Result<tokio_rustls::rustls::client::danger::ServerCertVerified, tokio_rustls::rustls::Error>
+    {
+        use tokio_rustls::rustls::{CertificateError, Error};
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(tokio_rustls::rustls::client::danger::ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+impl tonic::codegen::Service<http::Uri> for TlsTo {
+    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    type Error = std::io::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let config = Arc::clone(&self.0);
+        Box::pin(async move {
+            let to = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+            let tcp = tokio::net::TcpStream::connect(to).await?;
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from(
+                "envoy-ratelimit.envoy-gateway-system",
+            )
+            .map_err(std::io::Error::other)?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        })
+    }
+}
+
+/// A process, killed when dropped, and its log (text, as the Deployment leaves `LOG_FORMAT`
+/// unset) as it arrives.
+struct Ratelimit {
+    child: std::process::Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Ratelimit {
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Ratelimit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The binary as Envoy Gateway runs it: through a symlink named `ratelimit` (its image's
+/// `/bin/ratelimit`), no arguments, and the environment of `deploy/envoy-gateway/
+/// ratelimit-deployment.yaml` with only these changes, each needed to run it here:
+/// - `PORT`, `GRPC_PORT`, `DEBUG_PORT` (not in the Deployment: the reference's 8080, 8081 and
+///   6070) and `PROMETHEUS_ADDR` (`:19001`) on free ports, so that tests run side by side;
+/// - `CONFIG_GRPC_XDS_SERVER_URL` (`envoy-gateway:18001`, a cluster name) to the management
+///   server of the test, whose certificate carries 127.0.0.1 as Envoy Gateway's carries
+///   `envoy-gateway`;
+/// - the `/certs/...` paths (the Secret `envoy-rate-limit` mounted there) to certificates made
+///   here in the shape of Envoy Gateway's;
+/// - `REDIS_URL` (`redis.redis-system.svc.cluster.local:6379`, or a Secret) to a `redis-server`
+///   of the test.
+///
+/// It serves `/healthcheck` before any policy (force start), answers `UNKNOWN` until the first
+/// policies, takes Envoy Gateway's descriptor tree over mTLS and ACKs it, decides over TLS,
+/// and shows the over-limit series on `PROMETHEUS_ADDR` and the limit on `/rlconfig`.
 #[tokio::test]
-async fn envoy_gateways_environment_takes_policies_over_mtls() {
-    if crate::helpers::openssl_missing("envoy_gateways_environment_takes_policies_over_mtls") {
+async fn envoy_gateways_deployment_takes_policies_over_xds() {
+    let test = "envoy_gateways_deployment_takes_policies_over_xds";
+    if crate::helpers::openssl_missing(test) || crate::helpers::redis_missing(test) {
         return;
     }
-    let certs = tempfile::tempdir().unwrap();
-    let dir = certs.path();
-    envoy_gateway_certs(dir);
+    let redis = crate::helpers::redis::RedisProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let made = dir.path().join("made");
+    std::fs::create_dir(&made).unwrap();
+    envoy_gateway_certs(&made);
+    // The Secret's keys: the rate-limit certificate (CN envoy, `*.envoy-gateway-system`, PKCS#1
+    // key) serves gRPC and is presented to the xDS server, and the CA.
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    for (from, to) in [
+        ("client.crt", "tls.crt"),
+        ("client.key", "tls.key"),
+        ("ca.crt", "ca.crt"),
+    ] {
+        std::fs::copy(made.join(from), certs.join(to)).unwrap();
+    }
     let control = Control::new();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = listener.local_addr().unwrap().to_string();
-    let _server = control.serve_tls(listener, envoy_gateway_tls(dir));
-    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let (crt, key, ca) = (path("client.crt"), path("client.key"), path("ca.crt"));
-    let process = crate::compat::spawn(&[
-        ("SLUICE_COMPAT", "envoy-ratelimit"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("LOG_FORMAT", "json"),
-        ("SLUICE_BACKEND", "memory"),
-        ("RUNTIME_ROOT", "/data"),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("LOG_LEVEL", "info"),
-        ("USE_STATSD", "false"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", &url),
-        ("CONFIG_GRPC_XDS_NODE_ID", NODE_ID),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &crt),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &key),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-    ]);
-    let (status, _) = http_get(process.admin, "/healthcheck").await;
-    assert_eq!(status, 200, "healthy before any policy");
-    let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
-        format!("http://{}", process.grpc),
-    )
-    .await
-    .unwrap();
+    let xds_url = listener.local_addr().unwrap().to_string();
+    let _server = control.serve_tls(listener, envoy_gateway_tls(&made));
+
+    let deployed = deployment_env();
+    let port = crate::helpers::free_port();
+    let grpc_port = crate::helpers::free_port();
+    let debug_port = crate::helpers::free_port();
+    let prometheus_port = crate::helpers::free_port();
+    let mut env: Vec<(String, String)> = deployed
+        .iter()
+        .map(|(name, value)| {
+            let value = match (name.as_str(), value.strip_prefix("/certs/")) {
+                (_, Some(file)) => certs.join(file).to_str().unwrap().to_string(),
+                ("PROMETHEUS_ADDR", _) => format!(":{prometheus_port}"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", _) => xds_url.clone(),
+                ("REDIS_URL", _) => format!("127.0.0.1:{}", redis.port),
+                _ => value.clone(),
+            };
+            (name.clone(), value)
+        })
+        .collect();
+    for (name, p) in [
+        ("PORT", port),
+        ("GRPC_PORT", grpc_port),
+        ("DEBUG_PORT", debug_port),
+    ] {
+        assert!(
+            deployed.iter().all(|(n, _)| n != name),
+            "{name} is in the Deployment now: change it there"
+        );
+        env.push((name.into(), p.to_string()));
+    }
+    // Every variable of the Deployment is passed, and only the ones above differ.
+    let names = |vars: &[(String, String)]| -> Vec<String> {
+        vars.iter().map(|(n, _)| n.clone()).collect()
+    };
+    assert_eq!(names(&env[..deployed.len()]), names(&deployed));
+    let changed: Vec<&str> = deployed
+        .iter()
+        .zip(&env)
+        .filter(|(d, e)| d.1 != e.1)
+        .map(|(d, _)| d.0.as_str())
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_SERVER_TLS_CA_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            "REDIS_URL",
+            "PROMETHEUS_ADDR",
+        ]
+    );
+    let value = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    assert_eq!(value("CONFIG_TYPE"), Some("GRPC_XDS_SOTW"));
+    assert_eq!(value("FORCE_START_WITHOUT_INITIAL_CONFIG"), Some("true"));
+    assert!(value("SLUICE_COMPAT").is_none());
+
+    let ratelimit = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &ratelimit).unwrap();
+    let mut child = std::process::Command::new(&ratelimit)
+        .env_clear()
+        .envs(env.iter().map(|(n, v)| (n, v)))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ratelimit");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().unwrap();
+    let lines = Arc::clone(&log);
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            lines.lock().unwrap().push(line);
+        }
+    });
+    let process = Ratelimit { child, log };
+    let local = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+
+    // The probes' `/healthcheck` on PORT, before any policy.
+    let healthy = eventually(WITHIN, || async {
+        tokio::net::TcpStream::connect(local(port)).await.is_ok() && {
+            let (status, body) = http_get(local(port), "/healthcheck").await;
+            (status, body.trim()) == (200, "OK")
+        }
+    })
+    .await;
+    assert!(healthy, "not healthy: {}", process.log());
+    let subscribed = control.wait_for(|_| true).await;
+    assert_eq!(subscribed.node.unwrap().id, NODE_ID);
+    assert!(
+        control
+            .requests()
+            .iter()
+            .all(|(_, r)| r.version_info.is_empty())
+    );
+
+    // gRPC over TLS, as Envoy calls the Service; plaintext is not served there.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", local(grpc_port)))
+        .unwrap()
+        .connect_with_connector(TlsTo::trusting(&certs.join("ca.crt")))
+        .await
+        .expect("a TLS connection");
+    let mut client = sluice::pb::rate_limit_service_client::RateLimitServiceClient::new(channel);
     let err = client
         .should_rate_limit(route_call(DOMAIN))
         .await
@@ -1141,10 +1431,28 @@ async fn envoy_gateways_environment_takes_policies_over_mtls() {
         (err.code(), err.message()),
         (tonic::Code::Unknown, "no rate limit configuration loaded")
     );
-    let subscribed = control.wait_for(|_| true).await;
-    assert_eq!(subscribed.node.unwrap().id, NODE_ID);
-    let v = control.set(&[gateway(DOMAIN, 2, RateLimitUnit::Hour)]);
+    let mut plain = sluice::pb::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", local(grpc_port)),
+    )
+    .await
+    .unwrap();
+    assert!(plain.should_rate_limit(route_call(DOMAIN)).await.is_err());
+
+    // Envoy Gateway's tree for the route, 2 an hour from any client, pushed and ACKed; and the
+    // same route on another listener, called until Redis answers in time (the first call loads
+    // the script), so that the counted calls below are not cut by the backend's timeout.
+    const WARM: &str = "default/eg/https";
+    let v = control.set(&[
+        gateway(DOMAIN, 2, RateLimitUnit::Hour),
+        gateway(WARM, 1_000, RateLimitUnit::Hour),
+    ]);
     control.acked(&v).await;
+    let warmed = eventually(WITHIN, || {
+        let mut warm = client.clone();
+        async move { warm.should_rate_limit(route_call(WARM)).await.is_ok() }
+    })
+    .await;
+    assert!(warmed, "Redis never answered in time: {}", process.log());
     let mut codes = Vec::new();
     for _ in 0..3 {
         let answer = client
@@ -1158,6 +1466,39 @@ async fn envoy_gateways_environment_takes_policies_over_mtls() {
         codes,
         [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
+
+    // The series Envoy Gateway's e2e reads, on PROMETHEUS_ADDR, `key2` sanitised.
+    let (status, metrics) = http_get(local(prometheus_port), "/metrics").await;
+    assert_eq!(status, 200);
+    let series = format!(
+        "ratelimit_service_rate_limit_over_limit{{domain=\"{DOMAIN}\",key1=\"{ROUTE}_{ROUTE}\",\
+         key2=\"masked_remote_address_0_0_0_0/0\"}} 1"
+    );
+    assert!(metrics.lines().any(|l| l == series), "{series}\n{metrics}");
+
+    // `/rlconfig` on the debug port, where `egctl config envoy-ratelimit` reads it.
+    let (status, rlconfig) = http_get(local(debug_port), "/rlconfig").await;
+    assert_eq!(status, 200);
+    let limit = format!(
+        "{DOMAIN}.{ROUTE}_{ROUTE}.masked_remote_address_0.0.0.0/0: unit=HOUR unit_multiplier=1 \
+         requests_per_unit=2"
+    );
+    assert!(rlconfig.contains(&limit), "{limit}\n{rlconfig}");
+
+    // Started under the name, from the xDS server, counting in Redis; what of the environment is
+    // not acted on is said.
+    let log = process.log();
+    for said in [
+        "invoked as ratelimit".to_string(),
+        format!("policies: over xDS from {xds_url} (TLS), node envoy-ratelimit"),
+        format!("backend: redis redis://127.0.0.1:{}", redis.port),
+        "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_IGNOREDOTFILES, RUNTIME_WATCH_ROOT: not read \
+         with CONFIG_TYPE=GRPC_XDS_SOTW (as in the reference): policies come from the xDS server"
+            .to_string(),
+        "GRPC_SERVER_TLS_CA_CERT: not a variable of the reference".to_string(),
+    ] {
+        assert!(log.contains(&said), "{said}\n{log}");
+    }
 }
 
 /// The operator's view, from the real binary's JSON log: a line per accepted version with its

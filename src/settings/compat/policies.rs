@@ -39,7 +39,8 @@ pub(super) fn runtime(env: &Env<'_>, m: &mut Mapped) -> Result<(), CompatError> 
             .filter(|n| env.get(n).is_some())
             .collect();
         m.warn(format!(
-            "{}: not read with CONFIG_TYPE=GRPC_XDS_SOTW (as in the reference): policies come              from the xDS server, and nothing is read from or written to the runtime directory",
+            "{}: not read with CONFIG_TYPE=GRPC_XDS_SOTW (as in the reference): policies come \
+             from the xDS server, and nothing is read from or written to the runtime directory",
             set.join(", ")
         ));
         return Ok(());
