@@ -1475,6 +1475,8 @@ async fn envoy_gateways_deployment_takes_policies_over_xds() {
          key2=\"masked_remote_address_0_0_0_0/0\"}} 1"
     );
     assert!(metrics.lines().any(|l| l == series), "{series}\n{metrics}");
+    let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
+    assert!(metrics.lines().any(|l| l.starts_with(total)), "{metrics}");
 
     // `/rlconfig` on the debug port, where `egctl config envoy-ratelimit` reads it.
     let (status, rlconfig) = http_get(local(debug_port), "/rlconfig").await;
@@ -1492,6 +1494,7 @@ async fn envoy_gateways_deployment_takes_policies_over_xds() {
         "invoked as ratelimit".to_string(),
         format!("policies: over xDS from {xds_url} (TLS), node envoy-ratelimit"),
         format!("backend: redis redis://127.0.0.1:{}", redis.port),
+        format!("metrics 0.0.0.0:{prometheus_port} (/metrics)"),
         "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY, RUNTIME_IGNOREDOTFILES, RUNTIME_WATCH_ROOT: not read \
          with CONFIG_TYPE=GRPC_XDS_SOTW (as in the reference): policies come from the xDS server"
             .to_string(),
