@@ -338,8 +338,14 @@ class Migration(unittest.TestCase):
         self.assertFalse(any(k.startswith("SLUICE_") for k in before))
         reference = {k: v for k, v in after.items() if not k.startswith("SLUICE_")}
         self.assertEqual(reference, before)
-        # No flag that would override the reference's directory.
+        # No flag that would override the reference's directory or backend: the image's
+        # entrypoint (a settings file and example policies) is replaced by a bare `serve`.
         self.assertNotIn("args", container_of(self.after))
+        self.assertEqual(container_of(self.after)["command"], ["/usr/local/bin/sluice", "serve"])
+        with open(path("deploy", "Dockerfile")) as f:
+            dockerfile = f.read()
+        self.assertRegex(dockerfile, r"(?m)^COPY --from=build \S+ /usr/local/bin/sluice$")
+        self.assertRegex(dockerfile, r'(?m)^ENTRYPOINT \["/usr/local/bin/sluice", "serve", "--config"')
         self.assertEqual(container_of(self.before)["volumeMounts"], container_of(self.after)["volumeMounts"])
 
     def test_the_sluice_deployment_probes_grpc_and_keeps_the_ports_and_the_scrape(self):
