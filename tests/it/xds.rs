@@ -1,8 +1,10 @@
 //! Policies pushed over xDS: a management server in the test shaped like Envoy Gateway's (ADS,
 //! state of the world; only node id `envoy-ratelimit` is answered; versions from a counter, a
 //! nonce per response; a fresh wildcard stream gets the snapshot; nothing while it is empty)
-//! drives the app with Envoy Gateway's descriptor trees. Then the broken and hostile servers:
-//! an oversized response, another type, a silent server, a flood of versions.
+//! drives the app with Envoy Gateway's descriptor trees, and the binary started as Envoy
+//! Gateway's Deployment (`deploy/envoy-gateway/ratelimit-deployment.yaml`) starts it. Then the
+//! broken and hostile servers: an oversized response, another type, a silent server, a flood of
+//! versions.
 
 use std::net::SocketAddr;
 use std::path::Path;
