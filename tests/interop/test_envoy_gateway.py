@@ -1,5 +1,4 @@
-"""Envoy Gateway's rate-limit files in deploy/envoy-gateway/, checked as Envoy Gateway and
-Kubernetes read them.
+"""Envoy Gateway's rate-limit files in deploy/envoy-gateway/, parsed strictly.
 
 - envoy-gateway-config.yaml (the ConfigMap holding Envoy Gateway's `EnvoyGateway` config) parses
   strictly against the fields it may use, and swaps the rate-limit image to sluice.
