@@ -524,10 +524,16 @@ class QuotaFleet(unittest.TestCase):
             self.assertGreaterEqual(sum(settled), 90.0, settled)
             self.assertTrue(redis_command(self.redis.port, "FLUSHALL").startswith(b"+OK"))
             after = run(3.0)
+            # The first node to renew after the flush finds the table empty and takes the rule,
+            # while the other's Envoy keeps its last bucket until that node's next tick: the
+            # book's "for up to a tick" (TTL / 4 = 0.5 s), seen here within a round of reports.
+            over = [t for t, rates in after if sum(rates) > 105.0]
+            if over:
+                self.assertLessEqual(max(over) - min(over), 0.5 + 0.25, after)
             rebuilt = next((t for t, rates in after if 90.0 <= sum(rates) <= 105.0
-                            and all(r > 0 for r in rates)), None)
-            print(f"\n  before the flush {settled}; handed out again {rebuilt} s after it; "
-                  f"last {after[-1][1]}", file=sys.stderr)
+                            and all(r > 0 for r in rates) and t > max(over, default=0.0)), None)
+            print(f"\n  before the flush {settled}; over the rule for {len(over)} rounds; handed "
+                  f"out again {rebuilt} s after it; last {after[-1][1]}", file=sys.stderr)
             self.assertIsNotNone(rebuilt, after)
             self.assertLessEqual(rebuilt, 2.0, after)
             for t, rates in after:
