@@ -3,8 +3,8 @@
 //! (see [`LeasedStore`]), instead of paying a Redis round trip per decision. Only counters hot on
 //! this node are leased; every other request takes the exact path, `RedisStore::count_batch`,
 //! which stays correct beside leases. The lease calls are assembled in `call` and, on a single
-//! node, ride in the coalesced round trips; on a cluster each goes alone. Either way a stalled
-//! connection (`stall`) answers them with the timeout, unsent.
+//! node, ride in the coalesced round trips, where a stalled connection (`stall`) answers them
+//! with the timeout, unsent; on a cluster each goes alone.
 //!
 //! Spend reported after the work, and checks of cost 0, always take the exact path, leased or
 //! shared counter or not: spend is recorded on the shared counter whole, past any lease or share,
@@ -998,7 +998,7 @@ impl RedisStore {
     /// One call of a leasing script (`lease.lua`, `share.lua`) on `keys` with `args`, its reply
     /// read by `parse` into a value and whether a key was repaired: on a single node beside the
     /// next coalesced call, in its round trip; on a cluster alone. The breaker, the deadline,
-    /// the stall gate and the failure counts apply as to every call.
+    /// the stall gate (on a single node) and the failure counts apply as to every call.
     pub(super) async fn script_call<A, R>(
         &self,
         script: &'static Script,
@@ -1018,7 +1018,6 @@ impl RedisStore {
             return Err(BackendError::NotConnected);
         };
         let timeout = self.config.timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
         let sent = async {
             match &*conn {
                 RedisConn::Single(_) => {
@@ -1036,26 +1035,22 @@ impl RedisStore {
                         other => Err(BackendError::Reply(format!("{other:?}"))),
                     }
                 }
-                // Alone, through the stall gate (module `stall`).
                 RedisConn::Cluster(c) => {
-                    let call = async {
-                        let _trip = self.stats.round_trip(purpose);
-                        let mut invocation = script.prepare_invoke();
-                        for k in keys {
-                            invocation.key(k);
-                        }
-                        invocation
-                            .arg(args)
-                            .invoke_async(&mut c.clone())
-                            .await
-                            .map_err(|e| classify(e, timeout))
-                    };
-                    self.gated(deadline, call).await
+                    let _trip = self.stats.round_trip(purpose);
+                    let mut invocation = script.prepare_invoke();
+                    for k in keys {
+                        invocation.key(k);
+                    }
+                    invocation
+                        .arg(args)
+                        .invoke_async(&mut c.clone())
+                        .await
+                        .map_err(|e| classify(e, timeout))
                 }
             }
         };
         let reply: Result<Vec<Value>, BackendError> =
-            match tokio::time::timeout_at(deadline, sent).await {
+            match tokio::time::timeout(timeout, sent).await {
                 Ok(r) => r,
                 Err(_) => Err(BackendError::Timeout(timeout)),
             };

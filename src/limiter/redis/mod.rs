@@ -2,8 +2,8 @@
 //! several sluice nodes share one budget. [`RedisStore`] owns the connection, the deadline, the
 //! circuit breaker and the over-limit cache, and sends what `call` assembles; `coalesce` batches
 //! a single node's requests, `lease` answers hot counters locally, `share` renews a node's share of
-//! a contended counter, `stall` holds back every charging call, coalesced or not, while the
-//! connection is stalled (a call timed out and Redis has not answered a `PING` since), `connect`
+//! a contended counter, `stall` holds back every charging call on a single node, coalesced or
+//! not, while the connection is stalled (a call timed out and Redis has not answered a `PING` since), `connect`
 //! and `sentinel` open and follow connections, `config` holds the settings.
 //!
 //! It is async I/O by nature, yet knows nothing of policies, protobuf or the server.
@@ -75,9 +75,9 @@ use crate::limiter::redis::stats::RedisStats;
 ///   concurrent request may see those charges for that instant (it can be refused, never
 ///   over-admitted).
 /// - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
-///   answers at once for a cool-down, then lets one probe through. Once a charging call times
-///   out, none is sent until Redis answers a `PING` (`stall`), so a paused Redis carries out
-///   at most the calls in flight when it stopped. The connection manager reconnects in the
+///   answers at once for a cool-down, then lets one probe through. On a single node, once a
+///   charging call times out, none is sent until Redis answers a `PING` (`stall`), so a paused
+///   Redis carries out at most the calls in flight when it stopped. The connection manager reconnects in the
 ///   background.
 /// - Redis Sentinel: the master is the one the sentinels name, reached as a single node, and
 ///   followed through a failover with no restart.
@@ -323,7 +323,7 @@ impl RedisStore {
     }
 
     /// Decides `ops` by the deadline: coalesced on a single node when they [`fits_lean`], else
-    /// in calls of their own through the stall gate.
+    /// in calls of their own, through the stall gate on a single node.
     async fn run(
         &self,
         ops: &[Op],
@@ -351,7 +351,7 @@ impl RedisStore {
                 let call = self.invoke(&mut c, ops, &all, true, now);
                 self.gated(deadline, call).await
             }
-            RedisConn::Cluster(c) => self.run_cluster(c, ops, now, deadline).await,
+            RedisConn::Cluster(c) => self.run_cluster(c, ops, now).await,
         }
     }
 
@@ -410,7 +410,6 @@ impl RedisStore {
         conn: &ClusterConnection,
         ops: &[Op],
         now: Option<u64>,
-        deadline: tokio::time::Instant,
     ) -> Result<Batch, BackendError> {
         let groups = group_by_slot(ops.iter().map(|op| self.key(op.key)));
         let whole = groups.len() == 1;
@@ -418,8 +417,9 @@ impl RedisStore {
             let mut c = conn.clone();
             async move { self.invoke(&mut c, ops, idx, whole, now).await }
         });
-        let calls = futures_util::future::try_join_all(calls);
-        let replies = self.gated(deadline, calls).await?;
+        // Not through the stall gate: a gate for the whole cluster would answer every slot with
+        // `on_backend_error` while one node is away (module `stall`).
+        let replies = futures_util::future::try_join_all(calls).await?;
         let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
         let mut group_blocked = Vec::with_capacity(groups.len());
         for ((_, idx), reply) in groups.iter().zip(replies) {

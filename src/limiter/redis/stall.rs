@@ -6,12 +6,12 @@
 //! at once when a call times out, then as calls come, never in a loop of its own. Redis answers
 //! a connection's commands in order, so a `PING` answered means every call sent before it was
 //! carried out, and the gate opens. Only a probe opens it: an answer to a call sent before the
-//! stall says nothing of the calls sent beside it (on a cluster, to other nodes).
+//! stall says nothing of the calls sent beside it.
 //!
 //! One gate per store, for its one connection: the coalesced calls and the direct ones share a
-//! single node's connection; on Redis Cluster the gate covers the connections to every node, and
-//! its `PING` goes to every primary, so one node that stops answering stalls the whole store
-//! until all of them answer. The gate does not send the calls, nor know what they are: the
+//! single node's connection (a Sentinel master is one too). Redis Cluster has none: a gate for
+//! the whole store would answer every hash slot with `on_backend_error` while one node is away,
+//! and a gate per node needs the slot map. The gate does not send the calls, nor know what they are: the
 //! store passes its charging calls through it (requests, lease calls, share renewals), and says
 //! how to probe. Refunds and heartbeats charge nothing and do not pass it.
 
