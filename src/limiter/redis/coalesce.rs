@@ -10,12 +10,13 @@
 //! `on_backend_error`) is dropped before it is sent; one already sent when its caller left has
 //! what it charged given back as soon as its answer arrives, so a request answered otherwise is
 //! not charged in Redis as well. A call the connection gave up on at its own deadline gets no
-//! answer to give back: at most the [`IN_FLIGHT`] calls out when Redis stopped answering. So once a
-//! call times out the connection is stalled: every call is answered with the timeout at once,
-//! unsent, and a `PING` (which charges nothing) probes it, one at a time (at once, then as calls
-//! come), until an answer comes. Otherwise each call sent behind the unanswered ones would wait in
-//! Redis's socket, be given up on in turn, and be carried out and charged when Redis reads again,
-//! however long the pause and whatever `on_backend_error` answered meanwhile.
+//! answer to give back: at most the [`IN_FLIGHT`] calls out when Redis stopped answering. So a
+//! call that times out stalls the store's gate (`stall`, shared with the calls that are not
+//! coalesced): until Redis answers its `PING`, every call is answered with the timeout at once,
+//! unsent. Otherwise each call sent behind the unanswered ones would wait in Redis's socket, be
+//! given up on in turn, and be carried out and charged when Redis reads again, however long the
+//! pause and whatever `on_backend_error` answered meanwhile. The give-back of a late answer is
+//! sent all the same: it charges nothing.
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -51,22 +52,16 @@ impl RedisStore {
     pub(super) async fn coalesce(&self, mut queue: mpsc::Receiver<Call>) {
         let mut in_flight = FuturesUnordered::new();
         let mut carry: Option<Call> = None;
-        // A call timed out and Redis has answered nothing since (module header).
-        let mut stalled = false;
-        let mut probing = false;
         loop {
             tokio::select! {
                 next = recv(&mut carry, &mut queue), if in_flight.len() < IN_FLIGHT => {
                     let Some(mut job) = next else { return };
-                    if stalled {
+                    // A call timed out and no probe has been answered since (module `stall`).
+                    if !self.stall.open(|| self.ping()) {
                         let timeout = BackendError::Timeout(self.config.timeout);
                         job.fail(timeout.clone());
                         while let Ok(next) = queue.try_recv() {
                             next.fail(timeout.clone());
-                        }
-                        if !probing {
-                            probing = true;
-                            in_flight.push(Box::pin(self.probe()) as Trip<'_>);
                         }
                         continue;
                     }
@@ -101,40 +96,18 @@ impl RedisStore {
                     }
                     in_flight.push(Box::pin(self.send(batch, leases)) as Trip<'_>);
                 }
-                Some(trip) = in_flight.next(), if !in_flight.is_empty() => match trip {
-                    Heard::Answer => stalled = false,
-                    Heard::Timeout => {
-                        stalled = true;
-                        // Probed at once, so that a Redis that was only slow is trusted again
-                        // within a round trip; then again with each call that comes while it
-                        // stays stalled, never in a loop of its own.
-                        if !probing {
-                            probing = true;
-                            in_flight.push(Box::pin(self.probe()) as Trip<'_>);
-                        }
+                Some(timed_out) = in_flight.next(), if !in_flight.is_empty() => {
+                    if timed_out {
+                        self.stall.timed_out(|| self.ping());
                     }
-                    Heard::Failure => {}
-                    Heard::Probe(answered) => {
-                        probing = false;
-                        stalled &= !answered;
-                    }
-                },
+                }
             }
         }
     }
 
-    /// A `PING` on the coalesced calls' connection: whether Redis answered it in time.
-    async fn probe(&self) -> Heard {
-        let Ok(mut c) = self.single() else {
-            return Heard::Probe(false);
-        };
-        let answer = redis::cmd("PING").query_async::<Value>(&mut c).await;
-        Heard::Probe(answer.is_ok())
-    }
-
     /// One round trip for `batch` and `leases`; every request and lease call gets its own
-    /// answer, or the round trip's error. What was heard of Redis.
-    async fn send(&self, batch: Vec<CountCall>, leases: Vec<LeaseCall>) -> Heard {
+    /// answer, or the round trip's error. Whether it timed out.
+    async fn send(&self, batch: Vec<CountCall>, leases: Vec<LeaseCall>) -> bool {
         let (answers, leased) = if leases.is_empty() {
             (self.call(&batch).await, Vec::new())
         } else {
@@ -143,11 +116,7 @@ impl RedisStore {
                 Err(e) => (Err(e.clone()), vec![Err(e); leases.len()]),
             }
         };
-        let heard = match &answers {
-            Ok(_) => Heard::Answer,
-            Err(BackendError::Timeout(_)) => Heard::Timeout,
-            Err(_) => Heard::Failure,
-        };
+        let timed_out = matches!(answers, Err(BackendError::Timeout(_)));
         match answers {
             Ok(answers) => {
                 // Every request of a call was decided at one time.
@@ -171,7 +140,7 @@ impl RedisStore {
         for (l, a) in leases.into_iter().zip(leased) {
             let _ = l.reply.send(a);
         }
-        heard
+        timed_out
     }
 
     /// Gives back, in one call, the charges of requests whose callers stopped waiting before
@@ -298,20 +267,8 @@ fn charged(ops: &[Op], answer: &Batch) -> Vec<Op> {
         .collect()
 }
 
-/// What one round trip of the coalescer heard of Redis.
-enum Heard {
-    /// An answer: Redis reads the connection.
-    Answer,
-    /// No answer within the deadline: the connection is stalled.
-    Timeout,
-    /// Another failure, which says nothing of the calls behind it.
-    Failure,
-    /// A probe of a stalled connection, answered in time or not.
-    Probe(bool),
-}
-
-/// A round trip in flight.
-type Trip<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Heard> + Send + 'a>>;
+/// A round trip in flight: whether it timed out.
+type Trip<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
 
 /// The lean script's answers to a batch, one per request.
 type Answers = Result<Vec<Batch>, BackendError>;

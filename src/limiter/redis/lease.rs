@@ -3,7 +3,8 @@
 //! (see [`LeasedStore`]), instead of paying a Redis round trip per decision. Only counters hot on
 //! this node are leased; every other request takes the exact path, `RedisStore::count_batch`,
 //! which stays correct beside leases. The lease calls are assembled in `call` and, on a single
-//! node, ride in the coalesced round trips.
+//! node, ride in the coalesced round trips, where a stalled connection (`stall`) answers them
+//! with the timeout, unsent; on a cluster each goes alone.
 //!
 //! Spend reported after the work, and checks of cost 0, always take the exact path, leased or
 //! shared counter or not: spend is recorded on the shared counter whole, past any lease or share,
@@ -996,8 +997,8 @@ impl RedisStore {
 
     /// One call of a leasing script (`lease.lua`, `share.lua`) on `keys` with `args`, its reply
     /// read by `parse` into a value and whether a key was repaired: on a single node beside the
-    /// next coalesced call, in its round trip; on a cluster alone. The breaker, the deadline
-    /// and the failure counts apply as to every call.
+    /// next coalesced call, in its round trip; on a cluster alone. The breaker, the deadline,
+    /// the stall gate (on a single node) and the failure counts apply as to every call.
     pub(super) async fn script_call<A, R>(
         &self,
         script: &'static Script,

@@ -2,8 +2,9 @@
 //! several sluice nodes share one budget. [`RedisStore`] owns the connection, the deadline, the
 //! circuit breaker and the over-limit cache, and sends what `call` assembles; `coalesce` batches
 //! a single node's requests, `lease` answers hot counters locally, `share` renews a node's share of
-//! a contended counter, `connect` and `sentinel` open
-//! and follow connections, `config` holds the settings.
+//! a contended counter, `stall` holds back every charging call on a single node, coalesced or
+//! not, while the connection is stalled (a call timed out and Redis has not answered a `PING` since), `connect`
+//! and `sentinel` open and follow connections, `config` holds the settings.
 //!
 //! It is async I/O by nature, yet knows nothing of policies, protobuf or the server.
 
@@ -20,6 +21,7 @@ mod scripts;
 pub mod sentinel;
 pub mod share;
 mod slot;
+mod stall;
 mod stats;
 
 use std::sync::Arc;
@@ -52,6 +54,7 @@ pub use crate::limiter::redis::redact::{redact, redact_all};
 pub use crate::limiter::redis::sentinel::SentinelError;
 pub use crate::limiter::redis::share::{ShareRenewal, ShareReply};
 use crate::limiter::redis::slot::group_by_slot;
+use crate::limiter::redis::stall::StallGate;
 use crate::limiter::redis::stats::RedisStats;
 
 /// The Redis counter store.
@@ -72,8 +75,10 @@ use crate::limiter::redis::stats::RedisStats;
 ///   concurrent request may see those charges for that instant (it can be refused, never
 ///   over-admitted).
 /// - Fast failure: every call has a deadline; after consecutive failures a circuit breaker
-///   answers at once for a cool-down, then lets one probe through. The connection manager
-///   reconnects in the background.
+///   answers at once for a cool-down, then lets one probe through. On a single node, once a
+///   charging call times out, none is sent until Redis answers a `PING` (`stall`), so a paused
+///   Redis carries out at most the calls in flight when it stopped. The connection manager reconnects in the
+///   background.
 /// - Redis Sentinel: the master is the one the sentinels name, reached as a single node, and
 ///   followed through a failover with no restart.
 /// - A local cache of counters Redis reported out of tokens until an instant answers repeat
@@ -95,6 +100,9 @@ pub struct RedisStore {
     time: RedisTime,
     /// Requests for the lean script on a single node, coalesced by [`RedisStore::connect`].
     queue: tokio::sync::mpsc::Sender<Call>,
+    /// Shut once a call times out, until Redis answers a probe: every charging call on the
+    /// connection passes it (module `stall`).
+    stall: StallGate,
     /// Whether the last call sent to Redis got an answer (a deny-cache answer is not one).
     answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
@@ -130,6 +138,7 @@ impl RedisStore {
         Ok(Arc::new(Self {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
+            stall: StallGate::default(),
             answering: std::sync::atomic::AtomicBool::new(false),
             quota_holder: heartbeat::random_id(),
             conn: ArcSwapOption::empty(),
@@ -254,7 +263,8 @@ impl RedisStore {
             RedisTime::Clock => Some(local_now),
         };
         self.stats.request();
-        let result = match tokio::time::timeout(self.config.timeout, self.run(ops, now)).await {
+        let deadline = tokio::time::Instant::now() + self.config.timeout;
+        let result = match tokio::time::timeout_at(deadline, self.run(ops, now, deadline)).await {
             Ok(r) => r,
             Err(_) => Err(BackendError::Timeout(self.config.timeout)),
         };
@@ -312,7 +322,14 @@ impl RedisStore {
         })
     }
 
-    async fn run(&self, ops: &[Op], now: Option<u64>) -> Result<Batch, BackendError> {
+    /// Decides `ops` by the deadline: coalesced on a single node when they [`fits_lean`], else
+    /// in calls of their own, through the stall gate on a single node.
+    async fn run(
+        &self,
+        ops: &[Op],
+        now: Option<u64>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Batch, BackendError> {
         let Some(conn) = self.conn.load_full() else {
             return Err(BackendError::NotConnected);
         };
@@ -330,9 +347,41 @@ impl RedisStore {
             }
             RedisConn::Single(c) => {
                 let all: Vec<usize> = (0..ops.len()).collect();
-                self.invoke(&mut c.clone(), ops, &all, true, now).await
+                let mut c = c.clone();
+                let call = self.invoke(&mut c, ops, &all, true, now);
+                self.gated(deadline, call).await
             }
             RedisConn::Cluster(c) => self.run_cluster(c, ops, now).await,
+        }
+    }
+
+    /// `call`, a charging call on the connection, sent through the stall gate by `deadline`.
+    async fn gated<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        call: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        let timeout = self.config.timeout;
+        self.stall
+            .pass((deadline, timeout), || self.ping(), call)
+            .await
+    }
+
+    /// A `PING` on the connection (to every primary of a cluster), to run on its own: whether
+    /// Redis answered it within the call deadline. It charges nothing.
+    fn ping(&self) -> impl Future<Output = bool> + Send + 'static {
+        let conn = self.conn.load_full();
+        let timeout = self.config.timeout;
+        async move {
+            let Some(conn) = conn else { return false };
+            let ping = redis::cmd("PING");
+            let answer = async {
+                match &*conn {
+                    RedisConn::Single(c) => ping.query_async::<redis::Value>(&mut c.clone()).await,
+                    RedisConn::Cluster(c) => ping.query_async::<redis::Value>(&mut c.clone()).await,
+                }
+            };
+            matches!(tokio::time::timeout(timeout, answer).await, Ok(Ok(_)))
         }
     }
 
@@ -368,6 +417,8 @@ impl RedisStore {
             let mut c = conn.clone();
             async move { self.invoke(&mut c, ops, idx, whole, now).await }
         });
+        // Not through the stall gate: a gate for the whole cluster would answer every slot with
+        // `on_backend_error` while one node is away (module `stall`).
         let replies = futures_util::future::try_join_all(calls).await?;
         let mut outcomes = vec![CounterOutcome::NONE; ops.len()];
         let mut group_blocked = Vec::with_capacity(groups.len());
@@ -380,7 +431,8 @@ impl RedisStore {
         let blocked = group_blocked.iter().any(|b| *b) || Batch::all_quota_denied(ops, &outcomes);
         if blocked && !whole {
             // Compensate: refund what the groups that did not refuse have charged, one call
-            // per such group (its keys share its slot), concurrently.
+            // per such group (its keys share its slot), concurrently. Refunds charge nothing:
+            // they do not pass the stall gate.
             let mut refunds: Vec<Vec<Op>> = Vec::new();
             for ((_, idx), group_was_blocked) in groups.iter().zip(&group_blocked) {
                 if *group_was_blocked {
