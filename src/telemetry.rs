@@ -1,5 +1,6 @@
 //! Logging setup: one `tracing` subscriber for the process, text or JSON, filtered by
 //! `RUST_LOG` when set and by the `log_level` setting otherwise. Library code only emits events.
+//! Also [`cut`], how text from peers is bounded before it is sent on (span attributes, NACKs).
 
 use serde::{Deserialize, Serialize};
 use tracing_subscriber::EnvFilter;
@@ -30,4 +31,33 @@ pub fn init(format: LogFormat, level: &str) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// `value` cut to at most `cap` bytes, on a character boundary.
+#[must_use]
+pub fn cut(value: &str, cap: usize) -> &str {
+    if value.len() <= cap {
+        return value;
+    }
+    let mut end = cap;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    #[test]
+    fn values_are_cut_on_character_boundaries() {
+        assert_eq!(cut("abcdef", 4), "abcd");
+        assert_eq!(cut("ab", 4), "ab");
+        assert_eq!(cut("aé", 2), "a");
+        let long = "é".repeat(3_000);
+        let cut = cut(&long, 4_096);
+        assert_eq!(cut.len(), 4_096);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision::{Code, DecideError, Decision, Request};
 use crate::metrics::TracingFigures;
+use crate::telemetry::cut;
 
 /// The OTLP transport.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -329,28 +330,9 @@ impl CallSpan {
     }
 }
 
-/// `value` cut to at most `cap` bytes, on a character boundary.
-fn cut(value: &str, cap: usize) -> &str {
-    if value.len() <= cap {
-        return value;
-    }
-    let mut end = cap;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    &value[..end]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn values_are_cut_on_character_boundaries() {
-        assert_eq!(cut("abcdef", 4), "abcd");
-        assert_eq!(cut("ab", 4), "ab");
-        assert_eq!(cut("aé", 2), "a");
-    }
 
     #[test]
     fn http_endpoints_get_the_traces_path_when_they_have_none() {

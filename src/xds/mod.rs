@@ -30,6 +30,7 @@ use crate::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryRespon
 use crate::pb::google::rpc::Status as RpcStatus;
 use crate::policy::{PolicyHandle, PolicySet};
 use crate::settings::XdsSettings;
+use crate::telemetry::cut;
 use backoff::Backoff;
 pub use resources::TYPE_URL;
 
@@ -240,7 +241,7 @@ impl XdsClient {
                 if self.log.allow() {
                     tracing::warn!(version = %version_info, nonce = %nonce, error = %reason, "xDS response rejected (NACK); keeping the last good policies");
                 }
-                let message = cut(reason, MAX_NACK_BYTES);
+                let message = cut(&reason, MAX_NACK_BYTES).to_owned();
                 self.request(
                     nonce,
                     Some(RpcStatus {
@@ -325,18 +326,6 @@ async fn until(at: Option<Instant>) {
     }
 }
 
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn cut(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
-}
-
 /// How many response lines may still be logged in this window, and how many were held back.
 #[derive(Debug, Default)]
 struct LogBudget {
@@ -398,13 +387,5 @@ mod tests {
         assert_eq!(log.due(), log.window.map(|w| w + LOG_WINDOW));
         log.flush();
         assert_eq!((log.held, log.due()), (0, None));
-    }
-
-    #[test]
-    fn a_long_nack_is_cut_on_a_character_boundary() {
-        let text = "é".repeat(3_000);
-        let cut = cut(text, MAX_NACK_BYTES);
-        assert_eq!(cut.len(), MAX_NACK_BYTES);
-        assert!(cut.chars().all(|c| c == 'é'));
     }
 }
