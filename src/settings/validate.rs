@@ -218,7 +218,7 @@ impl Written {
             metrics_listener: self.metrics.addr.map(|a| (a, self.metrics.path.clone())),
             debug_addr: self.admin.debug_addr,
             tracing,
-            rlqs: self.rlqs.enabled.then(|| crate::quota::QuotaSettings {
+            rlqs: self.rlqs.enabled.then(|| crate::rlqs::RlqsSettings {
                 assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
                 max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
                 max_streams: self.rlqs.max_streams,
