@@ -129,6 +129,8 @@ async def main():
     policy.write_text(POLICY.format(rate=RATE))
     server = Server(args.bin, str(policies), env={
         "SLUICE_RLQS__MAX_STREAMS": str(args.streams + 10),
+        # Every stream comes from 127.0.0.1: one peer.
+        "SLUICE_RLQS__MAX_STREAMS_PER_PEER": str(args.streams + 10),
         "SLUICE_RLQS__MAX_BUCKETS_PER_STREAM": str(max(args.buckets, 1000)),
     })
     stop = asyncio.Event()
