@@ -27,10 +27,10 @@ use crate::limiter::{
 };
 use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
-use crate::quota::QuotaTable;
 use crate::reload::Reloader;
+use crate::rlqs::ShareTable;
 use crate::server::admin::{self, AdminState};
-use crate::server::quota::{self, QuotaService};
+use crate::server::rlqs::{self, RlqsService};
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
 use crate::settings::{BackendSettings, Settings};
@@ -320,12 +320,12 @@ impl App {
         let tracer = traces.as_ref().map(Traces::tracer);
         let table = settings
             .rlqs
-            .map(|q| Arc::new(QuotaTable::new(q, policies.clone())));
+            .map(|q| Arc::new(ShareTable::new(q, policies.clone())));
         let fleet = table
             .as_ref()
             .and_then(|t| quota_fleet(&settings, &backend, local.as_ref(), t));
-        let quota = table
-            .map(|t| QuotaService::new(t, fleet.clone(), stop.clone(), settings.decision.caps));
+        let quota =
+            table.map(|t| RlqsService::new(t, fleet.clone(), stop.clone(), settings.decision.caps));
         let quota_reloads = quota.as_ref().map(|q| q.watch_reloads(stop.clone()));
         let grpc = start_grpc(
             grpc,
@@ -497,7 +497,7 @@ fn start_grpc(
     listener: TcpListener,
     settings: &Settings,
     tls: Option<ServerTls>,
-    (decider, quota, tracer): (Decider, Option<QuotaService>, Option<Arc<CallTracer>>),
+    (decider, quota, tracer): (Decider, Option<RlqsService>, Option<Arc<CallTracer>>),
     health: HealthServer<impl tonic_health::pb::health_server::Health>,
     stop: &CancellationToken,
 ) -> ServerTask {
@@ -548,8 +548,8 @@ fn quota_fleet(
     settings: &Settings,
     backend: &Backend,
     local: Option<&Arc<LocalFallback>>,
-    table: &Arc<QuotaTable>,
-) -> Option<quota::Fleet> {
+    table: &Arc<ShareTable>,
+) -> Option<rlqs::Fleet> {
     redis_of(backend)?;
     // Precision intended: a count of nodes as a divisor.
     let fixed = 1.0 / settings.local.fleet_size.unwrap_or(1).max(1) as f64;
@@ -563,7 +563,7 @@ fn quota_fleet(
             (OnBackendError::Allow, _) => Arc::new(move || Some(fixed)),
             (OnBackendError::Error | OnBackendError::Local, _) => Arc::new(|| None),
         };
-    Some(quota::Fleet::new(
+    Some(rlqs::Fleet::new(
         backend.clone(),
         Arc::clone(table),
         unknown,

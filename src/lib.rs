@@ -22,7 +22,7 @@
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
 //!   count through the backend, answer backend failures as configured, aggregate, add headers.
-//! - [`quota`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
+//! - [`rlqs`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
 //!   this node's shares of each limited rule divided among the streams watching it by demand.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
@@ -54,8 +54,8 @@ pub mod metrics;
 pub mod pb;
 pub mod policy;
 pub mod probe;
-pub mod quota;
 pub(crate) mod reload;
+pub mod rlqs;
 pub(crate) mod server;
 pub mod settings;
 pub mod shutdown;

@@ -406,20 +406,20 @@ impl QuotaRefusal {
 /// The Rate Limit Quota Service's figures, recorded through the global recorder. Labels are
 /// fixed names, never request values.
 #[derive(Clone, Debug)]
-pub struct QuotaFigures {
+pub struct RlqsFigures {
     reports: Counter,
     /// Held while the gauges' figures are read and set, so that of two streams closing at once
     /// the later reading is the one left, not an earlier one written last.
     gauges: Arc<Mutex<()>>,
 }
 
-impl Default for QuotaFigures {
+impl Default for RlqsFigures {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl QuotaFigures {
+impl RlqsFigures {
     /// The handles.
     #[must_use]
     pub fn new() -> Self {

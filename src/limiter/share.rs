@@ -53,7 +53,7 @@ pub fn divide(demands: &[f64], capacity: f64) -> Vec<f64> {
 /// What one renewal of a node's part of an RLQS rule tells Redis: the node hands that rule's
 /// buckets out to Envoys, which enforce them themselves, so nothing is taken from the counter.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct QuotaRenewal {
+pub struct PartRenewal {
     /// Requests per second the node's streams report for the rule's buckets, in the counter's
     /// tokens (a request of cost c counts c).
     pub demand: f64,

@@ -17,7 +17,7 @@ use tonic::codegen::http;
 
 use super::accept::{Accepted, CappedListener};
 use super::idle::IdleCut;
-use super::quota::ConnectionStreams;
+use super::rlqs::ConnectionStreams;
 use super::streams::{Served, Streams};
 use crate::settings::GrpcLimits;
 use crate::tls::ServerTls;

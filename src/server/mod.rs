@@ -1,7 +1,7 @@
 //! The transport adapters: the gRPC port (rate-limit service, rate-limit quota service and
 //! `grpc.health.v1`) and the HTTP admin port, and the health state both report. Each adapter
 //! reads its wire form into a decision request ([`crate::wire`]), asks the
-//! [`crate::decision::Decider`] (or, for quota streams ([`quota`]), a [`crate::quota`] table)
+//! [`crate::decision::Decider`] (or, for quota streams ([`rlqs`]), a [`crate::rlqs`] table)
 //! and writes the answer back; none counts or reaches a store. The gRPC port is served without tonic's
 //! `Server`: connections accepted under a cap ([`accept`]), served by hyper's HTTP/2 builder
 //! with ages, idle cuts and a drain ([`connections`], [`idle`]), calls run in the connection's
@@ -13,7 +13,7 @@ pub(crate) mod admin;
 mod connections;
 mod edge;
 mod idle;
-pub(crate) mod quota;
+pub(crate) mod rlqs;
 pub(crate) mod rls;
 mod streams;
 mod unary;
@@ -41,7 +41,7 @@ use crate::pb::{rate_limit_quota_service_server, rate_limit_service_server};
 use crate::settings::GrpcLimits;
 use crate::traces::CallTracer;
 use edge::GrpcEdge;
-use quota::QuotaService;
+use rlqs::RlqsService;
 use rls::RateLimitHandler;
 use unary::{ShouldRateLimit, UnaryBody};
 
@@ -159,7 +159,7 @@ const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 /// reaches the reader as hyper delivers it.
 pub(crate) struct GrpcRoutes<H> {
     rls: GrpcEdge<ShouldRateLimit>,
-    quota: Option<GrpcEdge<RateLimitQuotaServiceServer<QuotaService>>>,
+    quota: Option<GrpcEdge<RateLimitQuotaServiceServer<RlqsService>>>,
     health: GrpcEdge<HealthServer<H>>,
 }
 
@@ -187,7 +187,7 @@ impl<H: tonic_health::pb::health_server::Health> GrpcRoutes<H> {
     /// its stream begins; the stream itself is not cut).
     pub(crate) fn new(
         handler: RateLimitHandler,
-        quota: Option<QuotaService>,
+        quota: Option<RlqsService>,
         health: HealthServer<H>,
         max_request_bytes: usize,
         limits: &GrpcLimits,
@@ -229,7 +229,7 @@ impl<H: tonic_health::pb::health_server::Health> hyper::service::Service<http::R
             Wrap<EdgeFuture<HealthServer<H>>, Body>,
         >,
         Either<
-            Wrap<EdgeFuture<RateLimitQuotaServiceServer<QuotaService>>, Body>,
+            Wrap<EdgeFuture<RateLimitQuotaServiceServer<RlqsService>>, Body>,
             Ready<Result<http::Response<GrpcBody>, Infallible>>,
         >,
     >;

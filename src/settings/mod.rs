@@ -95,7 +95,7 @@ pub struct Settings {
     /// The debug listener (`/rlconfig`); `None` when `admin.debug_addr` is unset.
     pub debug_addr: Option<SocketAddr>,
     /// Envoy's Rate Limit Quota Service; `None` when `rlqs.enabled` is false.
-    pub rlqs: Option<crate::quota::QuotaSettings>,
+    pub rlqs: Option<crate::rlqs::RlqsSettings>,
     /// Trace export; `None` when `tracing.enabled` is false.
     pub tracing: Option<crate::traces::Config>,
     /// Reference variables (`compat`) read but not acted on, each with why: logged at

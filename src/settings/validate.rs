@@ -129,7 +129,7 @@ fn store(s: &StoreSection) -> Result<(), SettingsError> {
 
 /// `rlqs`: every limit above 0, and an assignment's life between a second and an hour; the
 /// service's settings when it is on.
-fn rlqs(q: &RlqsSection) -> Result<Option<crate::quota::QuotaSettings>, SettingsError> {
+fn rlqs(q: &RlqsSection) -> Result<Option<crate::rlqs::RlqsSettings>, SettingsError> {
     for (setting, value) in [
         ("rlqs.max_buckets_per_stream", q.max_buckets_per_stream),
         ("rlqs.max_streams", q.max_streams),
@@ -156,7 +156,7 @@ fn rlqs(q: &RlqsSection) -> Result<Option<crate::quota::QuotaSettings>, Settings
             why: "an hour: an assignment that outlives its stream by more makes the bound a loose one",
         });
     }
-    Ok(q.enabled.then(|| crate::quota::QuotaSettings {
+    Ok(q.enabled.then(|| crate::rlqs::RlqsSettings {
         assignment_ttl: Duration::from_millis(q.assignment_ttl_ms),
         max_buckets_per_stream: q.max_buckets_per_stream,
         max_streams: q.max_streams,

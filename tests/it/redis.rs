@@ -1199,12 +1199,12 @@ async fn the_quota_table_water_fills_as_divide_does() {
     let renew = |store: &Arc<RedisStore>, demand: f64, leave: bool| {
         let store = Arc::clone(store);
         async move {
-            let renewal = sluice::limiter::QuotaRenewal {
+            let renewal = sluice::limiter::PartRenewal {
                 demand,
                 lifetime: Duration::from_secs(10),
                 leave,
             };
-            store.quota_call(7, &q, &renewal).await.expect("answered")
+            store.part_call(7, &q, &renewal).await.expect("answered")
         }
     };
     // Two rounds: in the first each is granted only what the ones before it left.

@@ -107,7 +107,7 @@ pub struct RedisStore {
     answering: std::sync::atomic::AtomicBool,
     /// The queue's receiving end, until the connection loop takes it.
     queued: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Call>>>,
-    /// This node's id in the quota tables of the rules it hands to Envoys (RLQS).
+    /// This node's id in the fleet tables of the rules it hands to Envoys (RLQS).
     quota_holder: String,
 }
 

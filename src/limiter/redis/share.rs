@@ -14,7 +14,7 @@ use crate::limiter::gcra::Quota;
 use crate::limiter::key::Key;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::reply_u64;
-use crate::limiter::share::QuotaRenewal;
+use crate::limiter::share::PartRenewal;
 
 /// `share.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(super::scripts::SHARE));
@@ -68,11 +68,11 @@ pub fn table_key(counter: &str) -> String {
     beside(counter, "shares")
 }
 
-/// The quota table of the RLQS rule counted at `counter`: beside it as [`table_key`]'s is, apart
+/// The fleet table of the RLQS rule counted at `counter`: beside it as [`table_key`]'s is, apart
 /// from the share table, so that nodes handing a rule to Envoys never divide it with nodes
 /// that lease it.
 #[must_use]
-pub fn quota_table_key(counter: &str) -> String {
+pub fn fleet_table_key(counter: &str) -> String {
     beside(counter, "quotas")
 }
 
@@ -168,15 +168,15 @@ impl RedisStore {
     /// # Errors
     ///
     /// [`BackendError`] when Redis cannot answer.
-    pub async fn quota_call(
+    pub async fn part_call(
         &self,
         key: Key,
         quota: &Quota,
-        renewal: &QuotaRenewal,
+        renewal: &PartRenewal,
     ) -> Result<ShareReply, BackendError> {
         let now = self.clock.now();
         let counter = self.key(key);
-        let table = quota_table_key(&counter);
+        let table = fleet_table_key(&counter);
         let keys = [counter, table];
         // Precision intended: thousandths of a token per second, as the table keeps them; a
         // demand held at all is at least one, so that a slow rule's part is not rounded away.
@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(table_key("sluice:00ff"), "{sluice:00ff}:shares");
         assert_eq!(table_key("{app}:00ff"), "{app}:00ff:shares");
         assert_eq!(table_key("a{b"), "{a{b}:shares");
-        assert_eq!(quota_table_key("{app}:00ff"), "{app}:00ff:quotas");
+        assert_eq!(fleet_table_key("{app}:00ff"), "{app}:00ff:quotas");
         assert_eq!(
             table_key("a{}b"),
             "a{}b:shares",

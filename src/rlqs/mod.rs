@@ -1,11 +1,15 @@
-//! Quota assignments for Envoy's Rate Limit Quota Service (RLQS), as plain values: a bucket (an
-//! unordered map of entries) matched to the rule a descriptor of those entries would match
-//! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's table of the
-//! streams watching each limited bucket, whose shares of the rule's rate are divided by reported
-//! demand, each claim bounded by the rule and each holder kept its fair part (`shares`). No
-//! transport, no runtime and no clock: `server::quota` reads the wire, keeps the time and pushes
-//! the actions. With Redis, this node's part of each rule comes from the fleet's quota table
-//! (`server::quota` renews it), and only that part is divided among its streams.
+//! Envoy's Rate Limit Quota Service (RLQS), as plain values: a bucket (an unordered map of
+//! entries) matched to the rule a descriptor of those entries would match
+//! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's
+//! [`ShareTable`] of the streams watching each limited bucket. No transport, no runtime and no
+//! clock: `server::rlqs` reads the wire, keeps the time and pushes the actions.
+//!
+//! - **holder**: one stream's watched bucket, on the counter of the rule it matches.
+//! - **part**: this node's fraction of a rule, told by the fleet table in Redis (the whole rule
+//!   without one).
+//! - **share**: a holder's piece of the part, divided by demand, never past what the others hold.
+//!
+//! `Quota` is GCRA's rate and burst ([`crate::limiter::gcra::Quota`]), nothing of this module.
 
 mod table;
 
@@ -16,14 +20,14 @@ use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
 use crate::limiter::share::{self, HEADROOM};
 use crate::policy::{Limit, PolicySet};
 
-pub use table::{QuotaStream, QuotaTable, Refused, RuleDemand};
+pub use table::{Refused, RuleDemand, ShareTable, Watcher};
 
 /// A bucket's identity: its entries, ordered by key so that equal maps are equal.
 pub type BucketId = BTreeMap<String, String>;
 
 /// The RLQS settings (`rlqs.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuotaSettings {
+pub struct RlqsSettings {
     /// How long an assignment holds (`assignment_time_to_live`); also how long a bucket may go
     /// unreported before it is abandoned.
     pub assignment_ttl: Duration,

@@ -4,13 +4,13 @@
 //! own watch list, which decides what to send and when. A share is never more than what the
 //! other holders' buckets in force leave. The table sits behind one mutex, taken once per report
 //! message or tick, never across an `.await` (there is none here). A stream's shares are freed
-//! when its [`QuotaStream`] is dropped.
+//! when its [`Watcher`] is dropped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    Action, ActionKind, BucketId, MOVE_THRESHOLD, QuotaSettings, Report, Strategy, Target,
+    Action, ActionKind, BucketId, MOVE_THRESHOLD, Report, RlqsSettings, Strategy, Target,
     TokenBucket, claim, shares, target,
 };
 use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
@@ -26,8 +26,8 @@ pub enum Refused {
 
 /// The streams of this node and the shares of the counters they watch.
 #[derive(Debug)]
-pub struct QuotaTable {
-    settings: QuotaSettings,
+pub struct ShareTable {
+    settings: RlqsSettings,
     policies: PolicyHandle,
     inner: Mutex<Inner>,
 }
@@ -40,13 +40,13 @@ struct Inner {
     /// The limited counters watched, each with the demand of its holders.
     counters: HashMap<u128, Counter>,
     /// This node's part of a rule whose part the fleet has not told: the whole rule until
-    /// [`QuotaTable::set_unknown_part`] says otherwise; `None` to assign nothing until told.
+    /// [`ShareTable::set_unknown_part`] says otherwise; `None` to assign nothing until told.
     unknown_part: Option<f64>,
     /// Parts told of rules no stream watches (asked for before a first assignment, or left by
-    /// the last stream), with when they were told and the count of [`QuotaTable::demands`]
+    /// the last stream), with when they were told and the count of [`ShareTable::demands`]
     /// calls then: kept for the next join, and dropped two calls later when none came.
     told: HashMap<u128, (f64, u64, u64)>,
-    /// Calls of [`QuotaTable::demands`] so far.
+    /// Calls of [`ShareTable::demands`] so far.
     rounds: u64,
 }
 
@@ -76,7 +76,7 @@ struct Counter {
     burst: f64,
     /// Holder → its demand and the rate it was last sent.
     holders: HashMap<u64, Holder>,
-    /// This node's part of the rule, a fraction of it, as the fleet's quota table last said,
+    /// This node's part of the rule, a fraction of it, as the fleet table last said,
     /// and when (the fleet's clock, ns).
     part: Option<(f64, u64)>,
     /// Whether a renewal of the part failed since it was last told: its entry in Redis then
@@ -115,7 +115,7 @@ impl Counter {
     }
 }
 
-/// A rule this node hands out, as the fleet's quota table is told of it.
+/// A rule this node hands out, as the fleet table is told of it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RuleDemand {
     /// The rule's counter.
@@ -271,10 +271,10 @@ fn asked(demand: f64, rate: f64) -> f64 {
     claim(demand, rate)
 }
 
-impl QuotaTable {
+impl ShareTable {
     /// An empty table, matching buckets against `policies`.
     #[must_use]
-    pub fn new(settings: QuotaSettings, policies: PolicyHandle) -> Self {
+    pub fn new(settings: RlqsSettings, policies: PolicyHandle) -> Self {
         Self {
             settings,
             policies,
@@ -284,7 +284,7 @@ impl QuotaTable {
 
     /// The settings.
     #[must_use]
-    pub fn settings(&self) -> &QuotaSettings {
+    pub fn settings(&self) -> &RlqsSettings {
         &self.settings
     }
 
@@ -305,7 +305,7 @@ impl QuotaTable {
         (inner.streams, inner.watched)
     }
 
-    /// What this node's streams ask of each rule they watch, for the fleet's quota tables, at
+    /// What this node's streams ask of each rule they watch, for the fleet tables, at
     /// `now` (the fleet's clock, ns). A part told more than three quarters of a TTL ago is
     /// dropped first: its entry in Redis lapses a TTL after its last renewal, and then the other
     /// nodes may take it, so this node stops counting on it before (a rule whose renewals fail
@@ -335,7 +335,7 @@ impl QuotaTable {
     }
 
     /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
-    /// 0..=1), as the fleet's quota table said at `now` (the fleet's clock, ns); the streams'
+    /// 0..=1), as the fleet table said at `now` (the fleet's clock, ns); the streams'
     /// next tick pushes what it moves. A part of a rule no stream watches yet is kept for the
     /// first that joins it.
     pub fn set_part(&self, counter: u128, part: f64, now: u64) {
@@ -375,14 +375,14 @@ impl QuotaTable {
     /// # Errors
     ///
     /// [`Refused::TooManyStreams`] past `max_streams`.
-    pub fn open(self: &Arc<Self>, domain: String) -> Result<QuotaStream, Refused> {
+    pub fn open(self: &Arc<Self>, domain: String) -> Result<Watcher, Refused> {
         let mut inner = self.inner();
         if inner.streams >= self.settings.max_streams {
             return Err(Refused::TooManyStreams);
         }
         inner.streams += 1;
         drop(inner);
-        Ok(QuotaStream {
+        Ok(Watcher {
             table: Arc::clone(self),
             domain,
             seen: self.policies.load(),
@@ -418,8 +418,8 @@ struct Watched {
 
 /// One RLQS stream: its domain and the buckets it watches. Dropping it frees its shares.
 #[derive(Debug)]
-pub struct QuotaStream {
-    table: Arc<QuotaTable>,
+pub struct Watcher {
+    table: Arc<ShareTable>,
     domain: String,
     /// The policies its targets were resolved against.
     seen: Arc<PolicySet>,
@@ -428,7 +428,7 @@ pub struct QuotaStream {
     warned: bool,
 }
 
-impl QuotaStream {
+impl Watcher {
     /// The stream's domain.
     #[must_use]
     pub fn domain(&self) -> &str {
@@ -443,7 +443,7 @@ impl QuotaStream {
 
     /// The table it is part of.
     #[must_use]
-    pub fn table(&self) -> Arc<QuotaTable> {
+    pub fn table(&self) -> Arc<ShareTable> {
         Arc::clone(&self.table)
     }
 
@@ -455,7 +455,7 @@ impl QuotaStream {
 
     /// The rules that the buckets among `reports` this stream does not watch yet would join (no
     /// more than the stream may watch), and whose part this node has not been told: what to ask
-    /// the fleet's quota tables before [`QuotaStream::report`] assigns them. One entry per rule,
+    /// the fleet tables before [`Watcher::report`] assigns them. One entry per rule,
     /// with this node's whole demand for it, the reports' included.
     #[must_use]
     pub fn unpriced(&self, reports: &[Report]) -> Vec<RuleDemand> {
@@ -664,7 +664,7 @@ impl QuotaStream {
     }
 }
 
-impl Drop for QuotaStream {
+impl Drop for Watcher {
     fn drop(&mut self) {
         let mut inner = self.table.inner();
         inner.streams = inner.streams.saturating_sub(1);
@@ -750,7 +750,7 @@ mod tests {
 
     use super::*;
     use crate::policy;
-    use crate::quota::TokenBucket;
+    use crate::rlqs::TokenBucket;
 
     const POLICY: &str = "domain: d
 descriptors:
@@ -760,10 +760,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
 ";
 
-    fn table(max_buckets: usize) -> Arc<QuotaTable> {
+    fn table(max_buckets: usize) -> Arc<ShareTable> {
         let set = policy::load_str(&[("d.yaml", POLICY)]).expect("policy");
-        Arc::new(QuotaTable::new(
-            QuotaSettings {
+        Arc::new(ShareTable::new(
+            RlqsSettings {
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: max_buckets,
                 max_streams: 2,
@@ -822,8 +822,8 @@ descriptors:
     fn the_buckets_in_force_never_add_up_past_the_rule() {
         // Three streams whose demands drift by a few percent at each report, under the 10 %
         // that would push a change: the buckets as last sent never add up past 100.
-        let table = Arc::new(QuotaTable::new(
-            QuotaSettings {
+        let table = Arc::new(ShareTable::new(
+            RlqsSettings {
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: 10,
                 max_streams: 3,
@@ -832,7 +832,7 @@ descriptors:
             },
             PolicyHandle::new(policy::load_str(&[("d.yaml", POLICY)]).expect("policy")),
         ));
-        let mut streams: Vec<QuotaStream> = (0..3)
+        let mut streams: Vec<Watcher> = (0..3)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
         let mut in_force = [0.0f64; 3];
@@ -1030,8 +1030,8 @@ descriptors:
         cost: 10
 ";
         let set = policy::load_str(&[("d.yaml", COSTS)]).expect("policy");
-        let table = Arc::new(QuotaTable::new(
-            QuotaSettings {
+        let table = Arc::new(ShareTable::new(
+            RlqsSettings {
                 assignment_ttl: Duration::from_secs(10),
                 max_buckets_per_stream: 10,
                 max_streams: 2,
@@ -1083,7 +1083,7 @@ descriptors:
 
     /// A node told half of the rule at 0 and one stream assigned all of it (50 a second) for a
     /// bucket offered 300: the table, the stream and the rule's counter.
-    fn holding_half_of_the_rule() -> (Arc<QuotaTable>, QuotaStream, u128) {
+    fn holding_half_of_the_rule() -> (Arc<ShareTable>, Watcher, u128) {
         let table = table(10);
         let mut a = table.open("d".into()).expect("a");
         let x = report("x", 300);

@@ -1,13 +1,13 @@
 //! The gRPC adapter for `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (RLQS):
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
-//! [`QuotaStream`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
+//! [`Watcher`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
 //! drives abandons, pushes and renewals. Bucket ids are held to the request caps, a
 //! connection's streams to `rlqs.max_streams_per_connection` and a peer address's to
 //! `rlqs.max_streams_per_peer`, from their headers on ([`ConnectionStreams`],
 //! [`PeerStreams`]). It keeps the time and speaks the wire; what to assign is decided in
-//! [`crate::quota`]. With Redis, [`Fleet`] renews this node's part of every rule
-//! its streams watch in the fleet's quota tables, one call per rule every tick, and asks for a
+//! [`crate::rlqs`]. With Redis, [`Fleet`] renews this node's part of every rule
+//! its streams watch in the fleet tables, one call per rule every tick, and asks for a
 //! rule's part before its first bucket is assigned. Served through tonic's generated server
 //! behind the edge, as the health service is.
 
@@ -27,8 +27,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::streams::StreamReset;
 use crate::decision::Caps;
-use crate::limiter::{Backend, BackendError, QuotaRenewal};
-use crate::metrics::{QuotaFigures, QuotaRefusal};
+use crate::limiter::{Backend, BackendError, PartRenewal};
+use crate::metrics::{QuotaRefusal, RlqsFigures};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::pb::rate_limit_quota_response::bucket_action::{
     self, AbandonAction, QuotaAssignmentAction,
@@ -38,21 +38,21 @@ use crate::pb::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy,
     rate_limit_strategy,
 };
-use crate::quota::{Action, ActionKind, QuotaStream, QuotaTable, Report, RuleDemand, Strategy};
+use crate::rlqs::{Action, ActionKind, Report, RuleDemand, ShareTable, Strategy, Watcher};
 
 /// Answers awaiting the peer on one stream; past it the stream's task waits.
 const QUEUE: usize = 8;
 
 /// `StreamRateLimitQuotas`, answered from `table`.
 #[derive(Debug, Clone)]
-pub(crate) struct QuotaService {
-    table: Arc<QuotaTable>,
-    figures: QuotaFigures,
+pub(crate) struct RlqsService {
+    table: Arc<ShareTable>,
+    figures: RlqsFigures,
     /// Ends every stream at shutdown (`UNAVAILABLE`), so the drain does not wait for them.
     stop: CancellationToken,
     /// When the process's quota clock began.
     epoch: Instant,
-    /// The fleet's quota tables, with Redis.
+    /// The fleet tables, with Redis.
     fleet: Option<Fleet>,
     /// Marked when the policies are replaced, so that every stream pushes at once.
     reloaded: Arc<watch::Sender<()>>,
@@ -62,18 +62,18 @@ pub(crate) struct QuotaService {
     peers: PeerStreams,
 }
 
-impl QuotaService {
+impl RlqsService {
     /// The service of `table`'s streams, across `fleet` when there is one, refusing a domain
     /// or bucket id past `caps`.
     pub(crate) fn new(
-        table: Arc<QuotaTable>,
+        table: Arc<ShareTable>,
         fleet: Option<Fleet>,
         stop: CancellationToken,
         caps: Caps,
     ) -> Self {
         Self {
             table,
-            figures: QuotaFigures::new(),
+            figures: RlqsFigures::new(),
             stop,
             epoch: Instant::now(),
             fleet,
@@ -108,13 +108,13 @@ impl QuotaService {
     }
 }
 
-/// How often [`QuotaService::watch_reloads`] looks for a reload.
+/// How often [`RlqsService::watch_reloads`] looks for a reload.
 const RELOAD_POLL: Duration = Duration::from_millis(100);
 
 /// Requests to Redis one renewal sends at once.
 const RENEWALS_AT_ONCE: usize = 64;
 
-/// This node's parts of the rules its streams watch, kept in the fleet's quota tables in Redis
+/// This node's parts of the rules its streams watch, kept in the fleet tables in Redis
 /// (`share.lua`'s quota mode), so that the sluice nodes behind one Service hand out one budget.
 /// Each rule's part is renewed every tick with the node's demand for it and lives a TTL
 /// unrenewed; a rule no stream watches any more is given up at once. A rule whose part Redis
@@ -124,7 +124,7 @@ const RENEWALS_AT_ONCE: usize = 64;
 #[derive(Clone)]
 pub(crate) struct Fleet {
     backend: Backend,
-    table: Arc<QuotaTable>,
+    table: Arc<ShareTable>,
     /// The part of a rule assumed before Redis has told this node its own (`None`: assign
     /// nothing until it has).
     unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
@@ -143,7 +143,7 @@ impl Fleet {
     /// Redis has not told.
     pub(crate) fn new(
         backend: Backend,
-        table: Arc<QuotaTable>,
+        table: Arc<ShareTable>,
         unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
     ) -> Self {
         table.set_unknown_part(unknown());
@@ -160,8 +160,8 @@ impl Fleet {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn renewal(&self, tokens: f64, leave: bool) -> QuotaRenewal {
-        QuotaRenewal {
+    fn renewal(&self, tokens: f64, leave: bool) -> PartRenewal {
+        PartRenewal {
             demand: tokens,
             lifetime: self.table.settings().assignment_ttl,
             leave,
@@ -178,7 +178,7 @@ impl Fleet {
                 Ok(part) => self.table.set_part(counter, part.unwrap_or(1.0), sent),
                 // The breaker and the Redis metrics count it. The part is unconfirmed: no
                 // assignment of the rule is sent until a renewal succeeds, and the part is
-                // dropped once three quarters of a TTL old (`QuotaTable::demands`).
+                // dropped once three quarters of a TTL old (`ShareTable::demands`).
                 Err(e) => {
                     tracing::debug!(error = %e, "a quota part was not renewed");
                     self.table.set_unconfirmed(counter);
@@ -206,7 +206,7 @@ impl Fleet {
                 let renewal = self.renewal(demand, leave);
                 let answer = self
                     .backend
-                    .quota_part(rule.counter, &rule.quota, &renewal)
+                    .fleet_part(rule.counter, &rule.quota, &renewal)
                     .await;
                 (rule.counter, answer)
             });
@@ -338,7 +338,7 @@ impl Drop for PeerPlace {
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl RateLimitQuotaService for QuotaService {
+impl RateLimitQuotaService for RlqsService {
     type StreamRateLimitQuotasStream = Answers;
 
     async fn stream_rate_limit_quotas(
@@ -445,9 +445,9 @@ impl RateLimitQuotaService for QuotaService {
 struct StreamTask {
     /// Marked at each reload of the policies.
     reloads: watch::Receiver<()>,
-    stream: QuotaStream,
+    stream: Watcher,
     fleet: Option<Fleet>,
-    figures: QuotaFigures,
+    figures: RlqsFigures,
     tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
     epoch: Instant,
     /// `rlqs.assignment_ttl_ms`.
