@@ -142,8 +142,9 @@ struct LeaseStats {
 ///   across descriptors, with shadow and quota modes through [`Batch::blocked_by`] as in the
 ///   stores. A charge whose tokens the lease holds but are not due yet is refused locally with the
 ///   wait until they are. Anything else goes the exact path whole, and so does every request that
-///   reports spend ([`Charge::Spent`]) or checks at cost 0. An empty lease whose last take was
-///   granted nothing refuses locally, with the wait Redis reported, until that instant.
+///   reports spend ([`Charge::Spent`](crate::limiter::batch::Charge::Spent)) or checks at cost
+///   0. An empty lease whose last take was granted nothing refuses locally, with the wait Redis
+///   reported, until that instant.
 ///
 /// Locally reported `remaining` is this node's view (the tokens its lease still holds), a lower
 /// bound of the fleet's.
