@@ -318,18 +318,49 @@ fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
 /// The xDS server's settings: the URL split into authority and host, TLS from the scheme or
 /// `xds.tls.enabled`, header names checked as gRPC metadata keys, the backoff in range.
 fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
-    let err = |setting, value: &str, why: &str| SettingsError::Xds {
+    let (scheme_tls, authority, host) = xds_url(x)?;
+    if x.node_id.trim().is_empty() {
+        return Err(xds_error("xds.node_id", &x.node_id, "empty"));
+    }
+    let headers = xds_headers(x)?;
+    let backoff = xds_backoff(x)?;
+    let tls = xds_tls(x, scheme_tls, &host)?;
+    Ok(XdsSettings {
+        authority,
+        host,
+        node_id: x.node_id.trim().to_string(),
+        node_metadata: x.node_metadata.clone(),
+        headers,
+        max_message_bytes: if x.max_message_bytes == 0 {
+            DEFAULT_XDS_MAX_MESSAGE_BYTES
+        } else {
+            x.max_message_bytes
+        },
+        force_start: x.force_start,
+        backoff,
+        tls,
+    })
+}
+
+/// An `xds.*` value refused: the setting, the value and why.
+fn xds_error(setting: &'static str, value: &str, why: &str) -> SettingsError {
+    SettingsError::Xds {
         setting,
         value: value.to_string(),
         why: why.to_string(),
-    };
+    }
+}
+
+/// `xds.url`: `host:port`, `http://` or `https://` before it (not `http://` with
+/// `xds.tls.enabled`). Whether the scheme asks for TLS, the authority and the bare host.
+fn xds_url(x: &XdsSection) -> Result<(bool, String, String), SettingsError> {
     let url = x.url.trim();
     let (scheme_tls, authority) = match url.split_once("://") {
         None => (false, url),
         Some(("http", rest)) => (false, rest),
         Some(("https", rest)) => (true, rest),
         Some(_) => {
-            return Err(err(
+            return Err(xds_error(
                 "xds.url",
                 url,
                 "the scheme must be http:// or https://",
@@ -339,20 +370,27 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
     let authority = authority.trim_end_matches('/');
     let parsed: tonic::codegen::http::uri::Authority = authority
         .parse()
-        .map_err(|_| err("xds.url", url, "not host:port"))?;
+        .map_err(|_| xds_error("xds.url", url, "not host:port"))?;
     if parsed.port_u16().is_none() || parsed.host().is_empty() || authority.contains('@') {
-        return Err(err("xds.url", url, "not host:port (the port is required)"));
+        return Err(xds_error(
+            "xds.url",
+            url,
+            "not host:port (the port is required)",
+        ));
     }
     if x.tls.enabled && url.starts_with("http://") {
-        return Err(err(
+        return Err(xds_error(
             "xds.url",
             url,
             "http:// with xds.tls.enabled; write host:port or https://",
         ));
     }
-    if x.node_id.trim().is_empty() {
-        return Err(err("xds.node_id", &x.node_id, "empty"));
-    }
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+    Ok((scheme_tls, authority.to_string(), host.to_string()))
+}
+
+/// `xds.headers`: each name a gRPC metadata key (lowercased), each value visible ASCII.
+fn xds_headers(x: &XdsSection) -> Result<Vec<(String, String)>, SettingsError> {
     let mut headers = Vec::new();
     for (name, value) in &x.headers {
         let lower = name.trim().to_ascii_lowercase();
@@ -361,7 +399,7 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
             || lower.ends_with("-bin")
             || lower.starts_with("grpc-")
         {
-            return Err(err(
+            return Err(xds_error(
                 "xds.headers",
                 name,
                 "not a gRPC metadata name (token characters, not grpc-*, not *-bin)",
@@ -370,10 +408,19 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
         if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(value.as_str())
             .is_err()
         {
-            return Err(err("xds.headers", name, "its value is not visible ASCII"));
+            return Err(xds_error(
+                "xds.headers",
+                name,
+                "its value is not visible ASCII",
+            ));
         }
         headers.push((lower, value.clone()));
     }
+    Ok(headers)
+}
+
+/// `xds.backoff`: a first wait above 0, a longest one no shorter, a random factor from 0 to 1.
+fn xds_backoff(x: &XdsSection) -> Result<XdsBackoff, SettingsError> {
     let b = &x.backoff;
     if b.initial_ms == 0 {
         return Err(SettingsError::Zero {
@@ -381,19 +428,31 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
         });
     }
     if b.max_ms < b.initial_ms {
-        return Err(err(
+        return Err(xds_error(
             "xds.backoff.max_ms",
             &b.max_ms.to_string(),
             "shorter than xds.backoff.initial_ms",
         ));
     }
     if !(0.0..=1.0).contains(&b.random_factor) {
-        return Err(err(
+        return Err(xds_error(
             "xds.backoff.random_factor",
             &b.random_factor.to_string(),
             "not between 0 and 1",
         ));
     }
+    Ok(XdsBackoff {
+        initial: Duration::from_millis(b.initial_ms),
+        max: Duration::from_millis(b.max_ms),
+        random_factor: b.random_factor,
+        jitter: b.jitter,
+    })
+}
+
+/// `xds.tls`: on with an `https://` URL (`scheme_tls`) or `xds.tls.enabled`; a client
+/// certificate needs its key and the reverse; no file or name without TLS on. The server's
+/// name is `xds.tls.san`, else `host`.
+fn xds_tls(x: &XdsSection, scheme_tls: bool, host: &str) -> Result<Option<XdsTls>, SettingsError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let t = &x.tls;
     let (cert, key, ca) = (path(&t.cert_file), path(&t.key_file), path(&t.ca_file));
@@ -421,31 +480,11 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
             needs: "xds.tls.enabled (or an https:// xds.url)",
         });
     }
-    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
-    Ok(XdsSettings {
-        authority: authority.to_string(),
-        host: host.to_string(),
-        node_id: x.node_id.trim().to_string(),
-        node_metadata: x.node_metadata.clone(),
-        headers,
-        max_message_bytes: if x.max_message_bytes == 0 {
-            DEFAULT_XDS_MAX_MESSAGE_BYTES
-        } else {
-            x.max_message_bytes
-        },
-        force_start: x.force_start,
-        backoff: XdsBackoff {
-            initial: Duration::from_millis(b.initial_ms),
-            max: Duration::from_millis(b.max_ms),
-            random_factor: b.random_factor,
-            jitter: b.jitter,
-        },
-        tls: tls.then(|| XdsTls {
-            client,
-            ca_file: ca,
-            server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
-        }),
-    })
+    Ok(tls.then(|| XdsTls {
+        client,
+        ca_file: ca,
+        server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
+    }))
 }
 
 /// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).
