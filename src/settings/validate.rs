@@ -5,13 +5,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::written::TracingSection;
+use super::written::{RlqsSection, TracingSection};
 use super::{
-    AdminLimits, BackendKind, BackendSettings, DEFAULT_XDS_MAX_MESSAGE_BYTES, GrpcLimits, GrpcTls,
-    GrpcTlsSection, LeaseSection, LocalSettings, MAX_HEARTBEAT_INTERVAL_MS, PolicySource,
-    RedisSection, Settings, SettingsError, Written, XdsBackoff, XdsSection, XdsSettings, XdsTls,
+    AdminLimits, AdminSection, BackendKind, BackendSettings, DEFAULT_XDS_MAX_MESSAGE_BYTES,
+    GrpcLimits, GrpcSection, GrpcTls, GrpcTlsSection, LeaseSection, LocalSettings,
+    MAX_HEARTBEAT_INTERVAL_MS, MetricsSection, PolicySource, RedisSection, RequestsSection,
+    Settings, SettingsError, StoreSection, Written, XdsBackoff, XdsSection, XdsSettings, XdsTls,
 };
-use crate::decision::{self, Caps, HeaderOptions};
+use crate::decision::{self, Caps, HeaderOptions, LegacyNames};
 use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
 use crate::limiter::{LeaseConfig, RedisConfig};
 
@@ -22,136 +23,21 @@ const MAX_ASSIGNMENT_TTL_MS: u64 = 3_600_000;
 const MIN_ASSIGNMENT_TTL_MS: u64 = 1_000;
 
 impl Written {
-    /// Checks every value and gives the typed settings.
+    /// Checks every value and gives the typed settings, one section after the other.
     ///
     /// # Errors
     ///
     /// [`SettingsError`] naming the first value out of range.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let r = &self.requests;
-        let positive = |setting: &'static str, value: u64| {
-            if value == 0 {
-                Err(SettingsError::Zero { setting })
-            } else {
-                Ok(())
-            }
-        };
-        for (setting, value) in [
-            ("requests.max_request_bytes", r.max_request_bytes),
-            ("requests.max_descriptors", r.max_descriptors),
-            ("requests.max_entries", r.max_entries),
-            ("requests.max_domain_bytes", r.max_domain_bytes),
-            ("requests.max_key_bytes", r.max_key_bytes),
-            ("requests.max_value_bytes", r.max_value_bytes),
-            ("store.max_keys", self.store.max_keys),
-            (
-                "rlqs.max_buckets_per_stream",
-                self.rlqs.max_buckets_per_stream,
-            ),
-            ("rlqs.max_streams", self.rlqs.max_streams),
-            (
-                "rlqs.max_streams_per_connection",
-                self.rlqs.max_streams_per_connection,
-            ),
-            ("rlqs.max_streams_per_peer", self.rlqs.max_streams_per_peer),
-        ] {
-            positive(setting, value as u64)?;
-        }
-        let g = &self.grpc;
-        for (setting, value) in [
-            ("store.sweep_interval_ms", self.store.sweep_interval_ms),
-            ("grpc.max_connections", g.max_connections as u64),
-            (
-                "grpc.max_concurrent_streams",
-                u64::from(g.max_concurrent_streams),
-            ),
-            (
-                "grpc.max_header_list_bytes",
-                u64::from(g.max_header_list_bytes),
-            ),
-            ("grpc.request_timeout_ms", g.request_timeout_ms),
-            ("grpc.keepalive_interval_ms", g.keepalive_interval_ms),
-            ("grpc.keepalive_timeout_ms", g.keepalive_timeout_ms),
-            ("grpc.idle_timeout_ms", g.idle_timeout_ms),
-            (
-                "grpc.max_connection_age_grace_ms",
-                g.max_connection_age_grace_ms,
-            ),
-            ("grpc.tls.handshake_timeout_ms", g.tls.handshake_timeout_ms),
-            ("admin.max_connections", self.admin.max_connections as u64),
-            (
-                "admin.header_read_timeout_ms",
-                self.admin.header_read_timeout_ms,
-            ),
-        ] {
-            positive(setting, value)?;
-        }
-        if g.idle_timeout_ms <= g.request_timeout_ms {
-            return Err(SettingsError::IdleBeforeRequestTimeout);
-        }
-        let grpc_tls = grpc_tls(&g.tls)?;
-        let path = &self.metrics.path;
-        if !path.starts_with('/') || path.contains(['{', '}', '*']) {
-            return Err(SettingsError::MetricsPath(path.clone()));
-        }
-        let ratio = self.metrics.near_limit_ratio;
-        if !(0.0..=1.0).contains(&ratio) {
-            return Err(SettingsError::NearLimitRatio(ratio));
-        }
-        for (setting, name) in [
-            ("legacy_headers.limit", &self.legacy_headers.limit),
-            ("legacy_headers.remaining", &self.legacy_headers.remaining),
-            ("legacy_headers.reset", &self.legacy_headers.reset),
-        ] {
-            if !is_header_name(name) {
-                return Err(SettingsError::HeaderName {
-                    setting,
-                    name: name.clone(),
-                });
-            }
-        }
-        if self.rlqs.assignment_ttl_ms < MIN_ASSIGNMENT_TTL_MS {
-            return Err(SettingsError::TooSmall {
-                setting: "rlqs.assignment_ttl_ms",
-                min: MIN_ASSIGNMENT_TTL_MS,
-                why: "a second: a shorter one lapses before Envoy's next report, and every bucket \
-                      is abandoned soon after its assignment",
-            });
-        }
-        if self.rlqs.assignment_ttl_ms > MAX_ASSIGNMENT_TTL_MS {
-            return Err(SettingsError::TooLarge {
-                setting: "rlqs.assignment_ttl_ms",
-                max: MAX_ASSIGNMENT_TTL_MS,
-                why: "an hour: an assignment that outlives its stream by more makes the bound a loose one",
-            });
-        }
-        positive("redis.timeout_ms", self.redis.timeout_ms)?;
-        positive("redis.connect_timeout_ms", self.redis.connect_timeout_ms)?;
-        positive(
-            "redis.heartbeat_interval_ms",
-            self.redis.heartbeat_interval_ms,
-        )?;
-        if self.redis.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
-            return Err(SettingsError::HeartbeatInterval(
-                self.redis.heartbeat_interval_ms,
-            ));
-        }
-        if let Some(n) = self.redis.fleet_size {
-            positive("redis.fleet_size", n)?;
-        }
-        let local = LocalSettings {
-            fleet_size: self.redis.fleet_size,
-            heartbeat_interval: Duration::from_millis(self.redis.heartbeat_interval_ms),
-            max_keys: self.store.max_keys,
-            sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
-        };
-        let backend = match self.backend {
-            BackendKind::Memory => BackendSettings::Memory {
-                max_keys: self.store.max_keys,
-                sweep_interval: Duration::from_millis(self.store.sweep_interval_ms),
-            },
-            BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(&self.redis)?)),
-        };
+        let caps = requests(&self.requests)?;
+        store(&self.store)?;
+        let rlqs = rlqs(&self.rlqs)?;
+        let (grpc, grpc_tls) = grpc(&self.grpc)?;
+        let admin = admin(&self.admin)?;
+        metrics(&self.metrics)?;
+        legacy_headers(&self.legacy_headers)?;
+        let local = local(&self.redis, &self.store)?;
+        let backend = backend(self.backend, &self.store, &self.redis)?;
         let tracing = tracing_config(&self.tracing)?;
         let xds = match self.policy_source {
             PolicySource::Files => None,
@@ -171,13 +57,7 @@ impl Written {
             log_format: self.log_format,
             log_level: self.log_level,
             decision: decision::Options {
-                caps: Caps {
-                    max_descriptors: r.max_descriptors,
-                    max_entries: r.max_entries,
-                    max_domain_bytes: r.max_domain_bytes,
-                    max_key_bytes: r.max_key_bytes,
-                    max_value_bytes: r.max_value_bytes,
-                },
+                caps,
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
                 on_backend_error: self.on_backend_error,
@@ -190,7 +70,7 @@ impl Written {
                 },
                 traced: tracing.is_some(),
             },
-            max_request_bytes: r.max_request_bytes,
+            max_request_bytes: self.requests.max_request_bytes,
             backend,
             lease,
             local,
@@ -198,37 +78,210 @@ impl Written {
             near_limit_ratio: self.metrics.near_limit_ratio,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
-            grpc: GrpcLimits {
-                max_connections: g.max_connections,
-                max_concurrent_streams: g.max_concurrent_streams,
-                max_header_list_bytes: g.max_header_list_bytes,
-                request_timeout: Duration::from_millis(g.request_timeout_ms),
-                keepalive_interval: Duration::from_millis(g.keepalive_interval_ms),
-                keepalive_timeout: Duration::from_millis(g.keepalive_timeout_ms),
-                idle_timeout: Duration::from_millis(g.idle_timeout_ms),
-                max_connection_age: (g.max_connection_age_ms > 0)
-                    .then(|| Duration::from_millis(g.max_connection_age_ms)),
-                max_connection_age_grace: Duration::from_millis(g.max_connection_age_grace_ms),
-            },
+            grpc,
             grpc_tls,
-            admin: AdminLimits {
-                max_connections: self.admin.max_connections,
-                header_read_timeout: Duration::from_millis(self.admin.header_read_timeout_ms),
-            },
+            admin,
             metrics_listener: self.metrics.addr.map(|a| (a, self.metrics.path.clone())),
             debug_addr: self.admin.debug_addr,
             tracing,
-            rlqs: self.rlqs.enabled.then(|| crate::rlqs::RlqsSettings {
-                assignment_ttl: Duration::from_millis(self.rlqs.assignment_ttl_ms),
-                max_buckets_per_stream: self.rlqs.max_buckets_per_stream,
-                max_streams: self.rlqs.max_streams,
-                max_streams_per_connection: self.rlqs.max_streams_per_connection,
-                max_streams_per_peer: self.rlqs.max_streams_per_peer,
-            }),
+            rlqs,
             compat_warnings: self.compat_warnings,
             compat_set: self.compat_set,
         })
     }
+}
+
+/// `Ok` for a value above 0, else the error naming `setting`.
+fn positive(setting: &'static str, value: u64) -> Result<(), SettingsError> {
+    if value == 0 {
+        Err(SettingsError::Zero { setting })
+    } else {
+        Ok(())
+    }
+}
+
+/// `requests`: every cap above 0; the decision layer's caps.
+fn requests(r: &RequestsSection) -> Result<Caps, SettingsError> {
+    for (setting, value) in [
+        ("requests.max_request_bytes", r.max_request_bytes),
+        ("requests.max_descriptors", r.max_descriptors),
+        ("requests.max_entries", r.max_entries),
+        ("requests.max_domain_bytes", r.max_domain_bytes),
+        ("requests.max_key_bytes", r.max_key_bytes),
+        ("requests.max_value_bytes", r.max_value_bytes),
+    ] {
+        positive(setting, value as u64)?;
+    }
+    Ok(Caps {
+        max_descriptors: r.max_descriptors,
+        max_entries: r.max_entries,
+        max_domain_bytes: r.max_domain_bytes,
+        max_key_bytes: r.max_key_bytes,
+        max_value_bytes: r.max_value_bytes,
+    })
+}
+
+/// `store`: its size and its sweep above 0.
+fn store(s: &StoreSection) -> Result<(), SettingsError> {
+    positive("store.max_keys", s.max_keys as u64)?;
+    positive("store.sweep_interval_ms", s.sweep_interval_ms)
+}
+
+/// `rlqs`: every limit above 0, and an assignment's life between a second and an hour; the
+/// service's settings when it is on.
+fn rlqs(q: &RlqsSection) -> Result<Option<crate::rlqs::RlqsSettings>, SettingsError> {
+    for (setting, value) in [
+        ("rlqs.max_buckets_per_stream", q.max_buckets_per_stream),
+        ("rlqs.max_streams", q.max_streams),
+        (
+            "rlqs.max_streams_per_connection",
+            q.max_streams_per_connection,
+        ),
+        ("rlqs.max_streams_per_peer", q.max_streams_per_peer),
+    ] {
+        positive(setting, value as u64)?;
+    }
+    if q.assignment_ttl_ms < MIN_ASSIGNMENT_TTL_MS {
+        return Err(SettingsError::TooSmall {
+            setting: "rlqs.assignment_ttl_ms",
+            min: MIN_ASSIGNMENT_TTL_MS,
+            why: "a second: a shorter one lapses before Envoy's next report, and every bucket \
+                  is abandoned soon after its assignment",
+        });
+    }
+    if q.assignment_ttl_ms > MAX_ASSIGNMENT_TTL_MS {
+        return Err(SettingsError::TooLarge {
+            setting: "rlqs.assignment_ttl_ms",
+            max: MAX_ASSIGNMENT_TTL_MS,
+            why: "an hour: an assignment that outlives its stream by more makes the bound a loose one",
+        });
+    }
+    Ok(q.enabled.then(|| crate::rlqs::RlqsSettings {
+        assignment_ttl: Duration::from_millis(q.assignment_ttl_ms),
+        max_buckets_per_stream: q.max_buckets_per_stream,
+        max_streams: q.max_streams,
+        max_streams_per_connection: q.max_streams_per_connection,
+        max_streams_per_peer: q.max_streams_per_peer,
+    }))
+}
+
+/// `grpc`: every limit and timeout above 0, the idle timeout past the request timeout, and the
+/// TLS files ([`grpc_tls`]); the port's limits and its TLS.
+fn grpc(g: &GrpcSection) -> Result<(GrpcLimits, Option<GrpcTls>), SettingsError> {
+    for (setting, value) in [
+        ("grpc.max_connections", g.max_connections as u64),
+        (
+            "grpc.max_concurrent_streams",
+            u64::from(g.max_concurrent_streams),
+        ),
+        (
+            "grpc.max_header_list_bytes",
+            u64::from(g.max_header_list_bytes),
+        ),
+        ("grpc.request_timeout_ms", g.request_timeout_ms),
+        ("grpc.keepalive_interval_ms", g.keepalive_interval_ms),
+        ("grpc.keepalive_timeout_ms", g.keepalive_timeout_ms),
+        ("grpc.idle_timeout_ms", g.idle_timeout_ms),
+        (
+            "grpc.max_connection_age_grace_ms",
+            g.max_connection_age_grace_ms,
+        ),
+        ("grpc.tls.handshake_timeout_ms", g.tls.handshake_timeout_ms),
+    ] {
+        positive(setting, value)?;
+    }
+    if g.idle_timeout_ms <= g.request_timeout_ms {
+        return Err(SettingsError::IdleBeforeRequestTimeout);
+    }
+    let limits = GrpcLimits {
+        max_connections: g.max_connections,
+        max_concurrent_streams: g.max_concurrent_streams,
+        max_header_list_bytes: g.max_header_list_bytes,
+        request_timeout: Duration::from_millis(g.request_timeout_ms),
+        keepalive_interval: Duration::from_millis(g.keepalive_interval_ms),
+        keepalive_timeout: Duration::from_millis(g.keepalive_timeout_ms),
+        idle_timeout: Duration::from_millis(g.idle_timeout_ms),
+        max_connection_age: (g.max_connection_age_ms > 0)
+            .then(|| Duration::from_millis(g.max_connection_age_ms)),
+        max_connection_age_grace: Duration::from_millis(g.max_connection_age_grace_ms),
+    };
+    Ok((limits, grpc_tls(&g.tls)?))
+}
+
+/// `admin`: its limits above 0.
+fn admin(a: &AdminSection) -> Result<AdminLimits, SettingsError> {
+    positive("admin.max_connections", a.max_connections as u64)?;
+    positive("admin.header_read_timeout_ms", a.header_read_timeout_ms)?;
+    Ok(AdminLimits {
+        max_connections: a.max_connections,
+        header_read_timeout: Duration::from_millis(a.header_read_timeout_ms),
+    })
+}
+
+/// `metrics`: a plain path, and a near-limit ratio from 0 to 1.
+fn metrics(m: &MetricsSection) -> Result<(), SettingsError> {
+    let path = &m.path;
+    if !path.starts_with('/') || path.contains(['{', '}', '*']) {
+        return Err(SettingsError::MetricsPath(path.clone()));
+    }
+    let ratio = m.near_limit_ratio;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(SettingsError::NearLimitRatio(ratio));
+    }
+    Ok(())
+}
+
+/// `legacy_headers`: every name a header name.
+fn legacy_headers(h: &LegacyNames) -> Result<(), SettingsError> {
+    for (setting, name) in [
+        ("legacy_headers.limit", &h.limit),
+        ("legacy_headers.remaining", &h.remaining),
+        ("legacy_headers.reset", &h.reset),
+    ] {
+        if !is_header_name(name) {
+            return Err(SettingsError::HeaderName {
+                setting,
+                name: name.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The Redis timings every backend is checked for (`redis.timeout_ms`,
+/// `redis.connect_timeout_ms`, `redis.heartbeat_interval_ms`) and `redis.fleet_size`; the local
+/// fallback's settings, which read them and the store's.
+fn local(r: &RedisSection, s: &StoreSection) -> Result<LocalSettings, SettingsError> {
+    positive("redis.timeout_ms", r.timeout_ms)?;
+    positive("redis.connect_timeout_ms", r.connect_timeout_ms)?;
+    positive("redis.heartbeat_interval_ms", r.heartbeat_interval_ms)?;
+    if r.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
+        return Err(SettingsError::HeartbeatInterval(r.heartbeat_interval_ms));
+    }
+    if let Some(n) = r.fleet_size {
+        positive("redis.fleet_size", n)?;
+    }
+    Ok(LocalSettings {
+        fleet_size: r.fleet_size,
+        heartbeat_interval: Duration::from_millis(r.heartbeat_interval_ms),
+        max_keys: s.max_keys,
+        sweep_interval: Duration::from_millis(s.sweep_interval_ms),
+    })
+}
+
+/// The backend `kind` names, from the store's section or the Redis one ([`redis_config`]).
+fn backend(
+    kind: BackendKind,
+    s: &StoreSection,
+    r: &RedisSection,
+) -> Result<BackendSettings, SettingsError> {
+    Ok(match kind {
+        BackendKind::Memory => BackendSettings::Memory {
+            max_keys: s.max_keys,
+            sweep_interval: Duration::from_millis(s.sweep_interval_ms),
+        },
+        BackendKind::Redis => BackendSettings::Redis(Box::new(redis_config(r)?)),
+    })
 }
 
 /// The gRPC port's TLS: `None` when neither the certificate nor the key is set; an error when
@@ -265,18 +318,49 @@ fn grpc_tls(t: &GrpcTlsSection) -> Result<Option<GrpcTls>, SettingsError> {
 /// The xDS server's settings: the URL split into authority and host, TLS from the scheme or
 /// `xds.tls.enabled`, header names checked as gRPC metadata keys, the backoff in range.
 fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
-    let err = |setting, value: &str, why: &str| SettingsError::Xds {
+    let (scheme_tls, authority, host) = xds_url(x)?;
+    if x.node_id.trim().is_empty() {
+        return Err(xds_error("xds.node_id", &x.node_id, "empty"));
+    }
+    let headers = xds_headers(x)?;
+    let backoff = xds_backoff(x)?;
+    let tls = xds_tls(x, scheme_tls, &host)?;
+    Ok(XdsSettings {
+        authority,
+        host,
+        node_id: x.node_id.trim().to_string(),
+        node_metadata: x.node_metadata.clone(),
+        headers,
+        max_message_bytes: if x.max_message_bytes == 0 {
+            DEFAULT_XDS_MAX_MESSAGE_BYTES
+        } else {
+            x.max_message_bytes
+        },
+        force_start: x.force_start,
+        backoff,
+        tls,
+    })
+}
+
+/// An `xds.*` value refused: the setting, the value and why.
+fn xds_error(setting: &'static str, value: &str, why: &str) -> SettingsError {
+    SettingsError::Xds {
         setting,
         value: value.to_string(),
         why: why.to_string(),
-    };
+    }
+}
+
+/// `xds.url`: `host:port`, `http://` or `https://` before it (not `http://` with
+/// `xds.tls.enabled`). Whether the scheme asks for TLS, the authority and the bare host.
+fn xds_url(x: &XdsSection) -> Result<(bool, String, String), SettingsError> {
     let url = x.url.trim();
     let (scheme_tls, authority) = match url.split_once("://") {
         None => (false, url),
         Some(("http", rest)) => (false, rest),
         Some(("https", rest)) => (true, rest),
         Some(_) => {
-            return Err(err(
+            return Err(xds_error(
                 "xds.url",
                 url,
                 "the scheme must be http:// or https://",
@@ -286,20 +370,27 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
     let authority = authority.trim_end_matches('/');
     let parsed: tonic::codegen::http::uri::Authority = authority
         .parse()
-        .map_err(|_| err("xds.url", url, "not host:port"))?;
+        .map_err(|_| xds_error("xds.url", url, "not host:port"))?;
     if parsed.port_u16().is_none() || parsed.host().is_empty() || authority.contains('@') {
-        return Err(err("xds.url", url, "not host:port (the port is required)"));
+        return Err(xds_error(
+            "xds.url",
+            url,
+            "not host:port (the port is required)",
+        ));
     }
     if x.tls.enabled && url.starts_with("http://") {
-        return Err(err(
+        return Err(xds_error(
             "xds.url",
             url,
             "http:// with xds.tls.enabled; write host:port or https://",
         ));
     }
-    if x.node_id.trim().is_empty() {
-        return Err(err("xds.node_id", &x.node_id, "empty"));
-    }
+    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
+    Ok((scheme_tls, authority.to_string(), host.to_string()))
+}
+
+/// `xds.headers`: each name a gRPC metadata key (lowercased), each value visible ASCII.
+fn xds_headers(x: &XdsSection) -> Result<Vec<(String, String)>, SettingsError> {
     let mut headers = Vec::new();
     for (name, value) in &x.headers {
         let lower = name.trim().to_ascii_lowercase();
@@ -308,7 +399,7 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
             || lower.ends_with("-bin")
             || lower.starts_with("grpc-")
         {
-            return Err(err(
+            return Err(xds_error(
                 "xds.headers",
                 name,
                 "not a gRPC metadata name (token characters, not grpc-*, not *-bin)",
@@ -317,10 +408,19 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
         if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(value.as_str())
             .is_err()
         {
-            return Err(err("xds.headers", name, "its value is not visible ASCII"));
+            return Err(xds_error(
+                "xds.headers",
+                name,
+                "its value is not visible ASCII",
+            ));
         }
         headers.push((lower, value.clone()));
     }
+    Ok(headers)
+}
+
+/// `xds.backoff`: a first wait above 0, a longest one no shorter, a random factor from 0 to 1.
+fn xds_backoff(x: &XdsSection) -> Result<XdsBackoff, SettingsError> {
     let b = &x.backoff;
     if b.initial_ms == 0 {
         return Err(SettingsError::Zero {
@@ -328,19 +428,31 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
         });
     }
     if b.max_ms < b.initial_ms {
-        return Err(err(
+        return Err(xds_error(
             "xds.backoff.max_ms",
             &b.max_ms.to_string(),
             "shorter than xds.backoff.initial_ms",
         ));
     }
     if !(0.0..=1.0).contains(&b.random_factor) {
-        return Err(err(
+        return Err(xds_error(
             "xds.backoff.random_factor",
             &b.random_factor.to_string(),
             "not between 0 and 1",
         ));
     }
+    Ok(XdsBackoff {
+        initial: Duration::from_millis(b.initial_ms),
+        max: Duration::from_millis(b.max_ms),
+        random_factor: b.random_factor,
+        jitter: b.jitter,
+    })
+}
+
+/// `xds.tls`: on with an `https://` URL (`scheme_tls`) or `xds.tls.enabled`; a client
+/// certificate needs its key and the reverse; no file or name without TLS on. The server's
+/// name is `xds.tls.san`, else `host`.
+fn xds_tls(x: &XdsSection, scheme_tls: bool, host: &str) -> Result<Option<XdsTls>, SettingsError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let t = &x.tls;
     let (cert, key, ca) = (path(&t.cert_file), path(&t.key_file), path(&t.ca_file));
@@ -368,31 +480,11 @@ fn xds_config(x: &XdsSection) -> Result<XdsSettings, SettingsError> {
             needs: "xds.tls.enabled (or an https:// xds.url)",
         });
     }
-    let host = parsed.host().trim_start_matches('[').trim_end_matches(']');
-    Ok(XdsSettings {
-        authority: authority.to_string(),
-        host: host.to_string(),
-        node_id: x.node_id.trim().to_string(),
-        node_metadata: x.node_metadata.clone(),
-        headers,
-        max_message_bytes: if x.max_message_bytes == 0 {
-            DEFAULT_XDS_MAX_MESSAGE_BYTES
-        } else {
-            x.max_message_bytes
-        },
-        force_start: x.force_start,
-        backoff: XdsBackoff {
-            initial: Duration::from_millis(b.initial_ms),
-            max: Duration::from_millis(b.max_ms),
-            random_factor: b.random_factor,
-            jitter: b.jitter,
-        },
-        tls: tls.then(|| XdsTls {
-            client,
-            ca_file: ca,
-            server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
-        }),
-    })
+    Ok(tls.then(|| XdsTls {
+        client,
+        ca_file: ca,
+        server_name: san.map_or_else(|| host.to_string(), |s| s.trim().to_string()),
+    }))
 }
 
 /// An HTTP field name: one or more token characters (RFC 9110, 5.1 and 5.6.2).

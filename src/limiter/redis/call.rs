@@ -1,8 +1,10 @@
 //! One Redis call, assembled in one place: the kinds of call the backend sends (a request
-//! counted by a GCRA script, a lease's take or give-back), each kind's arguments, the reading of
-//! its reply, and what carries a call to the coalescing loop. The store, the coalescer and
-//! leasing build and read their calls here, and none of them imports another for it; sending
-//! (connections, deadlines, the breaker) is the store's. Nothing here does I/O.
+//! counted by a GCRA script, a lease's take or give-back, a share's renewal), each kind's
+//! arguments, the reading of its reply, and what carries a call to the coalescing loop. The
+//! store, the coalescer and leasing build and read their calls here, and none of them imports
+//! another for it. Sending a count (connections, deadlines, the breaker) is the store's; a
+//! leasing script's call (`lease.lua`, `share.lua`) is sent by [`RedisStore::script_call`],
+//! here, under the same breaker, deadline and stall gate. Nothing else here does I/O.
 
 use std::time::Duration;
 
@@ -10,10 +12,13 @@ use redis::{RedisError, Script, ScriptInvocation, Value};
 use tokio::sync::oneshot;
 
 use crate::limiter::batch::{Batch, Charge, Mode, Op};
-use crate::limiter::error::BackendError;
+use crate::limiter::error::{BackendError, ErrorKind};
 use crate::limiter::figures::Purpose;
 use crate::limiter::gcra::{CounterOutcome, Quota};
 use crate::limiter::key::Key;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::config::RedisTime;
+use crate::limiter::redis::connect::RedisConn;
 
 /// A call waiting for the next round trip to a single node (the coalescer's queue).
 pub(super) enum Call {
@@ -384,6 +389,91 @@ pub(super) fn classify(e: RedisError, timeout: Duration) -> BackendError {
         BackendError::Connection(e)
     } else {
         BackendError::Redis(e)
+    }
+}
+
+impl RedisStore {
+    /// The time a leasing script is given: `now` with [`RedisTime::Clock`], else none (Redis
+    /// `TIME`).
+    pub(super) fn time_arg(&self, now: u64) -> Option<u64> {
+        match self.time {
+            RedisTime::Server => None,
+            RedisTime::Clock => Some(now),
+        }
+    }
+
+    /// One call of a leasing script (`lease.lua`, `share.lua`) on `keys` with `args`, its reply
+    /// read by `parse` into a value and whether a key was repaired: on a single node beside the
+    /// next coalesced call, in its round trip; on a cluster alone. The breaker, the deadline,
+    /// the stall gate (on a single node) and the failure counts apply as to every call.
+    pub(super) async fn script_call<A, R>(
+        &self,
+        script: &'static Script,
+        keys: &[String],
+        args: &A,
+        purpose: Purpose,
+        parse: impl FnOnce(&[Value]) -> Result<(R, bool), BackendError>,
+    ) -> Result<R, BackendError>
+    where
+        A: redis::ToRedisArgs,
+    {
+        if !self.breaker.allow() {
+            self.stats.error(ErrorKind::BreakerOpen);
+            return Err(BackendError::BreakerOpen);
+        }
+        let Some(conn) = self.conn.load_full() else {
+            return Err(BackendError::NotConnected);
+        };
+        let timeout = self.config.timeout;
+        let sent = async {
+            match &*conn {
+                RedisConn::Single(_) => {
+                    // Beside the next coalesced call, in its round trip (`coalesce`).
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let call = LeaseCall {
+                        cmd: evalsha(script, keys, args),
+                        script,
+                        purpose,
+                        reply,
+                    };
+                    self.enqueue(Call::Lease(call))?;
+                    match answer.await.map_err(|_| BackendError::NotConnected)?? {
+                        Value::Array(values) => Ok(values),
+                        other => Err(BackendError::Reply(format!("{other:?}"))),
+                    }
+                }
+                RedisConn::Cluster(c) => {
+                    let _trip = self.stats.round_trip(purpose);
+                    let mut invocation = script.prepare_invoke();
+                    for k in keys {
+                        invocation.key(k);
+                    }
+                    invocation
+                        .arg(args)
+                        .invoke_async(&mut c.clone())
+                        .await
+                        .map_err(|e| classify(e, timeout))
+                }
+            }
+        };
+        let reply: Result<Vec<Value>, BackendError> =
+            match tokio::time::timeout(timeout, sent).await {
+                Ok(r) => r,
+                Err(_) => Err(BackendError::Timeout(timeout)),
+            };
+        match reply.and_then(|r| parse(&r)) {
+            Ok((r, repaired)) => {
+                self.stats.repaired(u64::from(repaired));
+                self.breaker.success();
+                self.set_answering(true);
+                Ok(r)
+            }
+            Err(e) => {
+                self.set_answering(false);
+                self.failed(&e, self.clock.now());
+                Err(e)
+            }
+        }
     }
 }
 

@@ -1,11 +1,14 @@
 //! One counter's lease on this node, as pure bookkeeping: its slices of tokens, when each token
-//! is due on the shared schedule, which are used, and which slices have ended. No lock, clock,
-//! Redis or runtime: the leased store holds a lease behind a mutex, reads the time and takes
-//! and gives back the tokens.
+//! is due on the shared schedule, which are used, and which slices have ended; and every change
+//! to it — a take's reply, a renewal's, a refund, an age, a rule changed by a reload — as a
+//! method, so that each is tested with numbers. No lock, clock, Redis or runtime: the leased
+//! store holds a lease behind a mutex, reads the time, sends the calls and counts the figures.
 
 use std::collections::VecDeque;
 
-use crate::limiter::gcra::Quota;
+use crate::limiter::batch::{Charge, Op};
+use crate::limiter::gcra::{CounterOutcome, Quota};
+use crate::limiter::redis::share::ShareReply;
 use crate::limiter::share::Demand;
 
 /// Tokens taken in one call.
@@ -263,6 +266,175 @@ impl Lease {
         };
         Some(s.next.saturating_sub(now).max(share_t))
     }
+
+    /// Moves the lease to `quota` when the rule changed (a reload): its slices, of the old rate,
+    /// end at once and their tokens are to go back. Whether the rule changed.
+    pub(super) fn follow_rule(&mut self, quota: Quota, now: u64) -> bool {
+        if self.quota == quota {
+            return false;
+        }
+        self.expire(now, 0);
+        self.quota = quota;
+        true
+    }
+
+    /// Ends the slices taken `max_age` or more before `now` (all of them for 0) and hands over
+    /// the unused tokens of every ended slice, to be given back to the shared bucket.
+    pub(super) fn give_back(&mut self, now: u64, max_age: u64) -> u64 {
+        self.expire(now, max_age);
+        std::mem::take(&mut self.to_return)
+    }
+
+    /// Starts a take of `ask` tokens at `now`, unless one is in flight, the shared bucket is
+    /// known empty, or a failed take is being backed off. Whether it started.
+    pub(super) fn begin_take(&mut self, ask: u64, now: u64) -> bool {
+        if self.taking || now < self.retry_at || now < self.denied_until {
+            return false;
+        }
+        self.taking = true;
+        self.last_ask = ask;
+        true
+    }
+
+    /// Starts the share's renewal at `now` when it is due, unless a call is in flight or a
+    /// failed one is being backed off: this node's demand since the last renewal, and the
+    /// tokens it holds due now, to send.
+    pub(super) fn begin_renewal(&mut self, now: u64) -> Option<(f64, u64)> {
+        let share = self.share.as_mut()?;
+        if self.taking || now < share.next || now < self.retry_at {
+            return None;
+        }
+        self.taking = true;
+        let demand = share.demand.renew(now);
+        Some((demand, self.available(now)))
+    }
+
+    /// A take of `ask` tokens of a counter of `quota`, sent at `sent`, answered at `received`:
+    /// `granted` tokens, the bucket's `debt` after the call, and, when none was granted, the
+    /// `wait` until one can be reserved. Whether the counter proved contended (demand above the
+    /// rate: the take had to reserve past the bucket, or got less than it asked for even so)
+    /// while the lease holds no share: then it should hold one ([`Lease::hold_share`]).
+    pub(super) fn taken(
+        &mut self,
+        quota: Quota,
+        ask: u64,
+        (granted, debt, wait): (u64, u64, u64),
+        (sent, received): (u64, u64),
+    ) -> bool {
+        self.taking = false;
+        self.received(quota, (granted, debt), (sent, received));
+        // Dated from when the take was sent: never later than Redis's instant.
+        self.denied_until = if granted > 0 {
+            0
+        } else {
+            sent.saturating_add(wait)
+        };
+        (self.ahead || granted < ask) && self.share.is_none() && self.quota == quota
+    }
+
+    /// Holds a share of the counter from `received` on, for a node with `demand`, the bucket's
+    /// debt at `debt`: renewals replace takes, the first one at once.
+    pub(super) fn hold_share(&mut self, demand: Demand, received: u64, debt: u64) {
+        self.share = Some(Share {
+            demand,
+            next: received,
+            millionths: 0,
+            debt,
+        });
+        self.denied_until = 0;
+    }
+
+    /// A take failed: no call before `retry_at`.
+    pub(super) fn take_failed(&mut self, retry_at: u64) {
+        self.taking = false;
+        self.retry_at = retry_at;
+    }
+
+    /// A renewal failed: the share is dropped, so that the next request meets the failure on
+    /// the exact path, and no call goes before `retry_at`.
+    pub(super) fn renewal_failed(&mut self, retry_at: u64) {
+        self.take_failed(retry_at);
+        self.share = None;
+    }
+
+    /// A renewal of the share of a counter of `quota`, sent at `sent`, answered at `received`
+    /// with `reply`: while the counter is still shared under the same rule, this node's part
+    /// and the debt as Redis gave them, the next renewal a `period` after this one was sent;
+    /// else the share is dropped and the lease goes back to takes. Then the tokens granted, as
+    /// for a take. Whether the share stands.
+    pub(super) fn renewed(
+        &mut self,
+        quota: Quota,
+        reply: &ShareReply,
+        period: u64,
+        (sent, received): (u64, u64),
+    ) -> bool {
+        self.taking = false;
+        let stands = match (reply.shared && self.quota == quota, self.share.as_mut()) {
+            (true, Some(share)) => {
+                share.next = sent.saturating_add(period);
+                share.millionths = reply.millionths;
+                share.debt = reply.debt;
+                true
+            }
+            _ => {
+                self.share = None;
+                false
+            }
+        };
+        self.received(quota, (reply.granted, reply.debt), (sent, received));
+        stands
+    }
+
+    /// Records what a take or renewal of a counter of `quota`, sent at `sent`, granted: a slice
+    /// of `granted` tokens (to go back at once when the rule changed meanwhile), and the
+    /// bucket's debt after the call.
+    fn received(
+        &mut self,
+        quota: Quota,
+        (granted, debt): (u64, u64),
+        (sent, received): (u64, u64),
+    ) {
+        if self.quota != quota {
+            self.to_return += granted;
+        } else if granted > 0 {
+            let before = debt.saturating_sub(granted.saturating_mul(quota.interval()));
+            let slice = Slice {
+                size: granted,
+                used: 0,
+                taken_at: sent,
+                received,
+                lead: signed(quota.tolerance()) - signed(before),
+            };
+            self.ahead = slice.due_by(received, quota.interval()) < granted;
+            self.slices.push_back(slice);
+        }
+        self.full_at = sent.saturating_add(debt);
+    }
+
+    /// Notes the debt the exact path reported for `op` (answered `out`) when the counter is
+    /// shared under the same rule, so that its requests overflow to the exact path only while
+    /// the bucket has room.
+    pub(super) fn learn_debt(&mut self, op: &Op, out: &CounterOutcome) {
+        if self.quota != op.quota {
+            return;
+        }
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        // Admitted: `wait` is the debt after; refused: the debt plus the cost past B·T, or, for
+        // a cost past the burst (never admitted), the debt itself; spend recorded past the
+        // bucket: the debt past B·T.
+        share.debt = if op.charge == Charge::Spent && !out.admitted {
+            out.wait.saturating_add(op.quota.tolerance())
+        } else if out.admitted || op.cost > op.quota.burst() {
+            out.wait
+        } else {
+            out.wait
+                .saturating_add(op.quota.tolerance())
+                .saturating_sub(op.cost.saturating_mul(op.quota.interval()))
+        };
+    }
 }
 
 /// A leased quantity (below 2^53 ns) as a signed one.
@@ -273,7 +445,36 @@ pub(super) fn signed(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::batch::Mode;
     use crate::limiter::gcra::NANOS_PER_SEC;
+
+    const MS: u64 = 1_000_000;
+
+    /// 100 a second, burst 10: T = 10 ms, B·T = 100 ms.
+    fn quota() -> Quota {
+        Quota::new(NANOS_PER_SEC, 100, 10).unwrap()
+    }
+
+    fn share(next: u64, debt: u64) -> Share {
+        Share {
+            demand: Demand::new(100.0, 0),
+            next,
+            millionths: 0,
+            debt,
+        }
+    }
+
+    fn reply(granted: u64, debt: u64, millionths: u64, shared: bool) -> ShareReply {
+        ShareReply {
+            granted,
+            debt,
+            wait: 0,
+            millionths,
+            burst: 2,
+            demand: 100.0,
+            shared,
+        }
+    }
 
     /// A slice whose tokens were all in the bucket at its take (`lead` of at least size·T).
     fn held(size: u64, taken_at: u64, t: u64) -> Slice {
@@ -464,5 +665,201 @@ mod tests {
         assert_eq!(l.low_water(0.5), 5, "half the last ask");
         l.ahead = true;
         assert_eq!(l.low_water(0.5), 10, "the whole last ask");
+    }
+
+    #[test]
+    fn a_take_that_found_its_tokens_in_the_bucket_makes_them_due_at_once() {
+        let q = quota();
+        let mut l = Lease::new(q);
+        assert!(l.begin_take(4, 0));
+        assert!(!l.begin_take(4, 0), "one take in flight");
+        // 4 tokens granted, 40 ms of debt after: the bucket was full before.
+        let contended = l.taken(q, 4, (4, 40 * MS, 0), (0, MS));
+        assert!(!contended);
+        assert!(!l.taking && !l.ahead);
+        assert_eq!((l.slices.len(), l.available(MS), l.unused()), (1, 4, 4));
+        assert_eq!(
+            (l.slices[0].taken_at, l.slices[0].lead),
+            (0, signed(100 * MS))
+        );
+        assert_eq!((l.full_at, l.denied_until, l.last_ask), (40 * MS, 0, 4));
+    }
+
+    #[test]
+    fn a_take_that_had_to_reserve_proves_the_counter_contended() {
+        let q = quota();
+        let at = 1_000 * MS;
+        let mut l = Lease::new(q);
+        assert!(l.begin_take(5, at - MS));
+        // 5 granted on a debt of 80 ms: 2 held, 3 reserved.
+        assert!(l.taken(q, 5, (5, 130 * MS, 0), (at - MS, at)));
+        assert!(l.ahead, "one slice stays queued ahead");
+        assert_eq!((l.available(at), l.unused(), l.low_water(0.5)), (2, 5, 5));
+        assert_eq!(l.full_at, at - MS + 130 * MS);
+        l.hold_share(Demand::new(50.0, at), at, 130 * MS);
+        let s = l.share.as_ref().unwrap();
+        assert_eq!((s.next, s.millionths, s.debt), (at, 0, 130 * MS));
+        assert!(
+            !l.taken(q, 5, (5, 130 * MS, 0), (at, at)),
+            "a share is held already"
+        );
+        // Less than asked for, though all held: contended too.
+        let mut l = Lease::new(q);
+        assert!(l.taken(q, 5, (3, 30 * MS, 0), (0, 0)));
+        assert!(!l.ahead);
+    }
+
+    #[test]
+    fn a_take_granted_nothing_denies_until_the_wait_redis_reported() {
+        let q = quota();
+        let mut l = Lease::new(q);
+        assert!(l.begin_take(4, 1_000 * MS));
+        // Nothing for 30 ms from when the take was sent, not from its reply.
+        assert!(l.taken(q, 4, (0, 100 * MS, 30 * MS), (1_000 * MS, 1_002 * MS)));
+        assert_eq!((l.slices.len(), l.denied_until), (0, 1_030 * MS));
+        assert_eq!(l.full_at, 1_100 * MS);
+        assert!(!l.begin_take(4, 1_029 * MS), "the bucket is known empty");
+        assert!(l.begin_take(4, 1_030 * MS));
+        l.take_failed(2_030 * MS);
+        assert!(!l.taking);
+        assert!(!l.begin_take(4, 2_029 * MS), "backed off after a failure");
+        assert!(l.begin_take(4, 2_030 * MS));
+    }
+
+    #[test]
+    fn a_grant_for_a_rule_a_reload_replaced_goes_back_whole() {
+        let (q, q2) = (quota(), Quota::new(NANOS_PER_SEC, 50, 10).unwrap());
+        let mut l = Lease::new(q);
+        l.slices.push_back(held(5, 0, q.interval()));
+        l.consume(2, 0);
+        assert!(!l.follow_rule(q, 0), "the same rule");
+        assert!(l.follow_rule(q2, 0));
+        assert_eq!((l.quota, l.slices.len(), l.to_return), (q2, 0, 3));
+        // A take sent under the old rule answers after the reload.
+        assert!(!l.taken(q, 4, (4, 40 * MS, 0), (0, MS)));
+        assert_eq!((l.slices.len(), l.to_return), (0, 7));
+        assert_eq!(l.give_back(MS, 1_000 * MS), 7);
+        assert_eq!((l.to_return, l.give_back(MS, 1_000 * MS)), (0, 0));
+    }
+
+    #[test]
+    fn slices_give_back_their_unused_tokens_at_their_age() {
+        let q = quota();
+        let t = q.interval();
+        let mut l = Lease::new(q);
+        l.slices.push_back(held(5, 0, t));
+        l.slices.push_back(held(4, 500 * MS, t));
+        l.consume(6, 500 * MS);
+        assert_eq!(
+            l.give_back(999 * MS, 1_000 * MS),
+            0,
+            "none a second old yet"
+        );
+        assert_eq!(l.give_back(1_000 * MS, 1_000 * MS), 0, "the first is spent");
+        assert_eq!(l.slices.len(), 1);
+        assert_eq!(l.give_back(1_500 * MS, 1_000 * MS), 3);
+        assert!(l.slices.is_empty());
+    }
+
+    #[test]
+    fn a_share_is_renewed_when_due_with_the_demand_since_the_last_renewal() {
+        let q = quota();
+        let mut l = Lease::new(q);
+        assert_eq!(l.begin_renewal(0), None, "no share");
+        l.slices.push_back(held(3, 0, q.interval()));
+        l.share = Some(Share {
+            demand: Demand::counted(50, 0),
+            next: 100 * MS,
+            millionths: 0,
+            debt: 0,
+        });
+        assert_eq!(l.begin_renewal(99 * MS), None, "not due");
+        // 50 hits over 100 ms: 500 a second; 3 tokens held.
+        assert_eq!(l.begin_renewal(100 * MS), Some((500.0, 3)));
+        assert!(l.taking);
+        assert_eq!(l.begin_renewal(200 * MS), None, "one call in flight");
+    }
+
+    #[test]
+    fn a_renewal_sets_the_share_and_adds_its_tokens() {
+        let q = quota();
+        let mut l = Lease::new(q);
+        l.share = Some(share(0, 0));
+        l.taking = true;
+        let (sent, received) = (1_000 * MS, 1_001 * MS);
+        assert!(l.renewed(
+            q,
+            &reply(3, 60 * MS, 250_000, true),
+            25 * MS,
+            (sent, received)
+        ));
+        let s = l.share.as_ref().unwrap();
+        assert_eq!(
+            (s.next, s.millionths, s.debt),
+            (1_025 * MS, 250_000, 60 * MS)
+        );
+        // A debt of 30 ms before the renewal: its 3 tokens were in the bucket.
+        assert_eq!((l.available(received), l.full_at), (3, 1_060 * MS));
+        assert!(!l.taking && !l.ahead);
+    }
+
+    #[test]
+    fn a_renewal_of_a_counter_no_longer_shared_goes_back_to_takes() {
+        let (q, q2) = (quota(), Quota::new(NANOS_PER_SEC, 50, 10).unwrap());
+        let mut l = Lease::new(q);
+        l.share = Some(share(0, 0));
+        assert!(!l.renewed(q, &reply(2, 20 * MS, 0, false), 25 * MS, (0, 0)));
+        assert!(l.share.is_none());
+        assert_eq!(l.unused(), 2, "its last tokens are kept");
+        // The rule changed while the renewal was in flight: its tokens go back.
+        let mut l = Lease::new(q2);
+        l.share = Some(share(0, 0));
+        assert!(!l.renewed(q, &reply(2, 20 * MS, 500_000, true), 25 * MS, (0, 0)));
+        assert_eq!((l.share.is_none(), l.unused(), l.to_return), (true, 0, 2));
+        // A failed renewal drops the share and backs off.
+        let mut l = Lease::new(q);
+        l.share = Some(share(0, 0));
+        l.taking = true;
+        l.renewal_failed(1_000 * MS);
+        assert_eq!(
+            (l.share.is_none(), l.taking, l.retry_at),
+            (true, false, 1_000 * MS)
+        );
+    }
+
+    #[test]
+    fn a_shared_counter_learns_its_debt_from_the_exact_path() {
+        let (q, q2) = (quota(), Quota::new(NANOS_PER_SEC, 50, 10).unwrap());
+        let op = |cost, charge, quota| Op {
+            key: 1,
+            quota,
+            cost,
+            charge,
+            mode: Mode::Enforce,
+        };
+        let out = |admitted, wait| CounterOutcome {
+            admitted,
+            wait,
+            ..CounterOutcome::NONE
+        };
+        let mut l = Lease::new(q);
+        l.learn_debt(&op(1, Charge::Ask, q), &out(true, 30 * MS));
+        assert!(l.share.is_none(), "no share: nothing to learn");
+        l.share = Some(share(0, 0));
+        let debt = |l: &Lease| l.share.as_ref().unwrap().debt;
+        l.learn_debt(&op(2, Charge::Ask, q), &out(true, 30 * MS));
+        assert_eq!(debt(&l), 30 * MS, "admitted: the wait is the debt after");
+        l.learn_debt(&op(2, Charge::Ask, q), &out(false, 20 * MS));
+        assert_eq!(debt(&l), 100 * MS, "refused: 20 + 100 − 2 × 10 ms");
+        l.learn_debt(&op(11, Charge::Ask, q), &out(false, 50 * MS));
+        assert_eq!(debt(&l), 50 * MS, "past the burst: the debt itself");
+        l.learn_debt(&op(3, Charge::Spent, q), &out(false, 40 * MS));
+        assert_eq!(
+            debt(&l),
+            140 * MS,
+            "spend past the bucket: the debt past B·T"
+        );
+        l.learn_debt(&op(1, Charge::Ask, q2), &out(true, 0));
+        assert_eq!(debt(&l), 140 * MS, "another rule's answer");
     }
 }
