@@ -216,16 +216,16 @@ impl TokenBucket {
         Self::within(rate, max_tokens)
     }
 
-    /// This bucket, to be sent where `sent` is in force, told apart from it by Envoy: Envoy
-    /// replaces a token bucket only when `max_tokens`, `tokens_per_fill` or the interval's
-    /// `nanos` differ, and the nanos are always 0 here, so a bucket that differs from `sent` in
-    /// its seconds alone is sent with both its tokens and its seconds doubled (the same rate),
+    /// This bucket, to be sent where `in_force` is, told apart from it by Envoy: Envoy replaces
+    /// a token bucket only when `max_tokens`, `tokens_per_fill` or the interval's `nanos`
+    /// differ, and the nanos are always 0 here, so a bucket that differs from `in_force` in its
+    /// seconds alone is sent with both its tokens and its seconds doubled (the same rate),
     /// or else with one token less of capacity.
     #[must_use]
-    pub fn told_apart_from(self, sent: &Self) -> Self {
-        if self == *sent
-            || self.max_tokens != sent.max_tokens
-            || self.tokens_per_fill != sent.tokens_per_fill
+    pub fn told_apart_from(self, in_force: &Self) -> Self {
+        if self == *in_force
+            || self.max_tokens != in_force.max_tokens
+            || self.tokens_per_fill != in_force.tokens_per_fill
         {
             return self;
         }

@@ -80,7 +80,7 @@ struct RuleFigures {
 
 /// This node's part of a rule as the fleet table last told it.
 #[derive(Clone, Copy, Debug)]
-struct ToldPart {
+struct FleetPart {
     /// Millionths of the rule.
     millionths: u64,
     /// When (the fleet's clock, ns).
@@ -94,7 +94,7 @@ struct ToldPart {
 struct Counter {
     rule: Option<RuleFigures>,
     holders: HashMap<u64, Holder>,
-    part: Option<ToldPart>,
+    part: Option<FleetPart>,
     /// Whether a renewal of the part failed since it was last told: its entry in Redis then
     /// lapses a TTL after that, so no assignment of the rule is sent, lest it outlive the part.
     unconfirmed: bool,
@@ -113,6 +113,9 @@ struct Counter {
     pending: usize,
     /// When the first of them came (the streams' clock, ns).
     pending_since: u64,
+    /// Holders divided so far, over all divisions: the work the batching bounds.
+    #[cfg(test)]
+    divided: usize,
 }
 
 /// One holder of a counter: a stream's watched bucket.
@@ -243,7 +246,7 @@ impl Counter {
             self.claims += u128::from(claim);
             self.changed(now);
             if let Some(s) = in_force {
-                self.hold(holder, s);
+                self.put_in_force(holder, s);
             }
             return;
         };
@@ -256,7 +259,7 @@ impl Counter {
             // is counted at the new cost.
             h.cost = cost;
             let bucket = h.bucket.map(Strategy::TokenBucket);
-            self.hold(holder, bucket.unwrap_or(Strategy::AllowAll));
+            self.put_in_force(holder, bucket.unwrap_or(Strategy::AllowAll));
         }
         if moved {
             self.changed(now);
@@ -279,7 +282,7 @@ impl Counter {
     }
 
     /// Counts `holder` as holding `strategy`: the token bucket's rate times the cost, none else.
-    fn hold(&mut self, holder: u64, strategy: Strategy) {
+    fn put_in_force(&mut self, holder: u64, strategy: Strategy) {
         let Some(h) = self.holders.get_mut(&holder) else {
             return;
         };
@@ -314,6 +317,10 @@ impl Counter {
             self.wanting += usize::from(h.wanting);
         }
         (self.divided_for, self.pending) = (Some(capacity), 0);
+        #[cfg(test)]
+        {
+            self.divided += self.holders.len();
+        }
     }
 
     /// `holder`'s share, in the counter's tokens: its share of `capacity` as divided, no more
@@ -481,7 +488,7 @@ impl ShareTable {
         let round = self.round();
         let entry = self.counters.entry(counter).or_default();
         let mut c = lock(entry.value());
-        c.part = Some(ToldPart {
+        c.part = Some(FleetPart {
             millionths: millionths(part),
             at: now,
         });
@@ -662,11 +669,11 @@ impl Watcher {
                 .counters
                 .get(&counter)
                 .map(|e| Arc::clone(e.value()));
-            let (told, claims) = kept.map_or((false, 0), |c| {
+            let (has_part, claims) = kept.map_or((false, 0), |c| {
                 let c = lock(&c);
                 (c.part.is_some(), c.claims)
             });
-            if told {
+            if has_part {
                 continue;
             }
             let first = first_demand(report, rate / cost.max(1)).saturating_mul(cost);
@@ -753,13 +760,13 @@ impl Watcher {
             let Some(w) = self.buckets.get_mut(&bucket) else {
                 continue;
             };
-            let sent = w.assign(unknown, now, |in_force, next| {
+            let send = w.assign(unknown, now, |in_force, next| {
                 (arrival == Arrival::New
                     || refreshed
                     || in_force.is_none_or(|f| replaces(&f, &next)))
                 .then(|| told_apart(next.strategy, in_force))
             });
-            if let Some(strategy) = sent {
+            if let Some(strategy) = send {
                 actions.push(Action {
                     bucket,
                     kind: ActionKind::Assign(strategy),
@@ -796,7 +803,7 @@ impl Watcher {
         let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
             let assigned_at = w.assigned_at;
-            let sent = w.assign(unknown, now, |in_force, next| match in_force {
+            let send = w.assign(unknown, now, |in_force, next| match in_force {
                 Some(f) if !refreshed && !replaces(&f, &next) => {
                     // A renewal repeats the strategy in force, so that Envoy extends the active
                     // assignment instead of replacing it (and refilling its token bucket).
@@ -804,7 +811,7 @@ impl Watcher {
                 }
                 _ => Some(told_apart(next.strategy, in_force)),
             });
-            if let Some(strategy) = sent {
+            if let Some(strategy) = send {
                 actions.push(Action {
                     bucket: bucket.clone(),
                     kind: ActionKind::Assign(strategy),
@@ -913,7 +920,7 @@ impl Watched {
             room: share.room,
         };
         let send = decide(self.in_force, next)?;
-        c.hold(self.holder, send);
+        c.put_in_force(self.holder, send);
         (self.in_force, self.assigned_at) = (Some(send), now);
         Some(send)
     }
@@ -1555,5 +1562,35 @@ descriptors:
                 }
             }
         });
+    }
+
+    #[test]
+    fn ten_thousand_streams_joining_one_bucket_are_divided_in_batches() {
+        let n = 10_000;
+        let set = policy::load_str(&[("d.yaml", POLICY)]).expect("policy");
+        let table = Arc::new(ShareTable::new(
+            RlqsSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: n,
+                max_streams_per_connection: n,
+                max_streams_per_peer: n,
+            },
+            PolicyHandle::new(set),
+        ));
+        let mut streams: Vec<Watcher> = (0..n)
+            .map(|_| table.open("d".into()).expect("open"))
+            .collect();
+        for (i, s) in streams.iter_mut().enumerate() {
+            let actions = s.report(0, vec![report("x", 10 + i as u64 % 50)]);
+            assert_eq!(actions.len(), 1, "every newcomer is answered at once");
+        }
+        let counter = table.counters.iter().next().expect("one counter");
+        let c = lock(counter.value());
+        assert_eq!(c.holders.len(), n);
+        // A division of every join would divide n²/2 (50 million) holders; batches of a
+        // thirty-second of the holders divide about 33 n.
+        assert!(c.divided <= 40 * n, "{} holders divided", c.divided);
+        assert!(c.in_force <= u128::from(100 * PER_TOKEN), "{}", c.in_force);
     }
 }
