@@ -10,6 +10,11 @@
 //! - **share**: a holder's piece of the part, divided by demand, never past what the others hold.
 //!
 //! `Quota` is GCRA's rate and burst ([`crate::limiter::gcra::Quota`]), nothing of this module.
+//!
+//! The division is in integers, so that "the buckets in force never add up past the part" is
+//! an exact comparison: rates are in billionths of a token per second ([`PER_TOKEN`]), rounded
+//! down for what may be given (a rule, a part, a share) and up for what is held (a token
+//! bucket in force), and parts are in millionths of the rule, as the fleet tells them.
 
 mod table;
 
@@ -17,7 +22,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
-use crate::limiter::share::{self, HEADROOM};
 use crate::policy::{Limit, PolicySet};
 
 pub use table::{Refused, RuleDemand, ShareTable, Watcher};
@@ -43,13 +47,32 @@ pub struct RlqsSettings {
     pub max_streams_per_peer: usize,
 }
 
-/// The part of its share a stream that reports no demand is assumed to ask for, as a fraction
-/// of the rule's rate: so an idle or new stream still gets a token bucket (the protocol needs
-/// at least one token per fill), and busier streams keep almost all of the rule.
-pub const IDLE_DEMAND: f64 = 0.01;
+/// A rate's unit, per token per second: rates are counted in billionths of a token (or of a
+/// request) per second.
+pub const PER_TOKEN: u64 = 1_000_000_000;
 
-/// How far a stream's share may move before a new assignment is pushed: 10 %.
-pub const MOVE_THRESHOLD: f64 = 0.1;
+/// A part's unit, per rule: parts are counted in millionths of the rule, as the fleet table
+/// tells them.
+pub const PER_RULE: u64 = 1_000_000;
+
+/// A stream that reports no demand is assumed to ask for the rule over this (1 %): so an idle
+/// or new stream still gets a token bucket (the protocol needs at least one token per fill),
+/// and busier streams keep almost all of the rule.
+pub const IDLE_DEMAND_DIVISOR: u64 = 100;
+
+/// A stream's share may move by its own over this (10 %) before a new assignment is pushed.
+pub const MOVE_DIVISOR: u64 = 10;
+
+/// `x` with [`HEADROOM`](crate::limiter::share::HEADROOM), 1.25 times it, rounded down.
+const fn with_headroom(x: u64) -> u64 {
+    x.saturating_add(x / 4)
+}
+
+/// `a * b / c`, rounded down, at most `u64::MAX` (`c` of 0 is taken as 1).
+pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    let q = u128::from(a) * u128::from(b) / u128::from(c.max(1));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
 
 /// One bucket's usage since the stream's last report of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,14 +87,20 @@ pub struct Report {
 }
 
 impl Report {
-    /// Requests offered per second over the span the report states; none when it states no
-    /// span (the stream then measures it on its own clock).
+    /// Requests offered per second over the span the report states, in [`PER_TOKEN`]ths; none
+    /// when it states no span (the stream then measures it on its own clock).
     #[must_use]
-    pub fn demand(&self) -> Option<f64> {
-        // Precision intended: a rate, not a count.
-        (self.elapsed_ns > 0)
-            .then(|| self.requests as f64 * NANOS_PER_SEC as f64 / self.elapsed_ns as f64)
+    pub fn demand(&self) -> Option<u64> {
+        (self.elapsed_ns > 0).then(|| rate_over(self.requests, self.elapsed_ns))
     }
+}
+
+/// `requests` over `span_ns` nanoseconds, in [`PER_TOKEN`]ths of a request per second, rounded
+/// down and at most `u64::MAX`.
+pub(crate) fn rate_over(requests: u64, span_ns: u64) -> u64 {
+    let q = u128::from(requests) * u128::from(PER_TOKEN) * u128::from(NANOS_PER_SEC)
+        / u128::from(span_ns.max(1));
+    u64::try_from(q).unwrap_or(u64::MAX)
 }
 
 /// What a bucket is assigned.
@@ -106,53 +135,97 @@ pub const TOKENS_PER_FILL: u32 = 100;
 pub const LONGEST_FILL_SECS: u64 = u64::MAX / NANOS_PER_SEC;
 
 impl TokenBucket {
+    /// The least bucket the protocol can say: one token per [`LONGEST_FILL_SECS`], sent for a
+    /// share below it (under one token in 584 years), and counted as holding none.
+    pub const LEAST: Self = Self {
+        max_tokens: 1,
+        tokens_per_fill: 1,
+        fill_interval_secs: LONGEST_FILL_SECS,
+    };
+
     /// The bucket's rate, in tokens per second, as Envoy reads it.
     #[must_use]
     pub fn rate(&self) -> f64 {
         f64::from(self.tokens_per_fill) / self.fill_interval_secs.max(1) as f64
     }
 
-    /// The bucket that admits at most `rate` per second with a capacity of at most `burst`
-    /// (each at least one token): `tokens_per_fill` whole tokens, rounded down, every
-    /// `fill_interval` of whole seconds, the fewest seconds over which the rate comes to
-    /// [`TOKENS_PER_FILL`] tokens. A rate below one token per [`LONGEST_FILL_SECS`] (a share of
-    /// none) is one token per that interval, the least the protocol can say.
+    /// The bucket's rate times `cost`, in [`PER_TOKEN`]ths, rounded up: what a holder of this
+    /// bucket, whose requests cost `cost` tokens, holds of its counter. None for [`Self::LEAST`].
     #[must_use]
-    pub fn of(rate: f64, burst: f64) -> Self {
-        let max_tokens = burst.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
-        let rate = if rate > 0.0 { rate } else { 0.0 };
-        let secs = (f64::from(TOKENS_PER_FILL) / rate)
-            .ceil()
-            .clamp(1.0, LONGEST_FILL_SECS as f64) as u64;
-        let mut tokens = (rate * secs as f64).floor().min(f64::from(u32::MAX));
-        // Rounding of the product may land a token over the share.
-        while tokens >= 1.0 && tokens / secs as f64 > rate {
-            tokens -= 1.0;
+    pub fn held(&self, cost: u64) -> u64 {
+        if self.tokens_per_fill == Self::LEAST.tokens_per_fill
+            && self.fill_interval_secs == Self::LEAST.fill_interval_secs
+        {
+            return 0;
         }
-        if tokens < 1.0 {
+        let tokens =
+            u128::from(self.tokens_per_fill) * u128::from(cost.max(1)) * u128::from(PER_TOKEN);
+        let secs = u128::from(self.fill_interval_secs.max(1));
+        u64::try_from(tokens.div_ceil(secs)).unwrap_or(u64::MAX)
+    }
+
+    /// Whether this bucket's rate is lower than `other`'s, exactly.
+    #[must_use]
+    pub fn slower_than(&self, other: &Self) -> bool {
+        u128::from(self.tokens_per_fill) * u128::from(other.fill_interval_secs)
+            < u128::from(other.tokens_per_fill) * u128::from(self.fill_interval_secs)
+    }
+
+    /// The bucket that admits at most `rate` requests per second ([`PER_TOKEN`]ths) with a
+    /// capacity of `max_tokens` (at least one): `tokens_per_fill` whole tokens, rounded down,
+    /// every `fill_interval` of whole seconds, the fewest seconds over which the rate comes to
+    /// [`TOKENS_PER_FILL`] tokens. So `tokens_per_fill / fill_interval <= rate` exactly. A rate
+    /// below one token per [`LONGEST_FILL_SECS`] is [`Self::LEAST`].
+    #[must_use]
+    pub fn within(rate: u64, max_tokens: u32) -> Self {
+        let max_tokens = max_tokens.max(1);
+        if rate == 0 {
             return Self {
                 max_tokens,
-                tokens_per_fill: 1,
-                fill_interval_secs: LONGEST_FILL_SECS,
+                ..Self::LEAST
             };
         }
-        Self {
-            max_tokens,
-            tokens_per_fill: tokens as u32,
-            fill_interval_secs: secs,
+        let fill = u128::from(TOKENS_PER_FILL) * u128::from(PER_TOKEN);
+        let secs = u64::try_from(fill.div_ceil(u128::from(rate)))
+            .unwrap_or(LONGEST_FILL_SECS)
+            .clamp(1, LONGEST_FILL_SECS);
+        let tokens = u128::from(rate) * u128::from(secs) / u128::from(PER_TOKEN);
+        match u32::try_from(tokens.min(u128::from(u32::MAX))) {
+            Ok(tokens) if tokens >= 1 => Self {
+                max_tokens,
+                tokens_per_fill: tokens,
+                fill_interval_secs: secs,
+            },
+            _ => Self {
+                max_tokens,
+                ..Self::LEAST
+            },
         }
     }
 
-    /// This bucket, to be sent where `sent` is in force, told apart from it by Envoy: Envoy
-    /// replaces a token bucket only when `max_tokens`, `tokens_per_fill` or the interval's
-    /// `nanos` differ, and the nanos are always 0 here, so a bucket that differs from `sent` in
-    /// its seconds alone is sent with both its tokens and its seconds doubled (the same rate),
+    /// [`Self::within`] a rate and capacity given as real numbers: `rate` requests per second
+    /// (rounded down to [`PER_TOKEN`]ths; none when not a positive number) and `burst` tokens.
+    #[must_use]
+    pub fn of(rate: f64, burst: f64) -> Self {
+        let max_tokens = burst.floor().clamp(1.0, f64::from(u32::MAX)) as u32;
+        let rate = if rate > 0.0 {
+            (rate * PER_TOKEN as f64).floor().min(u64::MAX as f64) as u64
+        } else {
+            0
+        };
+        Self::within(rate, max_tokens)
+    }
+
+    /// This bucket, to be sent where `in_force` is, told apart from it by Envoy: Envoy replaces
+    /// a token bucket only when `max_tokens`, `tokens_per_fill` or the interval's `nanos`
+    /// differ, and the nanos are always 0 here, so a bucket that differs from `in_force` in its
+    /// seconds alone is sent with both its tokens and its seconds doubled (the same rate),
     /// or else with one token less of capacity.
     #[must_use]
-    pub fn told_apart_from(self, sent: &Self) -> Self {
-        if self == *sent
-            || self.max_tokens != sent.max_tokens
-            || self.tokens_per_fill != sent.tokens_per_fill
+    pub fn told_apart_from(self, in_force: &Self) -> Self {
+        if self == *in_force
+            || self.max_tokens != in_force.max_tokens
+            || self.tokens_per_fill != in_force.tokens_per_fill
         {
             return self;
         }
@@ -177,12 +250,15 @@ impl TokenBucket {
 
 impl Strategy {
     /// Whether going from `self` to `next` is worth a push: another kind, or a rate moved by
-    /// more than [`MOVE_THRESHOLD`].
+    /// more than its own over [`MOVE_DIVISOR`], exactly.
     #[must_use]
     pub fn moved(&self, next: &Self) -> bool {
         match (self, next) {
             (Self::TokenBucket(a), Self::TokenBucket(b)) => {
-                (a.rate() - b.rate()).abs() > MOVE_THRESHOLD * a.rate()
+                // a = ta/sa, b = tb/sb: |a - b| > a / 10 over the common denominator sa·sb.
+                let ta_sb = u128::from(a.tokens_per_fill) * u128::from(b.fill_interval_secs);
+                let tb_sa = u128::from(b.tokens_per_fill) * u128::from(a.fill_interval_secs);
+                ta_sb.abs_diff(tb_sa) * u128::from(MOVE_DIVISOR) > ta_sb
             }
             _ => self != next,
         }
@@ -208,7 +284,7 @@ pub enum ActionKind {
 }
 
 /// What a bucket's rule gives, before any division.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Target {
     /// The same strategy to every stream.
     Fixed(Strategy),
@@ -219,22 +295,31 @@ pub(crate) enum Target {
         /// The rule's quota, in the counter's tokens.
         quota: Quota,
         /// Tokens a request costs (a cost node's cost, else 1).
-        cost: f64,
-        /// The rule's rate, in requests per second.
-        rate: f64,
-        /// The burst, in requests: the least of the node's rules' (with several limits, the
-        /// bucket is held to each).
-        burst: f64,
+        cost: u64,
+        /// The rule's rate, in the counter's tokens per second ([`PER_TOKEN`]ths).
+        rate: u64,
+        /// The burst, in the counter's tokens: the least of the node's rules' (with several
+        /// limits, the bucket is held to each), at least one request's cost.
+        burst: u64,
     },
 }
 
 impl Target {
-    /// The strategy for a stream holding `share` requests per second of the target.
-    pub(crate) fn strategy(&self, share: f64) -> Strategy {
+    /// The token bucket of a holder of this (shared) target whose share is `share` of the
+    /// counter's tokens per second ([`PER_TOKEN`]ths): its rate at most the share, its capacity
+    /// the burst in the same proportion to the rule. A fixed target's strategy as it is.
+    pub(crate) fn strategy(&self, share: u64) -> Strategy {
         match *self {
             Self::Fixed(s) => s,
-            Self::Shared { rate, burst, .. } => {
-                Strategy::TokenBucket(TokenBucket::of(share, burst * share / rate))
+            Self::Shared {
+                cost, rate, burst, ..
+            } => {
+                let max_tokens = u128::from(burst) * u128::from(share)
+                    / (u128::from(rate) * u128::from(cost)).max(1);
+                Strategy::TokenBucket(TokenBucket::within(
+                    share / cost.max(1),
+                    u32::try_from(max_tokens).unwrap_or(u32::MAX),
+                ))
             }
         }
     }
@@ -244,9 +329,8 @@ impl Target {
 /// entries, in the order the domain's tree names their keys, would match. With several limits
 /// (`rate_limits`), a token bucket that holds to each of them: a ban if any, else the lowest
 /// rate per second (whose counter the bucket's holders divide) with the least burst, since
-/// `b + r·W ≤ bᵢ + rᵢ·W` for every rule i and any span W. A cost node's limits are divided by
-/// its cost (the bucket counts requests, not tokens). Rules in shadow mode deny nothing, so they
-/// are passed over.
+/// `b + r·W ≤ bᵢ + rᵢ·W` for every rule i and any span W. A cost node's bucket counts requests,
+/// each of its cost in tokens. Rules in shadow mode deny nothing, so they are passed over.
 pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target {
     let allow = Target::Fixed(Strategy::AllowAll);
     let Some(domain) = set.domain(domain) else {
@@ -262,9 +346,9 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
     let Some(resolved) = domain.resolve(ordered.iter().copied()) else {
         return allow;
     };
-    let cost = resolved.cost.max(1) as f64;
+    let cost = resolved.cost.max(1);
     let mut best: Option<Target> = None;
-    let mut least_burst = f64::INFINITY;
+    let mut least_burst = u64::MAX;
     for rule in resolved.rules.iter().filter(|r| !r.shadow_mode) {
         let Limit::Limited(limit) = rule.limit else {
             continue;
@@ -272,11 +356,12 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
         if limit.quota.is_ban() {
             return Target::Fixed(Strategy::DenyAll);
         }
-        let rate = f64::from(limit.requests_per_unit) * NANOS_PER_SEC as f64
-            / limit.quota.period() as f64
-            / cost;
-        let burst = (limit.quota.burst() as f64 / cost).max(1.0);
-        least_burst = least_burst.min(burst);
+        let rate = mul_div(
+            u64::from(limit.requests_per_unit),
+            PER_TOKEN.saturating_mul(NANOS_PER_SEC),
+            limit.quota.period(),
+        );
+        least_burst = least_burst.min(limit.quota.burst().max(cost));
         let lower = match best {
             Some(Target::Shared { rate: r, .. }) => rate < r,
             _ => true,
@@ -287,7 +372,7 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
                 quota: limit.quota,
                 cost,
                 rate,
-                burst,
+                burst: 0,
             });
         }
     }
@@ -309,44 +394,72 @@ pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target
     }
 }
 
-/// The shares of `capacity` (this node's part of a rule of `rate`) among holders asking for
-/// `demands`, so that no claim, however large, takes an honest holder's fair part:
+/// The shares of `capacity` (this node's part of a rule) among holders of `claims` ([`claim`]),
+/// in the same unit, so that no claim, however large, takes an honest holder's fair part:
 ///
-/// - a claim counts for no more than the whole rule, nor less than [`IDLE_DEMAND`] of it (a
-///   claim that is not a number counts as that floor);
-/// - each holder is first given its demand with [`HEADROOM`], but no more than the fair part,
-///   `capacity` over the number of holders (max-min up to the fair part);
+/// - each holder is first given its claim with [`HEADROOM`](crate::limiter::share::HEADROOM),
+///   but no more than the fair part, `capacity` over the number of holders (max-min up to the
+///   fair part);
 /// - what that leaves goes to the holders that ask for more, water-filled by what they ask above
-///   the fair part ([`share::divide`]), each at most [`HEADROOM`] times it.
+///   the fair part, each at most 1.25 times it.
 ///
-/// So every holder keeps at least its demand or its fair part, whichever is smaller, the shares
-/// add up to at most `capacity`, and above the fair part the rest goes by demand. The floor
-/// also bounds the work: a pass of the division meets only holders asking no more than an equal
-/// part, so past `1 / IDLE_DEMAND` (100) holders it makes one pass, and below it at most that
-/// many.
-pub(crate) fn shares(demands: Vec<f64>, capacity: f64, rate: f64) -> Vec<f64> {
-    let capacity = capacity.max(0.0);
-    let demands: Vec<f64> = demands.into_iter().map(|d| claim(d, rate)).collect();
-    // Precision intended: a count of holders as a divisor.
-    let fair = capacity / demands.len().max(1) as f64;
-    let mut parts: Vec<f64> = demands
-        .iter()
-        .map(|d| (HEADROOM * d).min(fair).max(0.0))
-        .collect();
-    let left = capacity - parts.iter().sum::<f64>();
-    if left > 0.0 {
-        let above: Vec<f64> = demands.iter().map(|d| (d - fair).max(0.0)).collect();
-        for (part, more) in parts.iter_mut().zip(share::divide(&above, left)) {
-            *part += more;
+/// So every holder keeps at least its claim or its fair part, whichever is smaller, the shares
+/// add up to at most `capacity` (each is rounded down), and above the fair part the rest goes by
+/// claim. The claims' floor bounds the work: a pass of the water-fill meets only holders asking
+/// no more than an equal part, so past [`IDLE_DEMAND_DIVISOR`] holders it makes one pass, and
+/// below it at most that many.
+pub(crate) fn divide(claims: &[u64], capacity: u64) -> Vec<u64> {
+    let fair = capacity / u64::try_from(claims.len().max(1)).unwrap_or(u64::MAX);
+    let mut shares: Vec<u64> = claims.iter().map(|c| with_headroom(*c).min(fair)).collect();
+    let given = shares.iter().map(|s| u128::from(*s)).sum::<u128>();
+    let left = u64::try_from(u128::from(capacity).saturating_sub(given)).unwrap_or(0);
+    if left > 0 {
+        let above: Vec<u64> = claims.iter().map(|c| c.saturating_sub(fair)).collect();
+        for (share, more) in shares.iter_mut().zip(water_fill(&above, left)) {
+            *share += more;
         }
+    }
+    shares
+}
+
+/// `capacity` water-filled among holders asking for `asks`: while some holder asks for no more
+/// than an equal part of what is left, each such holder gets its ask with headroom (but no more
+/// than that equal part) and leaves the game; the holders that remain split what is left in
+/// proportion to their asks, each at most 1.25 times its ask. Rounded down: the parts never add
+/// up past `capacity`. An ask of none gets nothing.
+fn water_fill(asks: &[u64], capacity: u64) -> Vec<u64> {
+    let mut parts = vec![0; asks.len()];
+    let mut open: Vec<usize> = (0..asks.len()).filter(|&i| asks[i] > 0).collect();
+    let mut left = capacity;
+    loop {
+        let level = left / u64::try_from(open.len().max(1)).unwrap_or(u64::MAX);
+        let before = open.len();
+        open.retain(|&i| {
+            if asks[i] > level {
+                return true;
+            }
+            parts[i] = with_headroom(asks[i]).min(level);
+            left -= parts[i];
+            false
+        });
+        if open.len() == before || open.is_empty() {
+            break;
+        }
+    }
+    let total: u128 = open.iter().map(|&i| u128::from(asks[i])).sum();
+    for &i in &open {
+        let share = u128::from(left) * u128::from(asks[i]) / total.max(1);
+        parts[i] = u64::try_from(share)
+            .unwrap_or(u64::MAX)
+            .min(with_headroom(asks[i]));
     }
     parts
 }
 
-/// A holder's claim of `demand` against a rule of `rate`, as [`shares`] counts it: within
-/// [`IDLE_DEMAND`] of the rule and the whole rule.
-pub(crate) fn claim(demand: f64, rate: f64) -> f64 {
-    demand.max(rate * IDLE_DEMAND).min(rate)
+/// A holder's claim of `demand` against a rule of `rate` (any one unit): within the rule over
+/// [`IDLE_DEMAND_DIVISOR`] and the whole rule.
+pub(crate) fn claim(demand: u64, rate: u64) -> u64 {
+    demand.max(rate / IDLE_DEMAND_DIVISOR).min(rate)
 }
 
 #[cfg(test)]
@@ -395,8 +508,10 @@ mod tests {
                 );
             }
         }
-        // Exact where the rule's own period makes it so.
-        assert_eq!(TokenBucket::of(1_000.0 / 60.0, 200.0).rate(), 100.0 / 6.0);
+        // Exact where the rate is whole billionths; else rounded down to them first (1,000 a
+        // minute is 16.666666666 a second: 116 tokens every 7 s).
+        assert_eq!(TokenBucket::of(62.5, 1.0).rate(), 62.5);
+        assert_eq!(TokenBucket::of(1_000.0 / 60.0, 200.0).rate(), 116.0 / 7.0);
         assert_eq!(TokenBucket::of(10.0, 10.0).rate(), 10.0);
     }
 
@@ -465,19 +580,26 @@ descriptors:
             }
             b
         };
-        for (bucket, cost) in [(user(None), 1.0), (user(Some("search")), 2.0)] {
+        for (bucket, cost) in [(user(None), 1), (user(Some("search")), 2)] {
             let t = target(&set, "d", &bucket);
-            let Target::Shared { rate, burst, .. } = t else {
+            let Target::Shared {
+                rate,
+                burst,
+                cost: c,
+                ..
+            } = t
+            else {
                 panic!("{t:?}");
             };
-            assert!((rate - 1_000.0 / 86_400.0 / cost).abs() < 1e-12, "{t:?}");
-            assert_eq!(burst, 10.0 / cost, "{t:?}");
-            for share in [rate, rate / 2.0, rate / 1_000.0] {
+            // The day's 1,000 tokens, in billionths per second, rounded down; the second's burst.
+            assert_eq!(rate, 1_000 * PER_TOKEN / 86_400, "{t:?}");
+            assert_eq!((burst, c), (10, cost), "{t:?}");
+            for share in [rate, rate / 2, rate / 1_000] {
                 let Strategy::TokenBucket(b) = t.strategy(share) else {
                     panic!("a token bucket");
                 };
-                assert!(b.rate() <= 10.0 / cost && b.rate() <= rate, "{b:?}");
-                assert!(f64::from(b.max_tokens) <= 10.0 / cost, "{b:?}");
+                assert!(b.held(cost) <= share, "{b:?}");
+                assert!(u64::from(b.max_tokens) * cost <= 10, "{b:?}");
             }
         }
     }
@@ -491,40 +613,59 @@ descriptors:
         assert!(!Strategy::AllowAll.moved(&Strategy::AllowAll));
     }
 
+    /// The shares of `capacity` among `demands` against a rule of `rate`, all in whole tokens
+    /// per second, as billionths.
+    fn shares(demands: &[u64], capacity: u64, rate: u64) -> Vec<u64> {
+        let claims: Vec<u64> = demands
+            .iter()
+            .map(|d| claim(d.saturating_mul(PER_TOKEN), rate * PER_TOKEN))
+            .collect();
+        divide(&claims, capacity * PER_TOKEN)
+    }
+
     #[test]
     fn idle_holders_get_a_little_and_the_rest_goes_by_demand() {
-        let s = shares(vec![0.0, 300.0, 100.0], 100.0, 100.0);
-        assert!(s.iter().sum::<f64>() <= 100.0 + 1e-9, "{s:?}");
+        let s = shares(&[0, 300, 100], 100, 100);
+        assert!(s.iter().sum::<u64>() <= 100 * PER_TOKEN, "{s:?}");
         assert!(
-            s[0] > 0.0 && s[0] <= 1.25,
+            s[0] > 0 && s[0] <= 5 * PER_TOKEN / 4,
             "a stream idle is met, with headroom: {s:?}"
         );
         assert_eq!(s[1], s[2], "both claim the whole rule: {s:?}");
         // Small demands met with headroom, the rest by demand above the fair part.
-        let s = shares(vec![60.0, 20.0, 5.0], 100.0, 100.0);
-        assert!((s[0] - 200.0 / 3.0).abs() < 1e-9, "{s:?}");
-        assert_eq!(&s[1..], &[25.0, 6.25]);
+        let s = shares(&[60, 20, 5], 100, 100);
+        assert_eq!(s[0], 200 * PER_TOKEN / 3, "{s:?}");
+        assert_eq!(&s[1..], &[25 * PER_TOKEN, 6_250_000_000]);
     }
 
     #[test]
     fn a_claim_past_the_rule_leaves_every_holder_its_fair_part() {
-        let honest = [30.0, 30.0, 10.0];
-        for greedy in [f64::MAX, f64::INFINITY, f64::NAN, 1e300, 100.0] {
-            let s = shares(
-                vec![greedy, greedy, honest[0], honest[1], honest[2]],
-                100.0,
-                100.0,
-            );
-            assert!(s.iter().sum::<f64>() <= 100.0 + 1e-9, "{greedy}: {s:?}");
+        let honest = [30, 30, 10];
+        for greedy in [u64::MAX, u64::MAX / PER_TOKEN, 100] {
+            let s = shares(&[greedy, greedy, honest[0], honest[1], honest[2]], 100, 100);
+            assert!(s.iter().sum::<u64>() <= 100 * PER_TOKEN, "{greedy}: {s:?}");
             for (share, demand) in s[2..].iter().zip(honest) {
                 assert!(
-                    *share >= demand.min(20.0),
+                    *share >= demand.min(20) * PER_TOKEN,
                     "{greedy}: an honest demand of {demand} got {share}: {s:?}"
                 );
             }
         }
         // Of a node's part too: the fair part is the part over the holders.
-        let s = shares(vec![f64::MAX, 50.0], 40.0, 100.0);
-        assert_eq!(s, vec![20.0, 20.0]);
+        assert_eq!(
+            shares(&[u64::MAX, 50], 40, 100),
+            vec![20 * PER_TOKEN, 20 * PER_TOKEN]
+        );
+    }
+
+    #[test]
+    fn shares_never_add_up_past_the_capacity_in_integers() {
+        use proptest::prelude::*;
+        proptest!(|(claims in proptest::collection::vec(0..u64::MAX, 0..40), capacity: u64)| {
+            let shares = divide(&claims, capacity);
+            prop_assert_eq!(shares.len(), claims.len());
+            let sum: u128 = shares.iter().map(|s| u128::from(*s)).sum();
+            prop_assert!(sum <= u128::from(capacity));
+        });
     }
 }

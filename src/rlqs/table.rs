@@ -1,20 +1,46 @@
 //! This node's share table: for each limited counter, this node's part of it (told by the
-//! fleet, or the whole rule), and the demand and last-sent token bucket of every watched bucket
-//! that matches it, one holder per (stream, bucket), in the counter's tokens; and each stream's
-//! own watch list, which decides what to send and when. A share is never more than what the
-//! other holders' buckets in force leave. The table sits behind one mutex, taken once per report
-//! message or tick, never across an `.await` (there is none here). A stream's shares are freed
-//! when its [`Watcher`] is dropped.
+//! fleet, or the whole rule) and the holders watching it, each with its claim, its cached share
+//! and the token bucket it holds; and each stream's own watch list, which decides what to send
+//! and when. A share is never more than what the other holders' buckets in force leave.
+//!
+//! Each counter sits behind its own mutex, in a sharded map; a report locks only the counters
+//! of the buckets it names, one at a time, after its target is resolved, and never across an
+//! `.await` (there is none here). A counter keeps running sums of its holders' claims and of
+//! the buckets in force, and a count of the holders due more than they hold, so a report reads
+//! its cached share in constant time. The division is redone, whole, on the first read after
+//! its inputs changed: at once when the capacity moved (the fleet's part, a reload), and after
+//! joins, leaves and claims that moved by more than [`CLAIM_STEP`] once they number a
+//! [`REDIVIDE_BATCH`]th of the holders or are [`SETTLE_NS`] old, so that each change costs a
+//! constant share of a division and ten thousand streams joining one counter are not divided
+//! ten thousand times. A stream's shares are freed when its [`Watcher`] is dropped.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use dashmap::DashMap;
+
 use super::{
-    Action, ActionKind, BucketId, MOVE_THRESHOLD, Report, RlqsSettings, Strategy, Target,
-    TokenBucket, claim, shares, target,
+    Action, ActionKind, BucketId, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings,
+    Strategy, Target, TokenBucket, claim, divide, mul_div, rate_over, target,
 };
-use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
+use crate::limiter::gcra::Quota;
 use crate::policy::{PolicyHandle, PolicySet};
+
+/// A claim that moves by more than its last divided figure over this (5 %) asks for a new
+/// division; smaller moves are left until another change comes.
+pub const CLAIM_STEP: u64 = 20;
+
+/// Pending changes of a counter are divided once they number its holders over this (or at
+/// once below this many holders).
+pub const REDIVIDE_BATCH: usize = 32;
+
+/// Pending changes of a counter are divided, however few, once the first is this old
+/// (nanoseconds on the streams' clock).
+pub const SETTLE_NS: u64 = 250_000_000;
+
+/// `unknown_part` when nothing is to be assigned until the fleet tells the part.
+const NO_PART: u64 = u64::MAX;
 
 /// Why a stream is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -29,90 +55,110 @@ pub enum Refused {
 pub struct ShareTable {
     settings: RlqsSettings,
     policies: PolicyHandle,
-    inner: Mutex<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    streams: usize,
-    watched: usize,
-    next_holder: u64,
-    /// The limited counters watched, each with the demand of its holders.
-    counters: HashMap<u128, Counter>,
-    /// This node's part of a rule whose part the fleet has not told: the whole rule until
-    /// [`ShareTable::set_unknown_part`] says otherwise; `None` to assign nothing until told.
-    unknown_part: Option<f64>,
-    /// Parts told of rules no stream watches (asked for before a first assignment, or left by
-    /// the last stream), with when they were told and the count of [`ShareTable::demands`]
-    /// calls then: kept for the next join, and dropped two calls later when none came.
-    told: HashMap<u128, (f64, u64, u64)>,
+    /// The limited counters watched, and those whose part is kept for a while without holders.
+    counters: DashMap<u128, Arc<Mutex<Counter>>>,
+    // The atomics below are counts and settings read on their own, publishing no other memory:
+    // relaxed ordering is enough for each.
+    streams: AtomicUsize,
+    watched: AtomicUsize,
+    next_holder: AtomicU64,
     /// Calls of [`ShareTable::demands`] so far.
-    rounds: u64,
+    rounds: AtomicU64,
+    /// This node's part of a rule whose part the fleet has not told, in millionths: the whole
+    /// rule until [`ShareTable::set_unknown_part`] says otherwise; [`NO_PART`] to assign
+    /// nothing until told.
+    unknown_part: AtomicU64,
 }
 
-impl Default for Inner {
-    fn default() -> Self {
-        Self {
-            streams: 0,
-            watched: 0,
-            next_holder: 0,
-            counters: HashMap::new(),
-            unknown_part: Some(1.0),
-            told: HashMap::new(),
-            rounds: 0,
-        }
-    }
-}
-
-/// One limited counter this node's streams watch. Its figures are in the counter's tokens (a
-/// request of a cost node's bucket costs its cost), so that buckets of different costs on one
-/// counter divide one budget.
-#[derive(Debug)]
-struct Counter {
+/// The figures of a counter's rule, as its holders' last join gave them.
+#[derive(Clone, Copy, Debug)]
+struct RuleFigures {
     quota: Quota,
-    /// The rule's rate, in tokens per second.
-    rate: f64,
-    /// The burst, in tokens: the shape of the buckets sent.
-    burst: f64,
-    /// Holder → its demand and the rate it was last sent.
+    /// Counter tokens per second, in [`PER_TOKEN`]ths.
+    rate: u64,
+}
+
+/// This node's part of a rule as the fleet table last told it.
+#[derive(Clone, Copy, Debug)]
+struct FleetPart {
+    /// Millionths of the rule.
+    millionths: u64,
+    /// When (the fleet's clock, ns).
+    at: u64,
+}
+
+/// One limited counter this node's streams watch. Its figures are in the counter's tokens per
+/// second, in [`PER_TOKEN`]ths (a request of a cost node's bucket costs its cost), so that
+/// buckets of different costs on one counter divide one budget.
+#[derive(Debug, Default)]
+struct Counter {
+    rule: Option<RuleFigures>,
     holders: HashMap<u64, Holder>,
-    /// This node's part of the rule, a fraction of it, as the fleet table last said,
-    /// and when (the fleet's clock, ns).
-    part: Option<(f64, u64)>,
+    part: Option<FleetPart>,
     /// Whether a renewal of the part failed since it was last told: its entry in Redis then
     /// lapses a TTL after that, so no assignment of the rule is sent, lest it outlive the part.
     unconfirmed: bool,
+    /// The round ([`ShareTable::demands`]) since which it has no holder: its part is kept for
+    /// the next join, and dropped two rounds later when none came.
+    empty_since: u64,
+    /// The sum of the holders' claims.
+    claims: u128,
+    /// The sum of what the holders' buckets in force hold.
+    in_force: u128,
+    /// Holders due more than a move over what they hold.
+    wanting: usize,
+    /// The capacity the shares were last divided for (none before the first division).
+    divided_for: Option<u64>,
+    /// Changes since: joins, leaves and claims moved past [`CLAIM_STEP`].
+    pending: usize,
+    /// When the first of them came (the streams' clock, ns).
+    pending_since: u64,
+    /// Holders divided so far, over all divisions: the work the batching bounds.
+    #[cfg(test)]
+    divided: usize,
 }
 
 /// One holder of a counter: a stream's watched bucket.
 #[derive(Clone, Copy, Debug)]
 struct Holder {
     /// Tokens a request of its bucket costs.
-    cost: f64,
-    /// Tokens per second, as last reported.
-    demand: f64,
-    /// The rate of the token bucket it was last sent, in tokens per second (none before).
-    sent: f64,
+    cost: u64,
+    /// Its claim ([`claim`]) as last reported.
+    claim: u64,
+    /// Its claim as the last division counted it.
+    divided_claim: u64,
+    /// Its share, as the last division gave it (none before).
+    due: Option<u64>,
+    /// The token bucket in force (none before, or for another strategy).
+    bucket: Option<TokenBucket>,
+    /// What that bucket holds of the counter ([`TokenBucket::held`]).
+    in_force: u64,
+    /// Whether `due` comes to a bucket more than a move over what it holds.
+    wanting: bool,
 }
 
-impl Counter {
-    /// What its holders ask of it, in tokens per second.
-    fn asked(&self) -> f64 {
-        self.holders
-            .values()
-            .map(|h| asked(h.demand, self.rate))
-            .sum()
-    }
+/// Whether a holder of a counter may be sent a smaller assignment at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Room {
+    /// No other holder waits, and the buckets in force fit the part.
+    Enough,
+    /// Another holder is due more than a move over what it holds, or the buckets in force add
+    /// up past the part (it shrank): any assignment that shrank goes at once, to make room.
+    Wanted,
+}
 
-    /// The rate, in tokens per second, of the token bucket that a share of `tokens` per second
-    /// comes to for a holder of `cost`: its whole tokens per fill.
-    fn as_sent(&self, tokens: f64, cost: f64) -> f64 {
-        if tokens <= 0.0 {
-            return 0.0;
-        }
-        let b = TokenBucket::of(tokens / cost, self.burst * tokens / (self.rate * cost));
-        b.rate() * cost
-    }
+/// A holder's assignment now.
+#[derive(Clone, Copy, Debug)]
+struct Assigned {
+    strategy: Strategy,
+    room: Room,
+}
+
+/// A share of a counter, in its tokens per second ([`PER_TOKEN`]ths), and whether room is wanted.
+#[derive(Clone, Copy, Debug)]
+struct Share {
+    tokens: u64,
+    room: Room,
 }
 
 /// A rule this node hands out, as the fleet table is told of it.
@@ -123,152 +169,215 @@ pub struct RuleDemand {
     /// The rule's quota.
     pub quota: Quota,
     /// What this node's streams ask of it, in the counter's tokens per second: each holder's
-    /// demand times the cost, at least [`IDLE_DEMAND`](super::IDLE_DEMAND) of the rule and at most the whole rule.
+    /// claim, at least the rule over [`IDLE_DEMAND_DIVISOR`](super::IDLE_DEMAND_DIVISOR) and
+    /// at most the whole rule.
     pub tokens: f64,
 }
 
-impl Inner {
-    /// Records `holder`'s demand, in requests per second, on `target`'s counter (and the rule's
-    /// figures, which a reload may have changed).
-    fn join(&mut self, target: &Target, holder: u64, demand: f64) {
+/// A rate in [`PER_TOKEN`]ths as tokens per second.
+fn per_second(rate: u128) -> f64 {
+    // Precision intended: a figure for the fleet table, not an assignment.
+    rate as f64 / PER_TOKEN as f64
+}
+
+impl Counter {
+    /// Whether it may be dropped at round `round`: no holder, and no part kept (or kept two
+    /// rounds).
+    fn lapsed(&self, round: u64) -> bool {
+        self.holders.is_empty() && (self.part.is_none() || self.empty_since + 2 <= round)
+    }
+
+    /// This node's capacity of the rule, in its tokens per second: its part (told, else
+    /// `unknown` millionths) of the rule. None while the part is unknown and nothing is to be
+    /// assigned until told, and while it is unconfirmed (an assignment sent then, with a whole
+    /// TTL, would outlive the part's entry in Redis).
+    fn capacity(&self, unknown: u64) -> Option<u64> {
+        if self.part.is_some() && self.unconfirmed {
+            return None;
+        }
+        let millionths = self.part.map_or(unknown, |p| p.millionths);
+        if millionths == NO_PART {
+            return None;
+        }
+        let rule = self.rule?;
+        Some(mul_div(rule.rate, millionths.min(PER_RULE), PER_RULE))
+    }
+
+    /// Counts a change of the division's inputs at `now`.
+    fn changed(&mut self, now: u64) {
+        if self.pending == 0 {
+            self.pending_since = now;
+        }
+        self.pending += 1;
+    }
+
+    /// Records `holder`'s demand, in requests per second ([`PER_TOKEN`]ths), on the counter of
+    /// `target` (and the rule's figures, which a reload may have changed); a holder new to the
+    /// counter comes holding `in_force`.
+    fn join(
+        &mut self,
+        target: &Target,
+        holder: u64,
+        demand: u64,
+        in_force: Option<Strategy>,
+        now: u64,
+    ) {
         let Target::Shared {
-            counter,
-            quota,
-            cost,
-            rate,
-            burst,
+            quota, cost, rate, ..
         } = *target
         else {
             return;
         };
-        let told = &mut self.told;
-        let c = self.counters.entry(counter).or_insert_with(|| Counter {
-            quota,
-            rate: rate * cost,
-            burst: burst * cost,
-            holders: HashMap::new(),
-            part: told.remove(&counter).map(|(part, at, _)| (part, at)),
-            unconfirmed: false,
-        });
-        (c.quota, c.rate, c.burst) = (quota, rate * cost, burst * cost);
-        let h = c.holders.entry(holder).or_insert(Holder {
-            cost,
-            demand: 0.0,
-            sent: 0.0,
-        });
-        // A reload may change a bucket's cost under the token bucket it holds: what it was sent
-        // stays counted at the cost it was sent at.
-        h.sent *= cost / h.cost;
-        (h.cost, h.demand) = (cost, demand * cost);
-    }
-
-    /// Takes `holder` off `target`'s counter. The counter's last holder takes the counter, and
-    /// keeps its part for a while (a stream that reconnects at once finds it).
-    fn leave(&mut self, target: &Target, holder: u64) {
-        let Target::Shared { counter, .. } = *target else {
+        self.rule = Some(RuleFigures { quota, rate });
+        let claim = claim(demand.saturating_mul(cost), rate);
+        let Some(h) = self.holders.get_mut(&holder) else {
+            self.holders.insert(
+                holder,
+                Holder {
+                    cost,
+                    claim,
+                    divided_claim: 0,
+                    due: None,
+                    bucket: None,
+                    in_force: 0,
+                    wanting: false,
+                },
+            );
+            self.claims += u128::from(claim);
+            self.changed(now);
+            if let Some(s) = in_force {
+                self.put_in_force(holder, s);
+            }
             return;
         };
-        if let Some(c) = self.counters.get_mut(&counter) {
-            c.holders.remove(&holder);
-            if c.holders.is_empty() {
-                if let Some((part, at)) = c.part {
-                    self.told.insert(counter, (part, at, self.rounds));
-                }
-                self.counters.remove(&counter);
-            }
+        self.claims = self.claims - u128::from(h.claim) + u128::from(claim);
+        h.claim = claim;
+        let moved = u128::from(claim.abs_diff(h.divided_claim)) * u128::from(CLAIM_STEP)
+            > u128::from(h.divided_claim);
+        if h.cost != cost {
+            // A reload may change a bucket's cost under the token bucket it holds: that bucket
+            // is counted at the new cost.
+            h.cost = cost;
+            let bucket = h.bucket.map(Strategy::TokenBucket);
+            self.put_in_force(holder, bucket.unwrap_or(Strategy::AllowAll));
+        }
+        if moved {
+            self.changed(now);
         }
     }
 
-    /// `holder`'s share of `counter`, in its requests per second: of this node's part of the
-    /// rule, divided by demand in the counter's tokens, and no more than what the others' token
-    /// buckets, as last sent, leave of that part, so that the buckets in force never add up past
-    /// it. With it, whether another holder is due more than [`MOVE_THRESHOLD`] over what it
-    /// holds, or the buckets in force add up past the part (it shrank): then any share that
-    /// shrank is pushed at once, to make room. `None` while the part is unknown and nothing is
-    /// to be assigned until told, and while it is unconfirmed (an assignment sent then, with a
-    /// whole TTL, would outlive the part's entry in Redis).
-    fn share(&self, counter: u128, holder: u64) -> Option<(f64, bool)> {
-        let Some(c) = self.counters.get(&counter) else {
-            return Some((0.0, false));
+    /// Takes `holder` off the counter at round `round`.
+    fn leave(&mut self, holder: u64, round: u64, now: u64) {
+        let Some(h) = self.holders.remove(&holder) else {
+            return;
         };
-        if c.part.is_some() && c.unconfirmed {
-            return None;
+        self.claims -= u128::from(h.claim);
+        self.in_force -= u128::from(h.in_force);
+        self.wanting -= usize::from(h.wanting);
+        self.changed(now);
+        if self.holders.is_empty() {
+            self.empty_since = round;
+            (self.divided_for, self.pending, self.wanting) = (None, 0, 0);
         }
-        let part = c.part.map(|(part, _)| part).or(self.unknown_part)?;
-        let capacity = c.rate * part;
-        let demands: Vec<f64> = c.holders.values().map(|x| x.demand).collect();
-        let fair = shares(demands, capacity, c.rate);
-        let (mut mine, mut others, mut starved) = (None, 0.0, false);
+    }
+
+    /// Counts `holder` as holding `strategy`: the token bucket's rate times the cost, none else.
+    fn put_in_force(&mut self, holder: u64, strategy: Strategy) {
+        let Some(h) = self.holders.get_mut(&holder) else {
+            return;
+        };
+        h.bucket = match strategy {
+            Strategy::TokenBucket(b) => Some(b),
+            Strategy::AllowAll | Strategy::DenyAll => None,
+        };
+        let held = h.bucket.map_or(0, |b| b.held(h.cost));
+        self.in_force = self.in_force - u128::from(h.in_force) + u128::from(held);
+        h.in_force = held;
+        let was = h.wanting;
+        h.wanting = wanting(h);
+        self.wanting = self.wanting - usize::from(was) + usize::from(h.wanting);
+    }
+
+    /// Divides `capacity` again when its inputs changed enough since the last division.
+    fn settle(&mut self, capacity: u64, now: u64) {
+        let due = self.divided_for != Some(capacity)
+            || (self.pending > 0
+                && (self.pending.saturating_mul(REDIVIDE_BATCH) >= self.holders.len()
+                    || now.saturating_sub(self.pending_since) >= SETTLE_NS));
+        if !due {
+            return;
+        }
+        let claims: Vec<u64> = self.holders.values().map(|h| h.claim).collect();
+        let shares = divide(&claims, capacity);
+        self.wanting = 0;
         // The map is not changed between the two walks, so they meet its holders in one order.
-        for ((h, x), due) in c.holders.iter().zip(&fair) {
-            if *h == holder {
-                mine = Some((*due, *x));
-            } else {
-                others += x.sent;
-                // Due more than it holds past the move threshold, as the buckets would be sent
-                // (a bucket's rate is at most its share, so the share is looked at first).
-                let wanted = (1.0 + MOVE_THRESHOLD) * x.sent + 1e-9;
-                starved |= !starved && *due > wanted && c.as_sent(*due, x.cost) > wanted;
-            }
+        for (h, due) in self.holders.values_mut().zip(shares) {
+            (h.due, h.divided_claim) = (Some(due), h.claim);
+            h.wanting = wanting(h);
+            self.wanting += usize::from(h.wanting);
         }
-        let Some((due, x)) = mine else {
-            return Some((0.0, false));
-        };
-        // The part itself shrank (the fleet's table, or a reload) under the buckets in force.
-        let over = others + x.sent > capacity * (1.0 + 1e-9) + 1e-9;
-        let tokens = due.min((capacity - others).max(0.0));
-        Some((tokens / x.cost, starved || over))
-    }
-
-    /// The rate, in requests per second, of the token bucket `holder` of `target` was last sent
-    /// (0 for none).
-    fn sent_rate(&self, target: &Target, holder: u64) -> f64 {
-        let Target::Shared { counter, .. } = *target else {
-            return 0.0;
-        };
-        self.counters
-            .get(&counter)
-            .and_then(|c| c.holders.get(&holder))
-            .map_or(0.0, |h| h.sent / h.cost)
-    }
-
-    /// Counts `holder` of `target` as holding a token bucket of `rate` requests per second.
-    fn hold(&mut self, target: &Target, holder: u64, rate: f64) {
-        let Target::Shared { counter, .. } = *target else {
-            return;
-        };
-        if let Some(h) = self
-            .counters
-            .get_mut(&counter)
-            .and_then(|c| c.holders.get_mut(&holder))
+        (self.divided_for, self.pending) = (Some(capacity), 0);
+        #[cfg(test)]
         {
-            h.sent = rate * h.cost;
+            self.divided += self.holders.len();
         }
     }
 
-    /// Records the strategy sent to `holder` of `target`: the rate of a token bucket, none else.
-    fn sent(&mut self, target: &Target, holder: u64, strategy: Strategy) {
-        let rate = match strategy {
-            Strategy::TokenBucket(b) => b.rate(),
-            Strategy::AllowAll | Strategy::DenyAll => 0.0,
+    /// `holder`'s share, in the counter's tokens: its share of `capacity` as divided, no more
+    /// than what the others' buckets in force leave of it, so that the buckets in force never
+    /// add up past it. A holder not divided yet is due its claim with headroom, up to an equal
+    /// part.
+    fn share(&mut self, holder: u64, capacity: u64, now: u64) -> Share {
+        self.settle(capacity, now);
+        let Some(h) = self.holders.get(&holder) else {
+            return Share {
+                tokens: 0,
+                room: Room::Enough,
+            };
         };
-        self.hold(target, holder, rate);
+        let equal = capacity / u64::try_from(self.holders.len()).unwrap_or(u64::MAX);
+        let due = h
+            .due
+            .unwrap_or_else(|| h.claim.saturating_add(h.claim / 4).min(equal));
+        let others = self.in_force - u128::from(h.in_force);
+        let left = u128::from(capacity).saturating_sub(others);
+        let tokens = u64::try_from(u128::from(due).min(left)).unwrap_or(u64::MAX);
+        let starved = self.wanting > usize::from(h.wanting);
+        let over = self.in_force > u128::from(capacity);
+        Share {
+            tokens,
+            room: if starved || over {
+                Room::Wanted
+            } else {
+                Room::Enough
+            },
+        }
     }
 }
 
-/// `part` as a fraction of a rule: within 0..=1, and none for a part that is not a number.
-fn fraction(part: f64) -> f64 {
+/// Whether `h` is due a bucket more than a move ([`MOVE_DIVISOR`]) over what it holds.
+fn wanting(h: &Holder) -> bool {
+    let Some(due) = h.due else {
+        return false;
+    };
+    let next = TokenBucket::within(due / h.cost.max(1), 1).held(h.cost);
+    u128::from(next) * u128::from(MOVE_DIVISOR)
+        > u128::from(h.in_force) * u128::from(MOVE_DIVISOR + 1)
+}
+
+/// `part` as millionths of a rule, rounded down: within 0..=[`PER_RULE`], and none for a part
+/// that is not a number.
+fn millionths(part: f64) -> u64 {
     if part.is_nan() {
-        0.0
+        0
     } else {
-        part.clamp(0.0, 1.0)
+        (part.clamp(0.0, 1.0) * PER_RULE as f64).floor() as u64
     }
 }
 
-/// What a holder asking for `demand` tokens per second asks of a rule of `rate` tokens per second:
-/// its claim, at least [`IDLE_DEMAND`](super::IDLE_DEMAND) of the rule and at most the whole rule ([`claim`]).
-fn asked(demand: f64, rate: f64) -> f64 {
-    claim(demand, rate)
+/// Locks `counter`, poisoned or not (its sums are updated together, and no step of them panics).
+fn lock(counter: &Mutex<Counter>) -> MutexGuard<'_, Counter> {
+    counter.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ShareTable {
@@ -278,7 +387,12 @@ impl ShareTable {
         Self {
             settings,
             policies,
-            inner: Mutex::default(),
+            counters: DashMap::new(),
+            streams: AtomicUsize::new(0),
+            watched: AtomicUsize::new(0),
+            next_holder: AtomicU64::new(0),
+            rounds: AtomicU64::new(0),
+            unknown_part: AtomicU64::new(PER_RULE),
         }
     }
 
@@ -286,10 +400,6 @@ impl ShareTable {
     #[must_use]
     pub fn settings(&self) -> &RlqsSettings {
         &self.settings
-    }
-
-    fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The policies buckets are matched against now.
@@ -301,8 +411,39 @@ impl ShareTable {
     /// Streams open, and buckets watched over all of them.
     #[must_use]
     pub fn figures(&self) -> (usize, usize) {
-        let inner = self.inner();
-        (inner.streams, inner.watched)
+        (
+            self.streams.load(Ordering::Relaxed),
+            self.watched.load(Ordering::Relaxed),
+        )
+    }
+
+    fn round(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+
+    fn unknown_part(&self) -> u64 {
+        self.unknown_part.load(Ordering::Relaxed)
+    }
+
+    /// Puts `holder` on the counter of `target`, holding `in_force`: the counter, for a shared
+    /// target. Joined under the map's entry, so that [`ShareTable::demands`] never drops a
+    /// counter a holder is joining.
+    fn enter(
+        &self,
+        target: &Target,
+        holder: u64,
+        demand: u64,
+        in_force: Option<Strategy>,
+        now: u64,
+    ) -> Option<Arc<Mutex<Counter>>> {
+        let Target::Shared { counter, .. } = *target else {
+            return None;
+        };
+        let entry = self.counters.entry(counter).or_default();
+        let c = Arc::clone(entry.value());
+        lock(&c).join(target, holder, demand, in_force, now);
+        drop(entry);
+        Some(c)
     }
 
     /// What this node's streams ask of each rule they watch, for the fleet tables, at
@@ -314,39 +455,46 @@ impl ShareTable {
     pub fn demands(&self, now: u64) -> Vec<RuleDemand> {
         let stale =
             u64::try_from(self.settings.assignment_ttl.as_nanos() / 4 * 3).unwrap_or(u64::MAX);
-        let mut inner = self.inner();
-        inner.rounds += 1;
-        let rounds = inner.rounds;
-        inner.told.retain(|_, (_, _, round)| *round + 2 > rounds);
-        inner
-            .counters
-            .iter_mut()
-            .map(|(counter, c)| {
-                if c.part.is_some_and(|(_, at)| now.saturating_sub(at) > stale) {
-                    (c.part, c.unconfirmed) = (None, false);
-                }
-                RuleDemand {
+        let round = self.rounds.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut out = Vec::new();
+        self.counters.retain(|counter, c| {
+            let mut c = lock(c);
+            if c.lapsed(round) {
+                return false;
+            }
+            if c.holders.is_empty() {
+                return true;
+            }
+            if c.part.is_some_and(|p| now.saturating_sub(p.at) > stale) {
+                (c.part, c.unconfirmed) = (None, false);
+            }
+            if let Some(rule) = c.rule {
+                out.push(RuleDemand {
                     counter: *counter,
-                    quota: c.quota,
-                    tokens: c.asked(),
-                }
-            })
-            .collect()
+                    quota: rule.quota,
+                    tokens: per_second(c.claims),
+                });
+            }
+            true
+        });
+        out
     }
 
     /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
-    /// 0..=1), as the fleet table said at `now` (the fleet's clock, ns); the streams'
-    /// next tick pushes what it moves. A part of a rule no stream watches yet is kept for the
-    /// first that joins it.
+    /// 0..=1, rounded down to millionths), as the fleet table said at `now` (the fleet's clock,
+    /// ns); the streams' next tick pushes what it moves. A part of a rule no stream watches yet
+    /// is kept for the first that joins it.
     pub fn set_part(&self, counter: u128, part: f64, now: u64) {
-        let part = fraction(part);
-        let mut inner = self.inner();
-        let rounds = inner.rounds;
-        match inner.counters.get_mut(&counter) {
-            Some(c) => (c.part, c.unconfirmed) = (Some((part, now)), false),
-            None => {
-                inner.told.insert(counter, (part, now, rounds));
-            }
+        let round = self.round();
+        let entry = self.counters.entry(counter).or_default();
+        let mut c = lock(entry.value());
+        c.part = Some(FleetPart {
+            millionths: millionths(part),
+            at: now,
+        });
+        c.unconfirmed = false;
+        if c.holders.is_empty() {
+            c.empty_since = round;
         }
     }
 
@@ -356,10 +504,13 @@ impl ShareTable {
     /// (the Envoys' assignments lapse with the part), and a part told of a rule no stream
     /// watches is forgotten.
     pub fn set_unconfirmed(&self, counter: u128) {
-        let mut inner = self.inner();
-        inner.told.remove(&counter);
-        if let Some(c) = inner.counters.get_mut(&counter) {
-            c.unconfirmed = true;
+        if let Some(entry) = self.counters.get(&counter) {
+            let mut c = lock(entry.value());
+            if c.holders.is_empty() {
+                c.part = None;
+            } else {
+                c.unconfirmed = true;
+            }
         }
     }
 
@@ -367,7 +518,8 @@ impl ShareTable {
     /// whole rule, 1, until set), or `None` to assign a bucket of such a rule nothing until its
     /// part is told (Envoy then applies its own `no_assignment_behavior`).
     pub fn set_unknown_part(&self, part: Option<f64>) {
-        self.inner().unknown_part = part.map(fraction);
+        self.unknown_part
+            .store(part.map_or(NO_PART, millionths), Ordering::Relaxed);
     }
 
     /// Opens a stream of `domain`.
@@ -376,12 +528,12 @@ impl ShareTable {
     ///
     /// [`Refused::TooManyStreams`] past `max_streams`.
     pub fn open(self: &Arc<Self>, domain: String) -> Result<Watcher, Refused> {
-        let mut inner = self.inner();
-        if inner.streams >= self.settings.max_streams {
-            return Err(Refused::TooManyStreams);
-        }
-        inner.streams += 1;
-        drop(inner);
+        let max = self.settings.max_streams;
+        self.streams
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| Refused::TooManyStreams)?;
         Ok(Watcher {
             table: Arc::clone(self),
             domain,
@@ -389,6 +541,18 @@ impl ShareTable {
             buckets: HashMap::new(),
             warned: false,
         })
+    }
+
+    /// Parts kept for rules no stream watches.
+    #[cfg(test)]
+    fn kept_parts(&self) -> usize {
+        self.counters
+            .iter()
+            .filter(|e| {
+                let c = lock(e.value());
+                c.holders.is_empty() && c.part.is_some()
+            })
+            .count()
     }
 }
 
@@ -398,22 +562,41 @@ impl ShareTable {
 /// is not read as a demand of nothing.
 pub const SHORTEST_SPAN_NS: u64 = 100_000_000;
 
+/// The span of reports that state none, measured on the stream's clock.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    /// When it began (clock nanoseconds).
+    since: u64,
+    /// The requests reported in it so far.
+    requests: u64,
+}
+
+/// How a bucket came into one report message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrival {
+    /// Seen for the first time: answered at once.
+    New,
+    /// Watched already: answered when its assignment moved.
+    Again,
+}
+
 /// One bucket a stream watches.
 #[derive(Debug)]
 struct Watched {
     holder: u64,
     target: Target,
-    /// The demand, requests per second: as the last report states it, or as measured on the
-    /// stream's clock over the last span of at least [`SHORTEST_SPAN_NS`].
-    demand: f64,
+    /// The counter it holds a share of, for a shared target.
+    counter: Option<Arc<Mutex<Counter>>>,
+    /// The demand, requests per second ([`PER_TOKEN`]ths): as the last report states it, or
+    /// as measured on the stream's clock over the last span of at least [`SHORTEST_SPAN_NS`].
+    demand: u64,
     /// When it was last reported (clock nanoseconds).
     reported_at: u64,
-    /// For reports that state no span: when the span being measured began, and the requests
-    /// reported in it so far.
-    span: (u64, u64),
-    /// What was last sent (nothing yet while its rule's part is unknown), and when.
-    sent: Option<Strategy>,
-    sent_at: u64,
+    span: Span,
+    /// The strategy in force: what was last sent (nothing yet while its rule's part is
+    /// unknown), and when.
+    in_force: Option<Strategy>,
+    assigned_at: u64,
 }
 
 /// One RLQS stream: its domain and the buckets it watches. Dropping it frees its shares.
@@ -456,11 +639,10 @@ impl Watcher {
     /// The rules that the buckets among `reports` this stream does not watch yet would join (no
     /// more than the stream may watch), and whose part this node has not been told: what to ask
     /// the fleet tables before [`Watcher::report`] assigns them. One entry per rule,
-    /// with this node's whole demand for it, the reports' included.
+    /// with this node's whole claim on it, the reports' included.
     #[must_use]
-    pub fn unpriced(&self, reports: &[Report]) -> Vec<RuleDemand> {
+    pub fn rules_without_part(&self, reports: &[Report]) -> Vec<RuleDemand> {
         let policies = self.table.policies.load();
-        let inner = self.table.inner();
         let room = self
             .table
             .settings
@@ -482,21 +664,27 @@ impl Watcher {
             else {
                 continue;
             };
-            let watched = inner.counters.get(&counter);
-            if watched.is_some_and(|c| c.part.is_some()) || inner.told.contains_key(&counter) {
+            let kept = self
+                .table
+                .counters
+                .get(&counter)
+                .map(|e| Arc::clone(e.value()));
+            let (has_part, claims) = kept.map_or((false, 0), |c| {
+                let c = lock(&c);
+                (c.part.is_some(), c.claims)
+            });
+            if has_part {
                 continue;
             }
-            let tokens = asked(first_demand(report, rate) * cost, rate * cost);
+            let first = first_demand(report, rate / cost.max(1)).saturating_mul(cost);
+            let tokens = per_second(u128::from(claim(first, rate)));
             match out.iter_mut().find(|d| d.counter == counter) {
                 Some(d) => d.tokens += tokens,
-                None => {
-                    let held = watched.map_or(0.0, Counter::asked);
-                    out.push(RuleDemand {
-                        counter,
-                        quota,
-                        tokens: held + tokens,
-                    });
-                }
+                None => out.push(RuleDemand {
+                    counter,
+                    quota,
+                    tokens: per_second(claims) + tokens,
+                }),
             }
         }
         out
@@ -507,15 +695,16 @@ impl Watcher {
     /// `abandon_action`, and one whose share moved by more than 10 % with its new assignment.
     pub fn report(&mut self, now: u64, reports: Vec<Report>) -> Vec<Action> {
         let mut actions = Vec::new();
-        let refreshed = self.refresh();
+        let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
-        let mut inner = table.inner();
         let mut touched = Vec::with_capacity(reports.len());
         for report in reports {
             if let Some(w) = self.buckets.get_mut(&report.bucket) {
                 w.observe(now, &report);
-                inner.join(&w.target, w.holder, w.demand);
-                touched.push((report.bucket, false));
+                if let Some(c) = &w.counter {
+                    lock(c).join(&w.target, w.holder, w.demand, None, now);
+                }
+                touched.push((report.bucket, Arrival::Again));
                 continue;
             }
             if self.buckets.len() >= table.settings.max_buckets_per_stream {
@@ -535,51 +724,52 @@ impl Watcher {
             }
             let target = target(&self.seen, &self.domain, &report.bucket);
             let demand = match target {
-                Target::Shared { rate, .. } => first_demand(&report, rate),
-                Target::Fixed(_) => 0.0,
+                Target::Shared { rate, cost, .. } => first_demand(&report, rate / cost.max(1)),
+                Target::Fixed(_) => 0,
             };
             // A report that states no span starts the span the stream's clock measures.
-            let span = (
-                now,
-                if report.elapsed_ns == 0 {
+            let span = Span {
+                since: now,
+                requests: if report.elapsed_ns == 0 {
                     report.requests
                 } else {
                     0
                 },
-            );
-            let holder = inner.next_holder;
-            inner.next_holder += 1;
-            inner.watched += 1;
-            inner.join(&target, holder, demand);
+            };
+            // Relaxed: a unique number, and a count read on its own.
+            let holder = table.next_holder.fetch_add(1, Ordering::Relaxed);
+            table.watched.fetch_add(1, Ordering::Relaxed);
+            let counter = table.enter(&target, holder, demand, None, now);
             self.buckets.insert(
                 report.bucket.clone(),
                 Watched {
                     holder,
                     target,
+                    counter,
                     demand,
                     reported_at: now,
                     span,
-                    sent: None,
-                    sent_at: now,
+                    in_force: None,
+                    assigned_at: now,
                 },
             );
-            touched.push((report.bucket, true));
+            touched.push((report.bucket, Arrival::New));
         }
-        for (bucket, new) in touched {
+        let unknown = table.unknown_part();
+        for (bucket, arrival) in touched {
             let Some(w) = self.buckets.get_mut(&bucket) else {
                 continue;
             };
-            let Some((next, starved)) = assignment(&inner, w) else {
-                continue;
-            };
-            if new || refreshed || w.sent.is_none_or(|sent| replaces(&sent, &next, starved)) {
-                let next = told_apart(next, w.sent);
-                w.sent = Some(next);
-                w.sent_at = now;
-                inner.sent(&w.target, w.holder, next);
+            let send = w.assign(unknown, now, |in_force, next| {
+                (arrival == Arrival::New
+                    || refreshed
+                    || in_force.is_none_or(|f| replaces(&f, &next)))
+                .then(|| told_apart(next.strategy, in_force))
+            });
+            if let Some(strategy) = send {
                 actions.push(Action {
                     bucket,
-                    kind: ActionKind::Assign(next),
+                    kind: ActionKind::Assign(strategy),
                 });
             }
         }
@@ -589,12 +779,11 @@ impl Watcher {
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
     /// an assignment whose share moved by more than 10 % (another stream came, left or changed
     /// its demand) or whose policies a reload replaced, and renews every other assignment, as
-    /// sent, once half its TTL has passed.
+    /// in force, once half its TTL has passed.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
-        let refreshed = self.refresh();
+        let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let ttl = u64::try_from(table.settings.assignment_ttl.as_nanos()).unwrap_or(u64::MAX);
-        let mut inner = table.inner();
         let mut actions = Vec::new();
         let stale: Vec<BucketId> = self
             .buckets
@@ -604,61 +793,60 @@ impl Watcher {
             .collect();
         for bucket in stale {
             if let Some(w) = self.buckets.remove(&bucket) {
-                forget(&mut inner, &w);
+                w.forget(&table, now);
             }
             actions.push(Action {
                 bucket,
                 kind: ActionKind::Abandon,
             });
         }
+        let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
-            let Some((next, starved)) = assignment(&inner, w) else {
-                continue;
-            };
-            let send = match w.sent {
-                Some(sent) if !refreshed && !replaces(&sent, &next, starved) => {
-                    if now.saturating_sub(w.sent_at) < ttl / 2 {
-                        continue;
-                    }
-                    // A renewal repeats the strategy sent, so that Envoy extends the active
+            let assigned_at = w.assigned_at;
+            let send = w.assign(unknown, now, |in_force, next| match in_force {
+                Some(f) if !refreshed && !replaces(&f, &next) => {
+                    // A renewal repeats the strategy in force, so that Envoy extends the active
                     // assignment instead of replacing it (and refilling its token bucket).
-                    sent
+                    (now.saturating_sub(assigned_at) >= ttl / 2).then_some(f)
                 }
-                _ => told_apart(next, w.sent),
-            };
-            w.sent = Some(send);
-            w.sent_at = now;
-            inner.sent(&w.target, w.holder, send);
-            actions.push(Action {
-                bucket: bucket.clone(),
-                kind: ActionKind::Assign(send),
+                _ => Some(told_apart(next.strategy, in_force)),
             });
+            if let Some(strategy) = send {
+                actions.push(Action {
+                    bucket: bucket.clone(),
+                    kind: ActionKind::Assign(strategy),
+                });
+            }
         }
         actions
     }
 
     /// Re-resolves every bucket when the policies changed since they were resolved; whether
     /// they did.
-    fn refresh(&mut self) -> bool {
-        let now = self.table.policies.load();
-        if Arc::ptr_eq(&now, &self.seen) {
+    fn refresh(&mut self, now: u64) -> bool {
+        let policies = self.table.policies.load();
+        if Arc::ptr_eq(&policies, &self.seen) {
             return false;
         }
-        self.seen = now;
+        self.seen = policies;
         let table = Arc::clone(&self.table);
-        let mut inner = table.inner();
+        let round = table.round();
         for (bucket, w) in &mut self.buckets {
             let next = target(&self.seen, &self.domain, bucket);
             if next == w.target {
+                // The counter takes the rule's figures of the policies now in force.
+                if let Some(c) = &w.counter {
+                    lock(c).join(&w.target, w.holder, w.demand, None, now);
+                }
                 continue;
             }
+            if let Some(c) = w.counter.take() {
+                lock(&c).leave(w.holder, round, now);
+            }
+            w.target = next;
             // The bucket's Envoy enforces what it was sent until it is sent the new rule's: it
             // stays counted on the new counter until then.
-            let sent = inner.sent_rate(&w.target, w.holder);
-            inner.leave(&w.target, w.holder);
-            w.target = next;
-            inner.join(&w.target, w.holder, w.demand);
-            inner.hold(&w.target, w.holder, sent);
+            w.counter = table.enter(&w.target, w.holder, w.demand, w.in_force, now);
         }
         true
     }
@@ -666,10 +854,16 @@ impl Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        let mut inner = self.table.inner();
-        inner.streams = inner.streams.saturating_sub(1);
+        // Relaxed: a count read on its own.
+        self.table.streams.fetch_sub(1, Ordering::Relaxed);
+        let now = self
+            .buckets
+            .values()
+            .map(|w| w.reported_at)
+            .max()
+            .unwrap_or(0);
         for w in self.buckets.values() {
-            forget(&mut inner, w);
+            w.forget(&self.table, now);
         }
     }
 }
@@ -681,67 +875,93 @@ impl Watched {
         self.reported_at = now;
         if let Some(demand) = report.demand() {
             self.demand = demand;
-            self.span = (now, 0);
+            self.span = Span {
+                since: now,
+                requests: 0,
+            };
             return;
         }
-        let (since, requests) = self.span;
-        let requests = requests.saturating_add(report.requests);
-        let span = now.saturating_sub(since);
+        let requests = self.span.requests.saturating_add(report.requests);
+        let span = now.saturating_sub(self.span.since);
         if span >= SHORTEST_SPAN_NS {
-            // Precision intended: a rate, not a count.
-            self.demand = requests as f64 * NANOS_PER_SEC as f64 / span as f64;
-            self.span = (now, 0);
+            self.demand = rate_over(requests, span);
+            self.span = Span {
+                since: now,
+                requests: 0,
+            };
         } else {
-            self.span = (since, requests);
+            self.span.requests = requests;
+        }
+    }
+
+    /// Decides, under its counter's lock, what to send now: `decide` is given the strategy in
+    /// force and the assignment due, and what it returns is sent and counted as in force at
+    /// once. Nothing while its rule's part is unknown and the table waits for it.
+    fn assign(
+        &mut self,
+        unknown: u64,
+        now: u64,
+        decide: impl FnOnce(Option<Strategy>, Assigned) -> Option<Strategy>,
+    ) -> Option<Strategy> {
+        let Some(counter) = self.counter.clone() else {
+            let next = Assigned {
+                strategy: self.target.strategy(0),
+                room: Room::Enough,
+            };
+            let send = decide(self.in_force, next)?;
+            (self.in_force, self.assigned_at) = (Some(send), now);
+            return Some(send);
+        };
+        let mut c = lock(&counter);
+        let capacity = c.capacity(unknown)?;
+        let share = c.share(self.holder, capacity, now);
+        let next = Assigned {
+            strategy: self.target.strategy(share.tokens),
+            room: share.room,
+        };
+        let send = decide(self.in_force, next)?;
+        c.put_in_force(self.holder, send);
+        (self.in_force, self.assigned_at) = (Some(send), now);
+        Some(send)
+    }
+
+    /// Takes the bucket out of `table`.
+    fn forget(&self, table: &ShareTable, now: u64) {
+        // Relaxed: a count read on its own.
+        table.watched.fetch_sub(1, Ordering::Relaxed);
+        if let Some(c) = &self.counter {
+            lock(c).leave(self.holder, table.round(), now);
         }
     }
 }
 
 /// The demand a bucket's first report on a stream reads as, for a rule of `rate` requests per
-/// second: what it states, or, when it states no span (Envoy's first report of a new bucket
-/// says 0), the whole rule: a new bucket is given a large share at once, and its next reports
-/// say what it really offers.
-fn first_demand(report: &Report, rate: f64) -> f64 {
+/// second ([`PER_TOKEN`]ths): what it states, or, when it states no span (Envoy's first report
+/// of a new bucket says 0), the whole rule: a new bucket is given a large share at once, and
+/// its next reports say what it really offers.
+fn first_demand(report: &Report, rate: u64) -> u64 {
     report.demand().unwrap_or(rate)
 }
 
-/// `next`, told apart by Envoy from the token bucket `sent` (see
+/// `next`, told apart by Envoy from the token bucket `in_force` (see
 /// [`TokenBucket::told_apart_from`]).
-fn told_apart(next: Strategy, sent: Option<Strategy>) -> Strategy {
-    match (next, sent) {
-        (Strategy::TokenBucket(n), Some(Strategy::TokenBucket(s))) => {
-            Strategy::TokenBucket(n.told_apart_from(&s))
+fn told_apart(next: Strategy, in_force: Option<Strategy>) -> Strategy {
+    match (next, in_force) {
+        (Strategy::TokenBucket(n), Some(Strategy::TokenBucket(f))) => {
+            Strategy::TokenBucket(n.told_apart_from(&f))
         }
         _ => next,
     }
 }
 
-/// Takes a watched bucket out of the table.
-fn forget(inner: &mut Inner, w: &Watched) {
-    inner.watched = inner.watched.saturating_sub(1);
-    inner.leave(&w.target, w.holder);
-}
-
-/// What `w` is to be assigned now, and whether a smaller assignment must go at once (another
-/// holder of its counter waits for room): nothing while its rule's part is unknown and the table
-/// waits for it.
-fn assignment(inner: &Inner, w: &Watched) -> Option<(Strategy, bool)> {
-    match w.target {
-        Target::Fixed(s) => Some((s, false)),
-        Target::Shared { counter, .. } => inner
-            .share(counter, w.holder)
-            .map(|(share, starved)| (w.target.strategy(share), starved)),
-    }
-}
-
-/// Whether `next` replaces `sent`: it moved past [`MOVE_THRESHOLD`], or it is smaller while
-/// another holder waits for room.
-fn replaces(sent: &Strategy, next: &Strategy, starved: bool) -> bool {
-    let shrank = match (sent, next) {
-        (Strategy::TokenBucket(a), Strategy::TokenBucket(b)) => b.rate() < a.rate(),
+/// Whether `next` replaces `in_force`: it moved past a [`MOVE_DIVISOR`]th, or it is slower
+/// while room is wanted.
+fn replaces(in_force: &Strategy, next: &Assigned) -> bool {
+    let shrank = match (in_force, &next.strategy) {
+        (Strategy::TokenBucket(a), Strategy::TokenBucket(b)) => b.slower_than(a),
         _ => false,
     };
-    sent.moved(next) || (starved && shrank)
+    in_force.moved(&next.strategy) || (next.room == Room::Wanted && shrank)
 }
 
 #[cfg(test)]
@@ -749,8 +969,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::policy;
-    use crate::rlqs::TokenBucket;
 
     const POLICY: &str = "domain: d
 descriptors:
@@ -836,6 +1056,7 @@ descriptors:
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
         let mut in_force = [0.0f64; 3];
+        let mut tokens = [0u64; 3];
         let mut held: [Option<TokenBucket>; 3] = [None; 3];
         let mut rng = 0x5eed_u64;
         for step in 0..600u64 {
@@ -861,10 +1082,12 @@ descriptors:
                     }
                     held[i] = Some(b);
                     in_force[i] = b.rate();
+                    tokens[i] = b.held(1);
                 }
             }
-            let sum: f64 = in_force.iter().sum();
-            assert!(sum <= 100.0 + 1e-9, "step {step}: {in_force:?}");
+            // Exactly: each bucket's rate rounded up, in billionths of a token per second.
+            let sum: u64 = tokens.iter().sum();
+            assert!(sum <= 100 * PER_TOKEN, "step {step}: {held:?}");
         }
         // And they settle near the division: the small demand met (25), the two that ask for
         // the rule or more each its fair part and half of what is left (37.5).
@@ -953,7 +1176,7 @@ descriptors:
         let table = table(10);
         let mut a = table.open("d".into()).expect("a");
         let x = report("x", 300);
-        let asked = a.unpriced(std::slice::from_ref(&x));
+        let asked = a.rules_without_part(std::slice::from_ref(&x));
         assert_eq!(asked.len(), 1, "a new rule is asked for: {asked:?}");
         assert!(
             (asked[0].tokens - 100.0).abs() < 1e-9,
@@ -963,22 +1186,25 @@ descriptors:
         table.set_unknown_part(Some(0.5));
         table.set_part(asked[0].counter, 0.4, 0);
         assert!(
-            a.unpriced(std::slice::from_ref(&x)).is_empty(),
+            a.rules_without_part(std::slice::from_ref(&x)).is_empty(),
             "told, not asked again"
         );
         assert_eq!(rate(&a.report(0, vec![x.clone()])), 40.0);
-        assert!(a.unpriced(std::slice::from_ref(&x)).is_empty(), "watched");
+        assert!(
+            a.rules_without_part(std::slice::from_ref(&x)).is_empty(),
+            "watched"
+        );
         // A part told for a rule no bucket joins is dropped two rounds later.
         table.set_part(12_345, 0.9, 0);
         let _ = table.demands(0);
         let _ = table.demands(0);
-        assert!(table.inner().told.is_empty(), "dropped");
+        assert_eq!(table.kept_parts(), 0, "dropped");
         // Until the fleet tells it, a rule is assumed the unknown part.
         assert_eq!(rate(&a.report(0, vec![report("y", 300)])), 50.0);
         // Or, when the table is to wait for it, not assigned until told, then pushed.
         table.set_unknown_part(None);
         let z = report("z", 300);
-        let z_rule = a.unpriced(std::slice::from_ref(&z))[0].counter;
+        let z_rule = a.rules_without_part(std::slice::from_ref(&z))[0].counter;
         assert!(a.report(0, vec![z]).is_empty(), "nothing assigned yet");
         assert!(a.tick(1).is_empty(), "nor at a tick");
         table.set_part(z_rule, 0.2, 0);
@@ -1061,18 +1287,33 @@ descriptors:
         // 300 plain requests a second against 30 searches (300 tokens): an even split of the
         // 100 tokens, 50 plain requests and 5 searches, once both have been pushed.
         let mut in_force = [0.0f64; 2];
-        let keep = |held: &mut f64, actions: Vec<Action>| {
+        let mut held = [0u64; 2];
+        let keep = |rate: &mut f64, held: &mut u64, cost, actions: Vec<Action>| {
             for a in actions {
                 if let ActionKind::Assign(Strategy::TokenBucket(b)) = a.kind {
-                    *held = b.rate();
+                    (*rate, *held) = (b.rate(), b.held(cost));
                 }
             }
         };
         for step in 0..8 {
-            keep(&mut in_force[0], cheap.report(step, vec![plain(300)]));
-            keep(&mut in_force[1], dear.report(step, vec![search(30)]));
-            let tokens = in_force[0] + 10.0 * in_force[1];
-            assert!(tokens <= 100.0 + 1e-9, "step {step}: {in_force:?}");
+            let [cheap_rate, dear_rate] = &mut in_force;
+            let [cheap_held, dear_held] = &mut held;
+            keep(
+                cheap_rate,
+                cheap_held,
+                1,
+                cheap.report(step, vec![plain(300)]),
+            );
+            keep(
+                dear_rate,
+                dear_held,
+                10,
+                dear.report(step, vec![search(30)]),
+            );
+            assert!(
+                held[0] + held[1] <= 100 * PER_TOKEN,
+                "step {step}: {in_force:?}"
+            );
         }
         assert!((in_force[0] - 50.0).abs() <= 1.0, "{in_force:?}");
         assert!((in_force[1] - 5.0).abs() <= 0.1, "{in_force:?}");
@@ -1087,7 +1328,7 @@ descriptors:
         let table = table(10);
         let mut a = table.open("d".into()).expect("a");
         let x = report("x", 300);
-        let rule = a.unpriced(std::slice::from_ref(&x))[0].counter;
+        let rule = a.rules_without_part(std::slice::from_ref(&x))[0].counter;
         table.set_unknown_part(None);
         table.set_part(rule, 0.5, 0);
         assert_eq!(rate(&a.report(0, vec![x])), 50.0);
@@ -1141,6 +1382,215 @@ descriptors:
         // A part told of a rule no stream watches, then unconfirmed, is not kept for the next.
         table.set_part(12_345, 0.9, 0);
         table.set_unconfirmed(12_345);
-        assert!(table.inner().told.is_empty());
+        assert_eq!(table.kept_parts(), 0);
+    }
+
+    /// A step of the exactness property: what the streams and the fleet may do.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Open(usize),
+        Close(usize),
+        /// A stream reports a bucket (0: plain, 1: of cost 3): requests over a second, or over
+        /// no stated span.
+        Report(usize, usize, u64, bool),
+        Tick(usize),
+        Part(f64),
+        Unknown(Option<f64>),
+        Reload(u32),
+        Wait(u64),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..4usize).prop_map(Step::Open),
+            (0..4usize).prop_map(Step::Close),
+            (0..4usize, 0..2usize, 0..2_000u64, any::<bool>())
+                .prop_map(|(s, b, n, stated)| Step::Report(s, b, n, stated)),
+            (0..4usize).prop_map(Step::Tick),
+            prop_oneof![
+                (0..=1_000_000u64).prop_map(|m| m as f64 / 1e6),
+                Just(f64::NAN),
+                any::<f64>()
+            ]
+            .prop_map(Step::Part),
+            proptest::option::of(0.0..=1.0f64).prop_map(Step::Unknown),
+            prop_oneof![Just(3u32), Just(7), Just(100), Just(1_000), Just(123_457)]
+                .prop_map(Step::Reload),
+            prop_oneof![
+                Just(0u64),
+                Just(NANOS_PER_SEC / 1_000),
+                Just(NANOS_PER_SEC / 3),
+                Just(NANOS_PER_SEC),
+                Just(6 * NANOS_PER_SEC)
+            ]
+            .prop_map(Step::Wait),
+        ]
+    }
+
+    const COSTLY: &str = "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: RATE}
+    descriptors:
+      - key: route
+        value: search
+        cost: 3
+";
+
+    #[test]
+    fn the_buckets_sent_never_take_more_than_the_others_leave_of_the_part() {
+        use proptest::prelude::*;
+        let costly = |rate: u32| {
+            policy::load_str(&[("d.yaml", &COSTLY.replace("RATE", &rate.to_string()))])
+                .expect("policy")
+        };
+        let buckets: [BucketId; 2] = [
+            [("user".to_string(), "a".to_string())].into(),
+            [
+                ("user".to_string(), "a".to_string()),
+                ("route".to_string(), "search".to_string()),
+            ]
+            .into(),
+        ];
+        let costs = [1u64, 3];
+        let config = ProptestConfig {
+            cases: 200,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(steps in proptest::collection::vec(step(), 1..120))| {
+            let policies = PolicyHandle::new(costly(100));
+            let table = Arc::new(ShareTable::new(
+                RlqsSettings {
+                    assignment_ttl: Duration::from_secs(10),
+                    max_buckets_per_stream: 10,
+                    max_streams: 4,
+                    max_streams_per_connection: 100,
+                    max_streams_per_peer: 100,
+                },
+                policies.clone(),
+            ));
+            let Target::Shared { counter, .. } = target(&policies.load(), "d", &buckets[0]) else {
+                panic!("a shared rule");
+            };
+            let mut streams: Vec<Option<Watcher>> = (0..4).map(|_| None).collect();
+            // What each stream's Envoy enforces for each bucket, and the model of the part.
+            let mut in_force: HashMap<(usize, usize), TokenBucket> = HashMap::new();
+            let (mut rate, mut told, mut unknown) = (100u64, None::<u64>, Some(PER_RULE));
+            let mut now = 0u64;
+            let held = |in_force: &HashMap<(usize, usize), TokenBucket>| -> u128 {
+                in_force
+                    .iter()
+                    .map(|((_, b), t)| u128::from(t.held(costs[*b])))
+                    .sum()
+            };
+            for step in steps {
+                let before = held(&in_force);
+                let actions = match step {
+                    Step::Open(i) => {
+                        if streams[i].is_none() {
+                            streams[i] = Some(table.open("d".into()).expect("open"));
+                        }
+                        continue;
+                    }
+                    Step::Close(i) => {
+                        streams[i] = None;
+                        in_force.retain(|(s, _), _| *s != i);
+                        continue;
+                    }
+                    Step::Part(p) => {
+                        table.set_part(counter, p, 0);
+                        told = Some(millionths(p));
+                        continue;
+                    }
+                    Step::Unknown(p) => {
+                        table.set_unknown_part(p);
+                        unknown = p.map(millionths);
+                        continue;
+                    }
+                    Step::Reload(r) => {
+                        policies.store(costly(r));
+                        rate = u64::from(r);
+                        continue;
+                    }
+                    Step::Wait(dt) => {
+                        now += dt;
+                        continue;
+                    }
+                    Step::Report(i, b, requests, stated) => {
+                        let Some(s) = streams[i].as_mut() else { continue };
+                        let report = Report {
+                            bucket: buckets[b].clone(),
+                            elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
+                            requests,
+                        };
+                        s.report(now, vec![report])
+                            .into_iter()
+                            .map(|a| (i, a))
+                            .collect::<Vec<_>>()
+                    }
+                    Step::Tick(i) => {
+                        let Some(s) = streams[i].as_mut() else { continue };
+                        s.tick(now).into_iter().map(|a| (i, a)).collect()
+                    }
+                };
+                let capacity = told
+                    .or(unknown)
+                    .map(|m| u128::from(rate * PER_TOKEN) * u128::from(m) / u128::from(PER_RULE));
+                for (i, action) in actions {
+                    let b = buckets.iter().position(|x| *x == action.bucket).expect("bucket");
+                    in_force.remove(&(i, b));
+                    let ActionKind::Assign(crate::rlqs::Strategy::TokenBucket(t)) = action.kind else {
+                        continue;
+                    };
+                    let others = held(&in_force);
+                    let sent = u128::from(t.held(costs[b]));
+                    let capacity = capacity.expect("nothing is sent of a part unknown");
+                    // What is sent takes no more than the others leave of the part (the least
+                    // bucket, for a share of none, holds none).
+                    prop_assert!(
+                        sent + others <= capacity || sent == 0,
+                        "sent {:?} ({}) with {} held by others of {}", t, sent, others, capacity
+                    );
+                    in_force.insert((i, b), t);
+                }
+                let after = held(&in_force);
+                // The buckets in force never add up past the part, but for what a shrink of the
+                // part left, which only falls.
+                if let Some(capacity) = capacity {
+                    prop_assert!(after <= capacity || after <= before, "{} then {} of {}", before, after, capacity);
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn ten_thousand_streams_joining_one_bucket_are_divided_in_batches() {
+        let n = 10_000;
+        let set = policy::load_str(&[("d.yaml", POLICY)]).expect("policy");
+        let table = Arc::new(ShareTable::new(
+            RlqsSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: n,
+                max_streams_per_connection: n,
+                max_streams_per_peer: n,
+            },
+            PolicyHandle::new(set),
+        ));
+        let mut streams: Vec<Watcher> = (0..n)
+            .map(|_| table.open("d".into()).expect("open"))
+            .collect();
+        for (i, s) in streams.iter_mut().enumerate() {
+            let actions = s.report(0, vec![report("x", 10 + i as u64 % 50)]);
+            assert_eq!(actions.len(), 1, "every newcomer is answered at once");
+        }
+        let counter = table.counters.iter().next().expect("one counter");
+        let c = lock(counter.value());
+        assert_eq!(c.holders.len(), n);
+        // A division of every join would divide n²/2 (50 million) holders; batches of a
+        // thirty-second of the holders divide about 33 n.
+        assert!(c.divided <= 40 * n, "{} holders divided", c.divided);
+        assert!(c.in_force <= u128::from(100 * PER_TOKEN), "{}", c.in_force);
     }
 }

@@ -527,7 +527,7 @@ impl StreamTask {
     /// bucket joins is asked for first, so that its first assignment is of this node's part.
     async fn report(&mut self, reports: Vec<Report>) -> Vec<Action> {
         if let Some(fleet) = &self.fleet {
-            let rules = self.stream.unpriced(&reports);
+            let rules = self.stream.rules_without_part(&reports);
             if !rules.is_empty() {
                 fleet.renew(&rules).await;
             }
