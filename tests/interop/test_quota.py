@@ -520,6 +520,12 @@ class QuotaFleet(unittest.TestCase):
                 return rounds
 
             settled = run(2.5)[-1][1]
+            # Two nodes divide the rule over a few fleet ticks (TTL / 4 each); a loaded machine
+            # may take a few more before the flush, which is what is tested here.
+            for _ in range(8):
+                if sum(settled) >= 90.0:
+                    break
+                settled = run(0.5)[-1][1]
             self.assertLessEqual(sum(settled), 105.0, settled)
             self.assertGreaterEqual(sum(settled), 90.0, settled)
             self.assertTrue(redis_command(self.redis.port, "FLUSHALL").startswith(b"+OK"))
