@@ -11,6 +11,8 @@
 //!
 //! `Quota` is GCRA's rate and burst ([`crate::limiter::gcra::Quota`]), nothing of this module.
 
+pub mod fleet;
+pub mod places;
 mod table;
 
 use std::collections::BTreeMap;
