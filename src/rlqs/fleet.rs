@@ -294,11 +294,14 @@ descriptors:
         })
     }
 
-    fn fleet(table: &Arc<ShareTable>, tables: &Arc<Tables>, clock: &Arc<ManualClock>) -> Fleet {
-        let store: Arc<dyn FleetTable> = tables.clone();
-        let clock: Arc<dyn Clock> = clock.clone();
+    /// A table, its fleet table in memory, a manual clock, and the fleet's rounds over them.
+    fn setup() -> (Arc<ShareTable>, Arc<Tables>, Arc<ManualClock>, Rounds) {
+        let (table, tables, clock) = (table(), Arc::new(Tables::default()), Arc::default());
+        let store: Arc<dyn FleetTable> = Arc::clone(&tables) as Arc<dyn FleetTable>;
+        let at: Arc<dyn Clock> = Arc::clone(&clock) as Arc<dyn Clock>;
         let unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync> = Arc::new(|| None);
-        Fleet::new(Arc::clone(table), store, clock, unknown)
+        let rounds = Fleet::new(Arc::clone(&table), store, at, unknown).rounds();
+        (table, tables, clock, rounds)
     }
 
     /// Runs a future that never waits (the fake table answers at once).
@@ -314,10 +317,8 @@ descriptors:
 
     #[test]
     fn a_tick_renews_every_watched_rule_and_sets_its_part() {
-        let (table, tables, clock) = (table(), Arc::new(Tables::default()), Arc::default());
-        let fleet = fleet(&table, &tables, &clock);
+        let (table, tables, clock, mut rounds) = setup();
         let mut watcher = table.open("d".into()).unwrap();
-        let mut rounds = fleet.rounds();
         // Before the table has told a part, nothing is assigned (`unknown` is none).
         assert_eq!(rate(&watcher.report(0, vec![report("a")])), None);
         let counter = {
@@ -345,9 +346,7 @@ descriptors:
 
     #[test]
     fn a_failed_renewal_leaves_the_part_unconfirmed() {
-        let (table, tables, clock) = (table(), Arc::new(Tables::default()), Arc::default());
-        let fleet = fleet(&table, &tables, &clock);
-        let mut rounds = fleet.rounds();
+        let (table, tables, clock, mut rounds) = setup();
         let mut streams = Vec::new();
         // What a new stream watching tenant `a` is assigned now.
         let mut join = |now| {
@@ -375,9 +374,7 @@ descriptors:
 
     #[test]
     fn a_rule_no_longer_watched_is_given_up_and_all_at_stop() {
-        let (table, tables, clock) = (table(), Arc::new(Tables::default()), Arc::default());
-        let fleet = fleet(&table, &tables, &clock);
-        let mut rounds = fleet.rounds();
+        let (table, tables, clock, mut rounds) = setup();
         let mut one = table.open("d".into()).unwrap();
         let mut two = table.open("d".into()).unwrap();
         one.report(0, vec![report("a")]);
