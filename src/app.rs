@@ -29,6 +29,7 @@ use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, PolicyError, PolicyHandle, PolicySet};
 use crate::reload::Reloader;
 use crate::rlqs::ShareTable;
+use crate::rlqs::fleet::{Fleet, FleetTable};
 use crate::server::admin::{self, AdminState};
 use crate::server::rlqs::{self, RlqsService};
 use crate::server::{self, Health, rls::RateLimitHandler};
@@ -366,7 +367,7 @@ impl App {
             tasks.spawn(tls.watch(tls::RELOAD_EVERY, stop.clone()));
         }
         if let Some(fleet) = fleet {
-            tasks.spawn(fleet.run(stop.clone()));
+            tasks.spawn(rlqs::run_fleet(fleet, stop.clone()));
         }
         if let Some(watch) = quota_reloads {
             tasks.spawn(watch);
@@ -538,7 +539,6 @@ fn start_http(
     ))
 }
 
-/// The Redis store `backend` counts in, leased or not.
 /// With Redis, the fleet the quota service hands each rule out across. A bucket of a rule whose
 /// part Redis has not told (it cannot answer) is assigned as `on_backend_error` says: `local`,
 /// 1/N of the rule, N as local mode counts the fleet; `deny`, nothing (a token bucket that
@@ -549,8 +549,7 @@ fn quota_fleet(
     backend: &Backend,
     local: Option<&Arc<LocalFallback>>,
     table: &Arc<ShareTable>,
-) -> Option<rlqs::Fleet> {
-    redis_of(backend)?;
+) -> Option<Fleet> {
     // Precision intended: a count of nodes as a divisor.
     let fixed = 1.0 / settings.local.fleet_size.unwrap_or(1).max(1) as f64;
     let unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync> =
@@ -563,13 +562,13 @@ fn quota_fleet(
             (OnBackendError::Allow, _) => Arc::new(move || Some(fixed)),
             (OnBackendError::Error | OnBackendError::Local, _) => Arc::new(|| None),
         };
-    Some(rlqs::Fleet::new(
-        backend.clone(),
-        Arc::clone(table),
-        unknown,
-    ))
+    let store: Arc<dyn FleetTable> = redis_of(backend)?;
+    // The fleet's own clock, the process's: a backend's clock may be driven by hand in tests.
+    let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+    Some(Fleet::new(Arc::clone(table), store, clock, unknown))
 }
 
+/// The Redis store `backend` counts in, leased or not.
 fn redis_of(backend: &Backend) -> Option<Arc<RedisStore>> {
     match backend {
         Backend::Redis(redis) => Some(Arc::clone(redis)),

@@ -22,8 +22,9 @@
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
 //!   count through the backend, answer backend failures as configured, aggregate, add headers.
-//! - [`rlqs`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
-//!   this node's shares of each limited rule divided among the streams watching it by demand.
+//! - [`rlqs`]: Envoy's Rate Limit Quota Service, transport-free: buckets matched to rules, this
+//!   node's shares of each limited rule divided among the streams watching it by demand, the
+//!   streams' places per connection and peer, and the fleet's rounds renewing this node's parts.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the

@@ -11,11 +11,8 @@ use crate::limiter::batch::{Batch, Op, Source};
 use crate::limiter::clock::Clock;
 use crate::limiter::error::BackendError;
 use crate::limiter::figures::{Stats, StoreStats};
-use crate::limiter::gcra::Quota;
-use crate::limiter::key::Key;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::lease::LeasedStore;
-use crate::limiter::share::PartRenewal;
 use crate::limiter::store::MemoryStore;
 
 /// Where counters live.
@@ -78,30 +75,6 @@ impl Backend {
                 None => Box::pin(leased.count_in_redis(ops)).await,
             },
         }
-    }
-
-    /// This node's part of the rate of the rule counted at `key` under `quota`, which it hands to
-    /// Envoys as RLQS assignments, as a fraction of the whole: renewed with `renewal`'s demand,
-    /// out of what the fleet's other nodes leave (`share.lua`'s fleet table). `None` in memory:
-    /// the node is the fleet, and the whole rule is its own.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError`] when Redis cannot answer.
-    pub async fn fleet_part(
-        &self,
-        key: Key,
-        quota: &Quota,
-        renewal: &PartRenewal,
-    ) -> Result<Option<f64>, BackendError> {
-        let redis = match self {
-            Self::Memory { .. } => return Ok(None),
-            Self::Redis(redis) => redis,
-            Self::Leased(leased) => leased.redis(),
-        };
-        let reply = redis.part_call(key, quota, renewal).await?;
-        // Precision intended: millionths of the rate, as the table keeps them.
-        Ok(Some(reply.millionths as f64 / 1_000_000.0))
     }
 
     /// Removes what no future decision needs (full buckets in memory; Redis expires its own

@@ -28,5 +28,5 @@ pub use figures::{BreakerState, LeaseFigures, Purpose, RedisFigures, Stats, Stor
 pub use gcra::{CounterOutcome, Quota, QuotaError};
 pub use key::{Key, KeyBuilder};
 pub use redis::{LeaseConfig, LeasedStore, RedisConfig, RedisStore, RedisTime};
-pub use share::{Demand, Grant, PartRenewal, ShareBook};
+pub use share::{Demand, Grant, ShareBook};
 pub use store::MemoryStore;

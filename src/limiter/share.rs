@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 
 use crate::limiter::gcra::{NANOS_PER_SEC, Quota};
 use crate::limiter::key::Key;
@@ -48,19 +47,6 @@ pub fn divide(demands: &[f64], capacity: f64) -> Vec<f64> {
         parts[i] = (left.max(0.0) * (demands[i] / total)).min(HEADROOM * demands[i]);
     }
     parts
-}
-
-/// What one renewal of a node's part of an RLQS rule tells Redis: the node hands that rule's
-/// buckets out to Envoys, which enforce them themselves, so nothing is taken from the counter.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PartRenewal {
-    /// Requests per second the node's streams report for the rule's buckets, in the counter's
-    /// tokens (a request of cost c counts c).
-    pub demand: f64,
-    /// How long the node's entry lives unrenewed.
-    pub lifetime: Duration,
-    /// Give the part up instead of renewing it.
-    pub leave: bool,
 }
 
 /// The shortest span a first rate is measured over: hits that came all at once count as

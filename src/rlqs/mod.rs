@@ -1,8 +1,11 @@
 //! Envoy's Rate Limit Quota Service (RLQS), as plain values: a bucket (an unordered map of
 //! entries) matched to the rule a descriptor of those entries would match
 //! ([`crate::policy::Domain::order`]), the strategy that rule gives, and this node's
-//! [`ShareTable`] of the streams watching each limited bucket. No transport, no runtime and no
-//! clock: `server::rlqs` reads the wire, keeps the time and pushes the actions.
+//! [`ShareTable`] of the streams watching each limited bucket; the streams' places per
+//! connection and peer ([`places`]); and the fleet's rounds ([`fleet`]), which renew this node's
+//! parts through a [`fleet::FleetTable`] by the crate's [`Clock`](crate::limiter::clock::Clock).
+//! No transport and no runtime: `server::rlqs` reads the wire, runs the timers and pushes the
+//! actions.
 //!
 //! - **holder**: one stream's watched bucket, on the counter of the rule it matches.
 //! - **part**: this node's fraction of a rule, told by the fleet table in Redis (the whole rule
@@ -16,6 +19,8 @@
 //! down for what may be given (a rule, a part, a share) and up for what is held (a token
 //! bucket in force), and parts are in millionths of the rule, as the fleet tells them.
 
+pub mod fleet;
+pub mod places;
 mod table;
 
 use std::collections::BTreeMap;
@@ -40,10 +45,10 @@ pub struct RlqsSettings {
     /// Most streams open at once on this node; one more is refused `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
     /// Most streams open at once on one connection, from their headers on; one more is refused
-    /// `RESOURCE_EXHAUSTED` (the server counts them: the table does not know connections).
+    /// `RESOURCE_EXHAUSTED` (counted in [`places`]: the table does not know connections).
     pub max_streams_per_connection: usize,
     /// Most streams open at once from one peer address, over all its connections, from their
-    /// headers on; one more is refused `RESOURCE_EXHAUSTED` (the server counts them).
+    /// headers on; one more is refused `RESOURCE_EXHAUSTED` (counted in [`places`]).
     pub max_streams_per_peer: usize,
 }
 

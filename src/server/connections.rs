@@ -17,8 +17,8 @@ use tonic::codegen::http;
 
 use super::accept::{Accepted, CappedListener};
 use super::idle::IdleCut;
-use super::rlqs::ConnectionStreams;
 use super::streams::{Served, Streams};
+use crate::rlqs::places::ConnectionStreams;
 use crate::settings::GrpcLimits;
 use crate::tls::ServerTls;
 

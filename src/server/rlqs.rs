@@ -2,20 +2,15 @@
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`Watcher`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
-//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, a
-//! connection's streams to `rlqs.max_streams_per_connection` and a peer address's to
-//! `rlqs.max_streams_per_peer`, from their headers on ([`ConnectionStreams`],
-//! [`PeerStreams`]). It keeps the time and speaks the wire; what to assign is decided in
-//! [`crate::rlqs`]. With Redis, [`Fleet`] renews this node's part of every rule
-//! its streams watch in the fleet tables, one call per rule every tick, and asks for a
+//! drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a stream
+//! takes its places ([`crate::rlqs::places`]) from its headers on. It keeps the stream's time,
+//! speaks the wire and runs the tasks; what to assign is decided in [`crate::rlqs`], and with
+//! Redis the fleet's rounds ([`Fleet`]) run on [`run_fleet`]'s timer, a stream asking for a
 //! rule's part before its first bucket is assigned. Served through tonic's generated server
 //! behind the edge, as the health service is.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -27,7 +22,6 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::streams::StreamReset;
 use crate::decision::Caps;
-use crate::limiter::{Backend, BackendError, PartRenewal};
 use crate::metrics::{QuotaRefusal, RlqsFigures};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::pb::rate_limit_quota_response::bucket_action::{
@@ -38,7 +32,9 @@ use crate::pb::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy,
     rate_limit_strategy,
 };
-use crate::rlqs::{Action, ActionKind, Report, RuleDemand, ShareTable, Strategy, Watcher};
+use crate::rlqs::fleet::{Fleet, tick_interval};
+use crate::rlqs::places::{ConnectionStreams, PeerPlace, PeerStreams, StreamPlace};
+use crate::rlqs::{Action, ActionKind, Report, ShareTable, Strategy, Watcher};
 
 /// Answers awaiting the peer on one stream; past it the stream's task waits.
 const QUEUE: usize = 8;
@@ -111,228 +107,18 @@ impl RlqsService {
 /// How often [`RlqsService::watch_reloads`] looks for a reload.
 const RELOAD_POLL: Duration = Duration::from_millis(100);
 
-/// Requests to Redis one renewal sends at once.
-const RENEWALS_AT_ONCE: usize = 64;
-
-/// This node's parts of the rules its streams watch, kept in the fleet tables in Redis
-/// (`share.lua`'s quota mode), so that the sluice nodes behind one Service hand out one budget.
-/// Each rule's part is renewed every tick with the node's demand for it and lives a TTL
-/// unrenewed; a rule no stream watches any more is given up at once. A rule whose part Redis
-/// has not told (it cannot answer) is divided as if this node held the part `unknown` says, or
-/// not assigned until told (as `on_backend_error` has it); a part once told is kept while Redis
-/// is away.
-#[derive(Clone)]
-pub(crate) struct Fleet {
-    backend: Backend,
-    table: Arc<ShareTable>,
-    /// The part of a rule assumed before Redis has told this node its own (`None`: assign
-    /// nothing until it has).
-    unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
-    /// When the fleet's clock began.
-    epoch: Instant,
-}
-
-impl std::fmt::Debug for Fleet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fleet").finish_non_exhaustive()
-    }
-}
-
-impl Fleet {
-    /// The fleet of `table`'s rules through `backend`, assuming `unknown()` of a rule whose part
-    /// Redis has not told.
-    pub(crate) fn new(
-        backend: Backend,
-        table: Arc<ShareTable>,
-        unknown: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
-    ) -> Self {
-        table.set_unknown_part(unknown());
-        Self {
-            backend,
-            table,
-            unknown,
-            epoch: Instant::now(),
+/// Runs `fleet`'s rounds every tick until `stop`, then gives up every rule it holds.
+pub(crate) async fn run_fleet(fleet: Fleet, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(fleet.tick_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds = fleet.rounds();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => rounds.tick().await,
         }
     }
-
-    /// The fleet's clock: nanoseconds since it began.
-    fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    fn renewal(&self, tokens: f64, leave: bool) -> PartRenewal {
-        PartRenewal {
-            demand: tokens,
-            lifetime: self.table.settings().assignment_ttl,
-            leave,
-        }
-    }
-
-    /// Renews each of `rules` with its demand, and records the part each is told, as of when
-    /// the renewal was sent (its entry in Redis lives a TTL from no earlier than that).
-    async fn renew(&self, rules: &[RuleDemand]) {
-        self.table.set_unknown_part((self.unknown)());
-        let sent = self.now();
-        for (counter, answer) in self.call(rules, false).await {
-            match answer {
-                Ok(part) => self.table.set_part(counter, part.unwrap_or(1.0), sent),
-                // The breaker and the Redis metrics count it. The part is unconfirmed: no
-                // assignment of the rule is sent until a renewal succeeds, and the part is
-                // dropped once three quarters of a TTL old (`ShareTable::demands`).
-                Err(e) => {
-                    tracing::debug!(error = %e, "a quota part was not renewed");
-                    self.table.set_unconfirmed(counter);
-                }
-            }
-        }
-    }
-
-    /// Gives up this node's part of each of `rules`. A part not given up lapses within a TTL.
-    async fn leave(&self, rules: &[RuleDemand]) {
-        let _ = self.call(rules, true).await;
-    }
-
-    /// One quota-table call for each of `rules` (a renewal with its demand, or a leave),
-    /// [`RENEWALS_AT_ONCE`] at a time: each rule's counter with Redis's answer.
-    async fn call(
-        &self,
-        rules: &[RuleDemand],
-        leave: bool,
-    ) -> Vec<(u128, Result<Option<f64>, BackendError>)> {
-        let mut answers = Vec::with_capacity(rules.len());
-        for chunk in rules.chunks(RENEWALS_AT_ONCE) {
-            let calls = chunk.iter().map(|rule| async move {
-                let demand = if leave { 0.0 } else { rule.tokens };
-                let renewal = self.renewal(demand, leave);
-                let answer = self
-                    .backend
-                    .fleet_part(rule.counter, &rule.quota, &renewal)
-                    .await;
-                (rule.counter, answer)
-            });
-            answers.extend(futures_util::future::join_all(calls).await);
-        }
-        answers
-    }
-
-    /// Renews every watched rule each `tick_interval` of the TTL, gives up the rules no stream
-    /// watches any more, and at `stop` gives up all of them.
-    pub(crate) async fn run(self, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(tick_interval(self.table.settings().assignment_ttl));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut held: Vec<RuleDemand> = Vec::new();
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            let rules = self.table.demands(self.now());
-            let gone: Vec<RuleDemand> = held
-                .iter()
-                .filter(|h| !rules.iter().any(|r| r.counter == h.counter))
-                .copied()
-                .collect();
-            self.leave(&gone).await;
-            self.renew(&rules).await;
-            held = rules;
-        }
-        self.leave(&held).await;
-    }
-}
-
-/// The quota streams open on one connection, from their headers on, and the connection's peer
-/// address: the connection puts one into the extensions of each of its requests, and a stream
-/// holds a [`StreamPlace`] of it until it ends, so that one peer cannot hold every place of
-/// `rlqs.max_streams` over a few streams of one connection.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ConnectionStreams {
-    open: Arc<AtomicUsize>,
-    /// The peer's address, when the connection has one.
-    peer: Option<IpAddr>,
-}
-
-impl ConnectionStreams {
-    /// The count of a connection from `peer`.
-    pub(crate) fn from_peer(peer: IpAddr) -> Self {
-        Self {
-            open: Arc::default(),
-            peer: Some(peer.to_canonical()),
-        }
-    }
-
-    /// A place for one more stream, or `None` when `max` are open.
-    fn take(&self, max: usize) -> Option<StreamPlace> {
-        // Relaxed: a lone count; no other memory is ordered with it.
-        self.open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| StreamPlace(Arc::clone(&self.open)))
-    }
-}
-
-/// One stream's place on its connection, given back when dropped.
-#[derive(Debug)]
-struct StreamPlace(Arc<AtomicUsize>);
-
-impl Drop for StreamPlace {
-    fn drop(&mut self) {
-        // Relaxed: as in `ConnectionStreams::take`.
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The quota streams open from each peer address, across all its connections, from their
-/// headers on, so that one client cannot hold every place of `rlqs.max_streams` over many
-/// connections. An address is forgotten when its last stream ends, so the map holds no more
-/// entries than streams are open.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct PeerStreams(Arc<Mutex<HashMap<IpAddr, usize>>>);
-
-impl PeerStreams {
-    fn open(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A place for one more stream from `peer`, or `None` when `max` are open.
-    fn take(&self, peer: IpAddr, max: usize) -> Option<PeerPlace> {
-        let mut open = self.open();
-        let n = open.entry(peer).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(PeerPlace {
-            peers: self.clone(),
-            peer,
-        })
-    }
-
-    /// Addresses with a stream open.
-    #[cfg(test)]
-    fn peers(&self) -> usize {
-        self.open().len()
-    }
-}
-
-/// One stream's place among its peer's, given back when dropped.
-#[derive(Debug)]
-struct PeerPlace {
-    peers: PeerStreams,
-    peer: IpAddr,
-}
-
-impl Drop for PeerPlace {
-    fn drop(&mut self) {
-        let mut open = self.peers.open();
-        if let Some(n) = open.get_mut(&self.peer) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.remove(&self.peer);
-            }
-        }
-    }
+    rounds.stop().await;
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
@@ -369,7 +155,7 @@ impl RateLimitQuotaService for RlqsService {
         let peer = request
             .extensions()
             .get::<ConnectionStreams>()
-            .and_then(|streams| streams.peer);
+            .and_then(ConnectionStreams::peer);
         let peer_place = match peer {
             Some(peer) => Some(
                 self.peers
@@ -527,10 +313,7 @@ impl StreamTask {
     /// bucket joins is asked for first, so that its first assignment is of this node's part.
     async fn report(&mut self, reports: Vec<Report>) -> Vec<Action> {
         if let Some(fleet) = &self.fleet {
-            let rules = self.stream.rules_without_part(&reports);
-            if !rules.is_empty() {
-                fleet.renew(&rules).await;
-            }
+            fleet.renew(&self.stream.rules_without_part(&reports)).await;
         }
         self.stream.report(self.now(), reports)
     }
@@ -591,12 +374,6 @@ fn label(kind: &ActionKind) -> &'static str {
         ActionKind::Assign(Strategy::DenyAll) => "deny_all",
         ActionKind::Assign(Strategy::TokenBucket(_)) => "token_bucket",
     }
-}
-
-/// How often a stream's duties run: a quarter of the TTL, between 10 ms and 1 s, so a renewal
-/// (due at half the TTL) is never late by more than a quarter of it.
-fn tick_interval(ttl: Duration) -> Duration {
-    (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// A message's usage reports as the quota module reads them, or `INVALID_ARGUMENT` for a
@@ -715,33 +492,5 @@ fn strategy_pb(strategy: Strategy) -> RateLimitStrategy {
     };
     RateLimitStrategy {
         strategy: Some(strategy),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_peer_holds_at_most_its_places_and_is_forgotten_with_its_last_stream() {
-        let peers = PeerStreams::default();
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let mut held: Vec<PeerPlace> = (0..3).map(|_| peers.take(a, 3).unwrap()).collect();
-        assert!(peers.take(a, 3).is_none(), "a fourth place for one address");
-        let other = peers
-            .take(b, 3)
-            .expect("another address has its own places");
-        held.pop();
-        held.push(peers.take(a, 3).expect("a place given back is taken again"));
-        drop(held);
-        drop(other);
-        assert_eq!(peers.peers(), 0, "no address is kept without a stream");
-    }
-
-    #[test]
-    fn an_ipv4_peer_over_ipv6_counts_as_itself() {
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        let streams = ConnectionStreams::from_peer(mapped);
-        assert_eq!(streams.peer, Some("10.0.0.1".parse().unwrap()));
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use sluice::decision::OnBackendError;
 use sluice::limiter::gcra::NANOS_PER_SEC;
 use sluice::limiter::redis::fits_lean;
+use sluice::limiter::redis::fleet::{FleetAsk, RULES_PER_CALL, RuleRenewal};
 use sluice::limiter::{
     Batch, Charge, Clock, LeaseConfig, LeasedStore, ManualClock, MemoryStore, Mode, MonotonicClock,
     Op, Quota, RedisConfig, RedisStore, RedisTime,
@@ -1179,9 +1180,25 @@ async fn a_refused_call_reaches_the_client_in_the_products_words() {
     assert!(s.call(single("shared", "k", "refused")).await.is_ok());
 }
 
-/// `share.lua`'s quota mode divides a rule among three holders as `limiter::share::divide` does:
-/// the small demand met with its headroom, the two large ones splitting the rest by demand; a
-/// holder that leaves frees its part, and a corrupt table is repaired, not obeyed.
+/// This node's part of rule 7 under `q`, renewed with `demand` (or given up) in its fleet table.
+async fn part_of(store: &RedisStore, q: Quota, demand: f64, ask: FleetAsk) -> u32 {
+    let rule = RuleRenewal {
+        counter: 7,
+        quota: q,
+        demand,
+    };
+    let mut answers = store.parts_call(&[rule], ask).await;
+    assert_eq!(answers.len(), 1);
+    answers.pop().unwrap().expect("answered")
+}
+
+const RENEW: FleetAsk = FleetAsk::Renew {
+    lifetime: Duration::from_secs(10),
+};
+
+/// `fleet.lua` divides a rule among three holders as `limiter::share::divide` does: the small
+/// demand met with its headroom, the two large ones splitting the rest by demand; a holder that
+/// leaves frees its part, and a corrupt table is repaired, not obeyed.
 #[tokio::test]
 async fn the_quota_table_water_fills_as_divide_does() {
     if redis_missing("the_quota_table_water_fills_as_divide_does") {
@@ -1196,22 +1213,15 @@ async fn the_quota_table_water_fills_as_divide_does() {
         holders.push(store);
     }
     let demands = [300.0, 100.0, 20.0];
-    let renew = |store: &Arc<RedisStore>, demand: f64, leave: bool| {
+    let renew = |store: &Arc<RedisStore>, demand: f64, ask: FleetAsk| {
         let store = Arc::clone(store);
-        async move {
-            let renewal = sluice::limiter::PartRenewal {
-                demand,
-                lifetime: Duration::from_secs(10),
-                leave,
-            };
-            store.part_call(7, &q, &renewal).await.expect("answered")
-        }
+        async move { part_of(&store, q, demand, ask).await }
     };
     // Two rounds: in the first each is granted only what the ones before it left.
     let mut parts = [0.0; 3];
     for _ in 0..2 {
         for (i, store) in holders.iter().enumerate() {
-            parts[i] = renew(store, demands[i], false).await.millionths as f64 / 1e6;
+            parts[i] = f64::from(renew(store, demands[i], RENEW).await) / 1e6;
         }
     }
     let expected = sluice::limiter::share::divide(&demands, 100.0);
@@ -1223,9 +1233,9 @@ async fn the_quota_table_water_fills_as_divide_does() {
     }
     assert!(parts.iter().sum::<f64>() <= 1.0, "{parts:?}");
     // A holder that leaves frees its part for the others' next renewal.
-    let left = renew(&holders[0], 0.0, true).await;
-    assert_eq!(left.millionths, 0);
-    let grown = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    let left = renew(&holders[0], 0.0, FleetAsk::Leave).await;
+    assert_eq!(left, 0);
+    let grown = f64::from(renew(&holders[1], demands[1], RENEW).await) / 1e6;
     assert!((grown - 0.75).abs() < 1e-4, "{grown}");
     // A corrupt table is repaired, never obeyed: an entry claiming the whole rule until far
     // ahead, one that does not parse, then a key of another type.
@@ -1233,7 +1243,7 @@ async fn the_quota_table_water_fills_as_divide_does() {
     redis.cli(&["HSET", &table, "squatter", "0 1000000 100 99999999999999"]);
     redis.cli(&["HSET", &table, "garbage", "not four numbers"]);
     let before = holders[1].figures().counter_repairs;
-    let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    let part = f64::from(renew(&holders[1], demands[1], RENEW).await) / 1e6;
     assert!(
         (part - 0.75).abs() < 1e-4,
         "the squatter is not obeyed: {part}"
@@ -1245,11 +1255,162 @@ async fn the_quota_table_water_fills_as_divide_does() {
     assert_eq!(redis.cli(&["HEXISTS", &table, "squatter"]).trim(), "0");
     redis.cli(&["DEL", &table]);
     redis.cli(&["SET", &table, "not a hash"]);
-    let part = renew(&holders[1], demands[1], false).await.millionths as f64 / 1e6;
+    let part = f64::from(renew(&holders[1], demands[1], RENEW).await) / 1e6;
     assert!(
         (part - 1.0).abs() < 1e-4,
         "a table of another type is replaced: {part}"
     );
+}
+
+/// A fleet of old and new nodes divides one rule during a rolling upgrade: an entry as an older
+/// node wrote it (`share.lua`'s quota mode: demand, rate, burst and expiry) is read and divided
+/// with, and the entry written is one the older node reads (four numbers, the same key).
+#[tokio::test]
+async fn an_entry_an_older_node_wrote_is_divided_with() {
+    if redis_missing("an_entry_an_older_node_wrote_is_divided_with") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let store = open(config(&redis.url()));
+    connected(&store).await;
+    let q = Quota::new(SEC, 100, 100).unwrap();
+    let time = redis.cli(&["TIME"]);
+    let mut time = time.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+    let now_ms = time.next().unwrap() * 1_000 + time.next().unwrap() / 1_000;
+    let table = format!("{{sluice-test:{:032x}}}:quotas", 7);
+    // The older node asks 300/s and holds 90 % of the rule, its burst 75, for ten seconds.
+    let expiry = (now_ms + 10_000).to_string();
+    redis.cli(&[
+        "HSET",
+        &table,
+        "older",
+        &format!("300000 900000 75 {expiry}"),
+    ]);
+    // Asking 100/s of 400/s, this node is due a quarter: granted only the tenth left.
+    assert_eq!(part_of(&store, q, 100.0, RENEW).await, 100_000);
+    assert_eq!(
+        redis.cli(&["HGET", &table, "older"]).trim(),
+        format!("300000 900000 75 {expiry}"),
+        "the older entry is kept as it was"
+    );
+    // The entry written: "demand rate burst expiry", four numbers, as the older node parses.
+    let all = redis.cli(&["HGETALL", &table]);
+    let lines: Vec<&str> = all.lines().map(str::trim).collect();
+    let at = lines
+        .iter()
+        .position(|l| *l != "older" && !l.contains(' '))
+        .expect("this node's entry");
+    let fields: Vec<u64> = lines[at + 1]
+        .split(' ')
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    assert_eq!(fields.len(), 4, "{:?}", lines[at + 1]);
+    assert_eq!(&fields[..2], &[100_000, 100_000]);
+    assert!(
+        fields[3] > now_ms && fields[3] <= now_ms + 11_000,
+        "{fields:?}"
+    );
+    // Once the older entry lapses (its node upgraded and gone), the rest is this node's.
+    redis.cli(&[
+        "HSET",
+        &table,
+        "older",
+        &format!("300000 900000 75 {now_ms}"),
+    ]);
+    assert_eq!(part_of(&store, q, 100.0, RENEW).await, 1_000_000);
+}
+
+/// A tick's renewals go in a few script calls, not one per rule: 450 rules in three calls of at
+/// most `RULES_PER_CALL`, each rule's part in its place; two nodes asking alike halve each rule.
+#[tokio::test]
+async fn a_ticks_renewals_go_in_a_few_calls() {
+    if redis_missing("a_ticks_renewals_go_in_a_few_calls") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let mut c = config(&redis.url());
+        c.timeout = Duration::from_secs(5);
+        let store = open(c);
+        connected(&store).await;
+        stores.push(store);
+    }
+    let q = Quota::new(SEC, 100, 100).unwrap();
+    let rules: Vec<RuleRenewal> = (0..450)
+        .map(|i| RuleRenewal {
+            counter: 1_000 + i,
+            quota: q,
+            demand: 80.0,
+        })
+        .collect();
+    let calls = || {
+        let stats = redis.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .map(|l| {
+                let n = l.split("calls=").nth(1).unwrap().split(',').next().unwrap();
+                n.parse::<u64>().unwrap()
+            })
+            .sum::<u64>()
+    };
+    // The script loaded first.
+    part_of(&stores[0], q, 1.0, FleetAsk::Leave).await;
+    let before = calls();
+    let parts = stores[0].parts_call(&rules, RENEW).await;
+    assert_eq!(calls() - before, 450_u64.div_ceil(RULES_PER_CALL as u64));
+    assert!(
+        parts.iter().all(|p| matches!(p, Ok(1_000_000))),
+        "alone, all of each rule"
+    );
+    for _ in 0..2 {
+        for store in &stores {
+            store.parts_call(&rules, RENEW).await;
+        }
+    }
+    let a = stores[0].parts_call(&rules, RENEW).await;
+    let b = stores[1].parts_call(&rules, RENEW).await;
+    for (a, b) in a.iter().zip(&b) {
+        let (a, b) = (*a.as_ref().unwrap(), *b.as_ref().unwrap());
+        assert!(
+            a + b <= 1_000_000 && a >= 499_000 && b >= 499_000,
+            "{a} {b}"
+        );
+    }
+    let before = calls();
+    let left = stores[0].parts_call(&rules, FleetAsk::Leave).await;
+    assert!(left.iter().all(|p| matches!(p, Ok(0))));
+    assert_eq!(
+        calls() - before,
+        450_u64.div_ceil(RULES_PER_CALL as u64),
+        "leaves batched alike"
+    );
+}
+
+/// On Redis Cluster a call's tables share a hash slot: rules spread over many slots (and three
+/// nodes) are grouped by slot, and every rule is answered in its place.
+#[tokio::test]
+async fn on_a_cluster_a_ticks_renewals_are_grouped_by_slot() {
+    if redis_missing("on_a_cluster_a_ticks_renewals_are_grouped_by_slot") {
+        return;
+    }
+    let (_cluster, _clock, store) = cluster_store().await;
+    let q = Quota::new(SEC, 100, 100).unwrap();
+    let rules: Vec<RuleRenewal> = (0..300)
+        .map(|i| RuleRenewal {
+            counter: i,
+            quota: q,
+            demand: 80.0,
+        })
+        .collect();
+    let parts = store.parts_call(&rules, RENEW).await;
+    assert_eq!(parts.len(), 300);
+    for p in &parts {
+        assert!(matches!(p, Ok(1_000_000)), "{p:?}");
+    }
+    let left = store.parts_call(&rules, FleetAsk::Leave).await;
+    assert!(left.iter().all(Result::is_ok), "{left:?}");
 }
 
 /// An op of `charge` on counter `key`, enforced.

@@ -233,6 +233,8 @@ fn every_command_sent_to_redis_is_in_redis_6_0() {
         ("SET", "limiter/redis/gcra.lua"),
         ("SET", "limiter/redis/slice.lua"),
         ("HSET", "limiter/redis/share.lua"),
+        ("HSET", "limiter/redis/fleet.lua"),
+        ("HGETALL", "limiter/redis/entries.lua"),
         ("ZADD", "limiter/redis/heartbeat.rs"),
         ("PING", "limiter/redis/connect.rs"),
         ("EVALSHA", "limiter/redis/call.rs"),

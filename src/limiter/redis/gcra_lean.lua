@@ -15,7 +15,7 @@
 --          no earlier than the TAT's millisecond, so a key is never gone while its TAT is ahead.
 --          Redis TIME, read first, is at most 1 ms past the clock the TTL counts from (a script's
 --          start, Redis 7), and floor(now + d) <= floor(now) + floor(d) + 1 (in ms).
--- ARGV[1]  "now" (prelude.lua)
+-- ARGV[1]  "now" (now.lua)
 -- ARGV[2]  the number of requests
 -- ARGV[3]  the requests, as little-endian doubles (every value an integer below 2^53, so each is
 --          exact): per request whole (1 when the whole request is decided here, 0 for one

@@ -2,7 +2,7 @@
 -- tokens of one counter, or give unused tokens back.
 --
 -- KEYS[1]  the counter
--- ARGV[1]  "now" (prelude.lua)
+-- ARGV[1]  "now" (now.lua)
 -- ARGV[2]  "take" or "give"
 -- ARGV[3]  T (ns)
 -- ARGV[4]  B*T (ns)

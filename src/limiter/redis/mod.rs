@@ -1,10 +1,11 @@
 //! The Redis backend: the same GCRA as the memory store, run inside Redis by Lua scripts, so
 //! several sluice nodes share one budget. [`RedisStore`] owns the connection, the deadline, the
 //! circuit breaker and the over-limit cache, and sends what `call` assembles; `coalesce` batches
-//! a single node's requests, `lease` answers hot counters locally, `share` renews a node's share of
-//! a contended counter, `stall` holds back every charging call on a single node, coalesced or
-//! not, while the connection is stalled (a call timed out and Redis has not answered a `PING` since), `connect`
-//! and `sentinel` open and follow connections, `config` holds the settings.
+//! a single node's requests, `lease` answers hot counters locally, `share` renews a node's share
+//! of a contended counter, `fleet` its parts of RLQS rules, `stall` holds back every charging call
+//! on a single node, coalesced or not, while the connection is stalled (a call timed out and
+//! Redis has not answered a `PING` since), `connect` and `sentinel` open and follow connections,
+//! `config` holds the settings.
 //!
 //! It is async I/O by nature, yet knows nothing of policies, protobuf or the server.
 
@@ -14,6 +15,7 @@ mod call;
 mod coalesce;
 pub mod config;
 pub mod connect;
+pub mod fleet;
 pub mod heartbeat;
 pub mod lease;
 pub mod redact;

@@ -1,36 +1,12 @@
--- sluice: the start of gcra_lean.lua, lease.lua and share.lua: the time, and a call's one counter
--- read as its debt. Straight-line code, no function: Lua makes a function anew at every call.
+-- sluice: after now.lua, the start of gcra_lean.lua, lease.lua and share.lua: a call's one counter
+-- read as its debt.
 --
 -- KEYS     the counters: each a decimal TAT in nanoseconds, expiring no earlier than the TAT's millisecond
--- ARGV[1]  "now" in nanoseconds, or "" to use Redis TIME (the one clock all nodes share); an
---          injected time is for tests, and then keys get no TTL
 --
 -- A counter's debt is TAT - now: 0 for none, exact below 2^53 ns; beyond, only its sign and that
 -- it exceeds every tolerance matter, and both hold. A counter that holds no TAT (not a number,
 -- not finite, more than 2^62 ns ahead, or a key of another type) is a fact about that counter,
 -- not an error: it is deleted, read as absent (a full bucket) and counted in `repaired`.
-
-local G = 1000000000
--- 2^62 ns bounds every debt a quota can leave.
-local MAX_DEBT = 4611686018427387904
--- Locals for the globals the scripts use: a global is a table lookup at every use.
-local keys, argv, call, pcall_ = KEYS, ARGV, redis.call, redis.pcall
-local format, sub, tonumber = string.format, string.sub, tonumber
-
-local now_s, now_ns
-local injected = argv[1] ~= ''
-if injected then
-  local s = argv[1]
-  local len = #s
-  if len <= 9 then
-    now_s, now_ns = 0, tonumber(s)
-  else
-    now_s, now_ns = tonumber(sub(s, 1, len - 9)), tonumber(sub(s, len - 8))
-  end
-else
-  local t = call('TIME')
-  now_s, now_ns = tonumber(t[1]), tonumber(t[2]) * 1000
-end
 
 -- A call of one key reads it here, by GET: its reply is a string, nil (false) or, for a key of
 -- another type, a table with `err` (indexing a string with `err` gives nil). `one` is then its

@@ -14,7 +14,6 @@ use crate::limiter::gcra::Quota;
 use crate::limiter::key::Key;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::redis::call::reply_u64;
-use crate::limiter::share::PartRenewal;
 
 /// `share.lua`, loaded once per process.
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(super::scripts::SHARE));
@@ -68,16 +67,8 @@ pub fn table_key(counter: &str) -> String {
     beside(counter, "shares")
 }
 
-/// The fleet table of the RLQS rule counted at `counter`: beside it as [`table_key`]'s is, apart
-/// from the share table, so that nodes handing a rule to Envoys never divide it with nodes
-/// that lease it.
-#[must_use]
-pub fn fleet_table_key(counter: &str) -> String {
-    beside(counter, "quotas")
-}
-
 /// `counter` with `:suffix`, in the counter's cluster slot (see [`table_key`]).
-fn beside(counter: &str, suffix: &str) -> String {
+pub(super) fn beside(counter: &str, suffix: &str) -> String {
     let tagged = counter
         .find('{')
         .and_then(|open| counter[open + 1..].find('}'))
@@ -159,51 +150,6 @@ impl RedisStore {
         self.script_call(&SCRIPT, &keys, &args, Purpose::Renew, parse_share)
             .await
     }
-
-    /// One renewal of this node's part of the RLQS rule counted at `key` under `quota`, now: its
-    /// demand recorded and its part of the rate and burst worked out by `share.lua` (its
-    /// `quota` mode), out of what the fleet's other nodes leave. Nothing is taken or read from
-    /// the counter.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError`] when Redis cannot answer.
-    pub async fn part_call(
-        &self,
-        key: Key,
-        quota: &Quota,
-        renewal: &PartRenewal,
-    ) -> Result<ShareReply, BackendError> {
-        let now = self.clock.now();
-        let counter = self.key(key);
-        let table = fleet_table_key(&counter);
-        let keys = [counter, table];
-        // Precision intended: thousandths of a token per second, as the table keeps them; a
-        // demand held at all is at least one, so that a slow rule's part is not rounded away.
-        let demand = if renewal.leave {
-            0
-        } else {
-            ((renewal.demand.max(0.0) * 1_000.0).ceil().min(1e15) as u64).max(1)
-        };
-        let lifetime = u64::try_from(renewal.lifetime.as_millis()).unwrap_or(u64::MAX);
-        let args = (
-            self.time_arg(now)
-                .map(|n| n.to_string())
-                .unwrap_or_default(),
-            "quota",
-            quota.interval(),
-            quota.tolerance(),
-            0,
-            &self.quota_holder,
-            demand,
-            0,
-            1,
-            lifetime.max(1),
-            if renewal.leave { "leave" } else { "" },
-        );
-        self.script_call(&SCRIPT, &keys, &args, Purpose::Quota, parse_share)
-            .await
-    }
 }
 
 #[cfg(test)]
@@ -219,7 +165,6 @@ mod tests {
         assert_eq!(table_key("sluice:00ff"), "{sluice:00ff}:shares");
         assert_eq!(table_key("{app}:00ff"), "{app}:00ff:shares");
         assert_eq!(table_key("a{b"), "{a{b}:shares");
-        assert_eq!(fleet_table_key("{app}:00ff"), "{app}:00ff:quotas");
         assert_eq!(
             table_key("a{}b"),
             "a{}b:shares",
