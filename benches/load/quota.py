@@ -13,8 +13,18 @@ it measures over --seconds the server's CPU time (/proc) per usage report receiv
 (sluice reloads on the change) and times how long until every stream holds its new assignment
 for every bucket. A status line every few seconds while it runs; exits 1 when a stream fails.
 
+The Python streams top out near 26,000 bucket reports a second on one core. `--generator rust`
+sends the same messages from the `rlqsgen` example instead (--gen-bin; benches/load/rlqsgen.rs),
+a process of its own on core 1 that keeps the streams' rates and times the reload, driven over
+its stdin and stdout; this script still starts the server, reads its counters and CPU, rewrites
+the policy and prints the same lines. It reaches 100,000 reports a second (10,000 streams x 10
+buckets, --per-connection 100).
+
     cargo build --release --bin sluice
     target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice
+    cargo build --release --bin sluice --example rlqsgen
+    target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice \
+        --generator rust --streams 10000 --per-connection 100
 """
 
 import argparse
@@ -108,6 +118,58 @@ class Envoy:
                 self.error = e
 
 
+class RustLoad:
+    """The streams of the Rust generator (`rlqsgen`), a process on core 1 driven over its stdin
+    and stdout, one command a line and one line of answer (benches/load/rlqsgen.rs)."""
+
+    def __init__(self, proc, streams):
+        self.proc, self.streams = proc, streams
+
+    @classmethod
+    async def start(cls, binary, server, args):
+        cmd = ["taskset", "-c", "1", binary, "--addr", f"127.0.0.1:{server.grpc}",
+               "--streams", str(args.streams), "--buckets", str(args.buckets),
+               "--interval", str(args.interval), "--per-connection", str(args.per_connection)]
+        if args.distinct:
+            cmd.append("--distinct")
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        load = cls(proc, args.streams)
+        ready = await load.line()
+        if not ready.startswith("ready"):
+            raise RuntimeError(f"rlqsgen: {ready!r} where 'ready' was expected")
+        return load
+
+    async def line(self):
+        line = (await self.proc.stdout.readline()).decode().strip()
+        if not line:
+            raise RuntimeError(f"rlqsgen ended (exit {await self.proc.wait()})")
+        return line
+
+    async def ask(self, command):
+        """The answer to `command`, as its words after the first."""
+        self.proc.stdin.write(f"{command}\n".encode())
+        await self.proc.stdin.drain()
+        words = (await self.line()).split()
+        if words[0] == "error":
+            raise RuntimeError(f"rlqsgen: {' '.join(words[1:])}")
+        return words[1:]
+
+    async def counts(self):
+        """(streams holding a rate for every bucket, streams failed)"""
+        w = await self.ask("status")
+        return int(w[1]), int(w[3])
+
+    async def close(self):
+        if self.proc.returncode is None:
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/sluice")
@@ -119,6 +181,11 @@ async def main():
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured span")
     ap.add_argument("--distinct", action="store_true",
                     help="each stream reports buckets of its own instead of the same ones")
+    ap.add_argument("--generator", choices=["python", "rust"], default="python",
+                    help="the streams from Envoy's Python stubs in this process, or from the Rust"
+                         " generator (--gen-bin) as a process of its own on core 1")
+    ap.add_argument("--gen-bin", default="target/release/examples/rlqsgen",
+                    help="the Rust generator, for --generator rust")
     args = ap.parse_args()
     os.sched_setaffinity(0, {1})
 
@@ -137,9 +204,12 @@ async def main():
     channels = []
     envoys = []
     tasks = []
+    rust = None
     try:
         rss_idle = rss_mib(server.proc.pid)
-        for i in range(args.streams):
+        if args.generator == "rust":
+            rust = await RustLoad.start(args.gen_bin, server, args)
+        for i in range(args.streams if rust is None else 0):
             prefix = f"s{i}-" if args.distinct else ""
             buckets = [f"{prefix}t{b}" for b in range(args.buckets)]
             if i % args.per_connection == 0:
@@ -153,74 +223,101 @@ async def main():
             if i % 50 == 49:
                 await asyncio.sleep(0.05)
 
-        def status(phase):
+        async def counts():
+            """(streams holding a rate for every bucket, streams failed)"""
+            if rust:
+                return await rust.counts()
+            return (sum(len(e.rates) == args.buckets for e in envoys),
+                    sum(e.error is not None for e in envoys))
+
+        async def status(phase):
             m = metrics(server.admin)
-            assigned = sum(len(e.rates) == args.buckets for e in envoys)
-            failed = sum(e.error is not None for e in envoys)
+            assigned, failed = await counts()
             print(f"quota: {phase:>8} streams {m.get('sluice_rlqs_streams', 0):.0f} buckets "
                   f"{m.get('sluice_rlqs_buckets', 0):.0f} reports {m.get('sluice_rlqs_reports_total', 0):.0f} "
-                  f"assigned {assigned}/{len(envoys)} failed {failed} "
+                  f"assigned {assigned}/{args.streams} failed {failed} "
                   f"rss {rss_mib(server.proc.pid):.1f} MiB", file=sys.stderr, flush=True)
-            return m
+            return failed
 
         async def wait(seconds, phase):
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 await asyncio.sleep(min(5.0, end - time.monotonic()))
-                status(phase)
-                if any(e.error for e in envoys):
+                if await status(phase):
                     break
 
         await wait(args.warmup, "warm-up")
         m0, cpu0, t0 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
+        gen0 = cpu_seconds(rust.proc) if rust else 0.0
         await wait(args.seconds, "measured")
         m1, cpu1, t1 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
+        gen_cpu = cpu_seconds(rust.proc) - gen0 if rust else 0.0
         rss = rss_mib(server.proc.pid)
         reports = m1["sluice_rlqs_reports_total"] - m0["sluice_rlqs_reports_total"]
         cpu = cpu1 - cpu0
         span = t1 - t0
         messages = reports / args.buckets
 
-        before = sorted(r for e in envoys for r in e.rates.values())
-        old_share = before[len(before) // 2] if before else 0.0
-        for e in envoys:
-            e.mark = old_share * 0.6
+        if rust:
+            old_share = float((await rust.ask("share"))[0])
+            await rust.ask(f"mark {old_share * 0.6!r}")
+        else:
+            before = sorted(r for e in envoys for r in e.rates.values())
+            old_share = before[len(before) // 2] if before else 0.0
+            for e in envoys:
+                e.mark = old_share * 0.6
         cpu_r0 = cpu_seconds(server.proc)
         reloaded_at = time.monotonic()
         tmp = policies / ".quota.tmp"
         tmp.write_text(POLICY.format(rate=RATE // 2))
         tmp.rename(policy)
-        deadline = reloaded_at + 60
-        while time.monotonic() < deadline and not all(e.updated for e in envoys):
-            await asyncio.sleep(0.05)
-        cpu_reload = cpu_seconds(server.proc) - cpu_r0
-        done = sorted(e.updated - reloaded_at for e in envoys if e.updated)
-        after = sorted(r for e in envoys for r in e.rates.values())
-        failed = [e.error for e in envoys if e.error]
+        if rust:
+            # done <timed> <streams> median <s> p99 <s> all <s> share <r> failed <n> codes <..>
+            w = await rust.ask("wait 60")
+            cpu_reload = cpu_seconds(server.proc) - cpu_r0
+            timed, median, p99, last, new_share = int(w[0]), *map(float, w[3:10:2])
+            failures, codes = int(w[11]), w[13]
+        else:
+            deadline = reloaded_at + 60
+            while time.monotonic() < deadline and not all(e.updated for e in envoys):
+                await asyncio.sleep(0.05)
+            cpu_reload = cpu_seconds(server.proc) - cpu_r0
+            done = sorted(e.updated - reloaded_at for e in envoys if e.updated)
+            after = sorted(r for e in envoys for r in e.rates.values())
+            failed = [e.error for e in envoys if e.error]
+            p = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
+            timed, failures = len(done), len(failed)
+            if done:
+                median, p99, last, new_share = p(0.5), p(0.99), done[-1], after[len(after) // 2]
+            codes = failed[0].code() if failed else ""
 
         kind = "distinct" if args.distinct else "shared"
         print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report every "
-              f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({args.bin})")
+              f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({args.bin})"
+              + (f", from {args.gen_bin}" if rust else ""))
         print(f"  measured {span:.1f} s: {reports:.0f} bucket reports ({reports / span:.0f}/s) in "
               f"{messages:.0f} messages; server CPU {cpu:.2f} s ({100 * cpu / span:.1f} % of a core)")
         print(f"  CPU per bucket report {cpu * 1e6 / max(reports, 1):.1f} µs, per message "
               f"{cpu * 1e6 / max(messages, 1):.1f} µs")
+        if rust:
+            print(f"  generator CPU {gen_cpu:.2f} s ({100 * gen_cpu / span:.1f} % of a core)")
         print(f"  resident set {rss:.1f} MiB with the streams open ({rss_idle:.1f} MiB before any)")
         print(f"  share per stream and bucket {old_share:.3f}/s of {RATE}/s")
-        if done:
-            p = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
-            print(f"  reload to {RATE // 2}/s: {len(done)}/{len(envoys)} streams held the new "
-                  f"assignment for every bucket after median {p(0.5):.2f} s, p99 {p(0.99):.2f} s, "
-                  f"all {done[-1]:.2f} s (new share {after[len(after) // 2]:.3f}/s); server CPU "
+        if timed:
+            print(f"  reload to {RATE // 2}/s: {timed}/{args.streams} streams held the new "
+                  f"assignment for every bucket after median {median:.2f} s, p99 {p99:.2f} s, "
+                  f"all {last:.2f} s (new share {new_share:.3f}/s); server CPU "
                   f"{cpu_reload:.2f} s meanwhile")
-        if failed or len(done) < len(envoys):
-            print(f"  FAILED: {len(failed)} streams ended with an error "
-                  f"({failed[0].code() if failed else ''}), {len(envoys) - len(done)} without the "
+        if failures or timed < args.streams:
+            print(f"  FAILED: {failures} streams ended with an error "
+                  f"({codes}), {args.streams - timed} without the "
                   f"new assignment", file=sys.stderr)
             return 1
         return 0
     finally:
         stop.set()
+        if rust:
+            await rust.close()
         for c in channels:
             await c.close()
         for t in tasks:
