@@ -9,7 +9,9 @@
 //! (`{tenant: t<i>}`, or `{tenant: s<stream>-t<i>}` with `--distinct`) every `--interval`
 //! seconds, each usage `num_requests_allowed = 5 × interval` over `time_elapsed = interval`,
 //! the domain on a stream's first message only. Streams start 50 at a time, 50 ms apart, as
-//! `quota.py`'s do. Every answer is read, and each bucket keeps the rate of its latest
+//! `quota.py`'s do, and each then reports on a phase of its own, spread over the interval, as
+//! Envoys that started apart do (not in step, which would let HTTP/2 pack a connection's
+//! streams into fewer writes than Envoys cause). Every answer is read, and each bucket keeps the rate of its latest
 //! assignment (`tokens_per_fill / fill_interval`, 0 for any other strategy).
 //!
 //! `quota.py` keeps the server, its counters and the reload; it drives this process over
@@ -221,13 +223,19 @@ async fn envoy(
     let names: Vec<String> = (0..args.buckets).map(|b| format!("{prefix}t{b}")).collect();
     let first = reports(&args.domain, &names, args.interval);
     let next = reports("", &names, args.interval);
-    let mut ticks = tokio::time::interval(Duration::from_secs_f64(args.interval));
+    // The first report goes at once; the next ones on a phase of the stream's own, spread over
+    // the interval (golden-ratio steps), as Envoys that started apart report out of step.
+    let period = Duration::from_secs_f64(args.interval);
+    let phase = period.mul_f64((stream as f64 * 0.618_033_988_75).fract());
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period + phase, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let counter = shared.clone();
     let requests = stream::unfold(
         (ticks, Some(first), next, counter),
         |(mut ticks, first, next, counter)| async move {
-            ticks.tick().await;
+            if first.is_none() {
+                ticks.tick().await;
+            }
             let message = first.unwrap_or_else(|| next.clone());
             counter.sent.fetch_add(1, Ordering::Relaxed);
             Some((message, (ticks, None, next, counter)))
