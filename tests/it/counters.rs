@@ -234,3 +234,57 @@ async fn a_reset_in_redis_admits_the_next_request() {
     let (_, after) = lookup(&s, ALICE).await;
     assert_eq!(after["counters"][0]["remaining"], 2, "{after}");
 }
+
+/// With leasing, the node's own lease of the counter is dropped with it: an exhausted lease that
+/// refuses locally would otherwise go on refusing after the reset.
+#[tokio::test]
+async fn a_reset_with_leases_drops_the_lease_and_admits() {
+    if redis_missing("a_reset_with_leases_drops_the_lease_and_admits") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let (_dir, path) = token_file();
+    let s = TestServer::start_with(
+        &[(
+            "api.yaml",
+            "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
+        )],
+        move |w: &mut Written| {
+            w.backend = BackendKind::Redis;
+            w.redis.url = url;
+            w.redis.timeout_ms = 2_000;
+            w.redis.connect_timeout_ms = 500;
+            w.redis.lease.enabled = true;
+            w.redis.lease.min_rate = 1;
+            w.redis.lease.max_burst_share = 1.0;
+            w.redis.lease.max_age_ms = 60_000;
+            w.admin.write_token_file = Some(path);
+        },
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            s.call(single("api", "user", "warmup")).await.is_ok()
+        })
+        .await,
+        "redis answers"
+    );
+    let mut admitted_before = 0;
+    for _ in 0..150 {
+        admitted_before += u32::from(admitted(&s).await);
+    }
+    assert!(admitted_before <= 50, "{admitted_before}");
+    assert!(!admitted(&s).await, "alice is out of tokens");
+    let (status, seen) = lookup(&s, ALICE).await;
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen["counters"][0]["held_here"].is_u64(), "{seen}");
+    assert_eq!(seen["counters"][0]["remaining"], 0, "{seen}");
+
+    let (status, body) = reset(&s, &[("Authorization", &format!("Bearer {TOKEN}"))]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        admitted(&s).await,
+        "the reset counter admits the next request"
+    );
+}
