@@ -9,7 +9,7 @@ use std::time::Duration;
 use sluice::pb::rate_limit_response::Code;
 use sluice::settings::{BackendKind, Written};
 
-use crate::helpers::redis::RedisProcess;
+use crate::helpers::redis::{RedisCluster, RedisProcess};
 use crate::helpers::{TestServer, eventually, http, http_raw_with, redis_missing, single};
 
 const POLICY: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3, name: per_user}\n";
@@ -183,24 +183,56 @@ async fn a_reset_in_redis_admits_the_next_request() {
         return;
     }
     let redis = RedisProcess::start();
-    let url = redis.url();
-    let (_dir, path) = token_file();
-    let s = TestServer::start_with(&[("api.yaml", POLICY)], move |w: &mut Written| {
+    reset_in_redis(redis.url(), Some(&redis)).await;
+}
+
+/// The same on a Redis Cluster: the lookup's `TIME` and `GET` and the reset's `DEL` of the
+/// counter with its share table (one slot) go where the counter lives.
+#[tokio::test]
+async fn a_reset_in_a_redis_cluster_admits_the_next_request() {
+    if redis_missing("a_reset_in_a_redis_cluster_admits_the_next_request") {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    reset_in_redis(cluster.urls().join(","), None).await;
+}
+
+/// A server counting in Redis (as `tune` says where) under `policy`, with writes on, once Redis
+/// answers; and the directory of its token file.
+async fn on_redis(
+    policy: &str,
+    tune: impl FnOnce(&mut Written) + Send + 'static,
+) -> (tempfile::TempDir, TestServer) {
+    let (dir, path) = token_file();
+    let s = TestServer::start_with(&[("api.yaml", policy)], move |w: &mut Written| {
         w.backend = BackendKind::Redis;
-        w.redis.url = url;
         w.redis.key_prefix = "sluice-test:".into();
         w.redis.timeout_ms = 2_000;
         w.redis.connect_timeout_ms = 500;
         w.admin.write_token_file = Some(path);
+        tune(w);
     })
     .await;
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        eventually(Duration::from_secs(10), || async {
             s.call(single("api", "user", "warmup")).await.is_ok()
         })
         .await,
         "redis answers"
     );
+    (dir, s)
+}
+
+/// Exhausts alice on a server counting in Redis at `url` (a cluster unless `single` is the
+/// one Redis there, whose keys are then checked), looks her up, refuses a reset with a wrong
+/// token, and resets her.
+async fn reset_in_redis(url: String, one: Option<&RedisProcess>) {
+    let cluster = one.is_none();
+    let (_dir, s) = on_redis(POLICY, move |w| {
+        w.redis.url = url;
+        w.redis.cluster = cluster;
+    })
+    .await;
     exhaust(&s).await;
     let (status, seen) = lookup(&s, ALICE).await;
     assert_eq!(status, 200, "{seen}");
@@ -210,21 +242,21 @@ async fn a_reset_in_redis_admits_the_next_request() {
     let wait = c["wait_ms"].as_u64().unwrap();
     assert!(wait > 19 * 60 * 1000 && wait <= 20 * 60 * 1000, "{seen}");
     let key = format!("sluice-test:{}", c["key"].as_str().unwrap());
-    assert_ne!(
-        redis.cli(&["EXISTS", &key]).trim(),
-        "0",
-        "the counter is in Redis"
-    );
+    // On the one Redis, whether the counter's key is there ("1") or not ("0").
+    let exists = || one.map(|r| r.cli(&["EXISTS", &key]).trim().to_owned());
 
     let (status, body) = reset(&s, &[("Authorization", "Bearer nope")]).await;
     assert_eq!(status, 401, "{body}");
     assert!(!admitted(&s).await, "a refused write changes nothing");
+    assert!(
+        cluster || exists().as_deref() == Some("1"),
+        "the counter is in Redis"
+    );
 
     let (status, body) = reset(&s, &[("Authorization", &format!("Bearer {TOKEN}"))]).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        redis.cli(&["EXISTS", &key]).trim(),
-        "0",
+    assert!(
+        cluster || exists().as_deref() == Some("0"),
         "the counter is gone"
     );
     assert!(
@@ -244,32 +276,15 @@ async fn a_reset_with_leases_drops_the_lease_and_admits() {
     }
     let redis = RedisProcess::start();
     let url = redis.url();
-    let (_dir, path) = token_file();
-    let s = TestServer::start_with(
-        &[(
-            "api.yaml",
-            "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
-        )],
-        move |w: &mut Written| {
-            w.backend = BackendKind::Redis;
-            w.redis.url = url;
-            w.redis.timeout_ms = 2_000;
-            w.redis.connect_timeout_ms = 500;
-            w.redis.lease.enabled = true;
-            w.redis.lease.min_rate = 1;
-            w.redis.lease.max_burst_share = 1.0;
-            w.redis.lease.max_age_ms = 60_000;
-            w.admin.write_token_file = Some(path);
-        },
-    )
+    let policy = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n";
+    let (_dir, s) = on_redis(policy, move |w| {
+        w.redis.url = url;
+        w.redis.lease.enabled = true;
+        w.redis.lease.min_rate = 1;
+        w.redis.lease.max_burst_share = 1.0;
+        w.redis.lease.max_age_ms = 60_000;
+    })
     .await;
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            s.call(single("api", "user", "warmup")).await.is_ok()
-        })
-        .await,
-        "redis answers"
-    );
     let mut admitted_before = 0;
     for _ in 0..150 {
         admitted_before += u32::from(admitted(&s).await);
