@@ -2,7 +2,7 @@
 //! `POST /json` (a request decided like a gRPC call) and `GET /rlconfig`; and ours, an
 //! operator's hand on one counter: `POST /counters/lookup` (read-only) and `POST
 //! /counters/reset`, a write, refused unless `admin.write_token_file` is set and the request
-//! carries its token (see `counters`). Routed by [`router`]
+//! carries its token (`reset_counters`). Routed by [`router`]
 //! and served over HTTP/1 by [`serve_admin`], which holds a header-read deadline. The same
 //! server serves the two optional listeners the reference has beside it: the Prometheus text
 //! alone ([`metrics_router`], its `PROMETHEUS_ADDR`) and `/rlconfig` alone ([`debug_router`], its
