@@ -21,8 +21,7 @@
 //! - [`traces`]: OpenTelemetry spans of calls, joined to the caller's trace, exported over OTLP
 //!   from a bounded queue; nothing is built when tracing is off.
 //! - [`decision`]: the transport-free use case, [`decision::Decider::decide`]: validate, match,
-//!   count through the backend, answer backend failures as configured, aggregate, add headers;
-//!   and an operator's look at one counter, or its reset ([`decision::Decider::look_up`]).
+//!   count through the backend, answer backend failures as configured, aggregate, add headers.
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service as plain values: buckets matched to rules, and
 //!   this node's shares of each limited rule divided among the streams watching it by demand.
 //! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
