@@ -445,6 +445,7 @@ impl App {
             backend: self.backend.clone(),
             policies: self.policies.clone(),
             traces: self.traces.as_ref().map(|t| (t.tracer(), t.figures())),
+            write_token: self.settings.admin.write_token.clone().map(Arc::new),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! response headers, and record the metrics. The gRPC and JSON adapters only convert to and from
 //! their wire forms and map errors.
 
+mod counters;
 pub mod headers;
 mod metadata;
 mod plan;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::limiter::{Backend, BackendError, Batch, Charge, LocalFallback, Source};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit};
 use crate::policy::{PolicyHandle, Rate, Rule};
+pub use counters::{Counter, CounterError, CounterState};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
 use plan::{DescriptorPlan, Plan};
 pub use request::{Caps, Descriptor, Entry, Override, Request, RequestError};

@@ -101,4 +101,65 @@ impl Backend {
             }
         }
     }
+
+    /// How far each counter at `keys` is ahead of now, `TAT − now` in nanoseconds (0 for a
+    /// full bucket), read without charging anything: the store's TAT at its clock's time, or
+    /// Redis's by `GET` at Redis time. With leases this is the shared counter, in which tokens
+    /// leased to nodes and not yet used count as spent ([`Backend::held`] says how many this
+    /// node holds).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot answer.
+    pub async fn debts(&self, keys: &[crate::limiter::key::Key]) -> Result<Vec<u64>, BackendError> {
+        let redis = match self {
+            Self::Memory { store, clock } => {
+                return Ok(keys
+                    .iter()
+                    .map(|&k| {
+                        let tat = store.tat(k);
+                        tat.saturating_sub(clock.now())
+                    })
+                    .collect());
+            }
+            Self::Redis(redis) => redis,
+            Self::Leased(leased) => leased.redis(),
+        };
+        redis.debts(keys).await
+    }
+
+    /// Tokens of `key` this node holds leased and unused; `None` without leasing.
+    #[must_use]
+    pub fn held(&self, key: crate::limiter::key::Key) -> Option<u64> {
+        match self {
+            Self::Leased(leased) => Some(leased.held(key)),
+            Self::Memory { .. } | Self::Redis(_) => None,
+        }
+    }
+
+    /// Resets the counters at `keys` (an operator's write), so that each bucket is full again:
+    /// removed from memory; in Redis, this node's lease of each dropped first, then the counter
+    /// and its share table deleted and this node's over-limit cache told.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot answer; some counters may then have been reset.
+    pub async fn reset(&self, keys: &[crate::limiter::key::Key]) -> Result<(), BackendError> {
+        let redis = match self {
+            Self::Memory { store, .. } => {
+                for &k in keys {
+                    store.remove(k);
+                }
+                return Ok(());
+            }
+            Self::Redis(redis) => redis,
+            Self::Leased(leased) => {
+                for &k in keys {
+                    leased.forget(k);
+                }
+                leased.redis()
+            }
+        };
+        redis.reset(keys).await.map(drop)
+    }
 }

@@ -145,6 +145,19 @@ impl MemoryStore {
             .map_or(0, |v| v.load(Ordering::Acquire))
     }
 
+    /// Forgets `key` (an operator's reset): its bucket is full again. Returns whether it was
+    /// held.
+    pub fn remove(&self, key: Key) -> bool {
+        let removed = write(&self.shard(key).map)
+            .remove(&PackedKey::of(key))
+            .is_some();
+        if removed {
+            // Relaxed: a statistic and the cap's count, as in `sweep`.
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
     /// Removes every key whose TAT ≤ `now` (a full bucket, the same as no entry) and returns how
     /// many were removed. Never changes a future decision.
     pub fn sweep(&self, now: u64) -> usize {

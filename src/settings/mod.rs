@@ -8,6 +8,7 @@
 mod compat;
 mod layers;
 mod summary;
+mod token;
 mod validate;
 mod written;
 
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use compat::{Compat, CompatError};
 pub use layers::Overrides;
+pub use token::{TokenError, WriteToken};
 pub use written::{
     AdminSection, GrpcSection, GrpcTlsSection, LeaseSection, MetricsSection, PolicySource,
     RedisSection, RedisTlsSection, RequestsSection, SentinelSection, StoreSection, TracingSection,
@@ -209,13 +211,15 @@ pub struct GrpcLimits {
 /// `tls` module owns the type; settings only fill it in.
 pub use crate::tls::TlsFiles as GrpcTls;
 
-/// Bounds on the admin port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Bounds on the admin port, and who may write on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdminLimits {
     /// Most connections open at once.
     pub max_connections: usize,
     /// Longest a connection may take to send a complete request head.
     pub header_read_timeout: Duration,
+    /// The token writes (`POST /counters/reset`) must present; `None`: writes are off.
+    pub write_token: Option<WriteToken>,
 }
 
 /// The chosen backend and its settings.
@@ -397,6 +401,9 @@ pub enum SettingsError {
          whose credentials, database and scheme reach the master the sentinels name"
     )]
     SentinelMasterUrl,
+    /// `admin.write_token_file` that cannot be used.
+    #[error("invalid settings: {0}")]
+    WriteToken(#[from] TokenError),
 }
 
 impl Settings {

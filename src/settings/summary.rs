@@ -54,8 +54,17 @@ impl Settings {
             },
         };
         let mut listeners = format!(
-            "listeners: gRPC {} {grpc}; admin {} (/healthcheck, /json, /metrics, /rlconfig)",
-            self.grpc_addr, self.admin_addr
+            "listeners: gRPC {} {grpc}; admin {} (/healthcheck, /json, /metrics, /rlconfig, \
+             /counters; writes {})",
+            self.grpc_addr,
+            self.admin_addr,
+            match &self.admin.write_token {
+                Some(t) => format!(
+                    "need the token {} from admin.write_token_file",
+                    t.fingerprint()
+                ),
+                None => "off".to_owned(),
+            }
         );
         if let Some((addr, path)) = &self.metrics_listener {
             listeners.push_str(&format!("; metrics {addr} ({path})"));

@@ -10,7 +10,8 @@ use super::{
     AdminLimits, AdminSection, BackendKind, BackendSettings, DEFAULT_XDS_MAX_MESSAGE_BYTES,
     GrpcLimits, GrpcSection, GrpcTls, GrpcTlsSection, LeaseSection, LocalSettings,
     MAX_HEARTBEAT_INTERVAL_MS, MetricsSection, PolicySource, RedisSection, RequestsSection,
-    Settings, SettingsError, StoreSection, Written, XdsBackoff, XdsSection, XdsSettings, XdsTls,
+    Settings, SettingsError, StoreSection, WriteToken, Written, XdsBackoff, XdsSection,
+    XdsSettings, XdsTls,
 };
 use crate::decision::{self, Caps, HeaderOptions, LegacyNames};
 use crate::limiter::redis::{Password, RedisAuth, RedisTls, SentinelConfig};
@@ -208,13 +209,18 @@ fn grpc(g: &GrpcSection) -> Result<(GrpcLimits, Option<GrpcTls>), SettingsError>
     Ok((limits, grpc_tls(&g.tls)?))
 }
 
-/// `admin`: its limits above 0.
+/// `admin`: its limits above 0, and the write token's file readable and not empty.
 fn admin(a: &AdminSection) -> Result<AdminLimits, SettingsError> {
     positive("admin.max_connections", a.max_connections as u64)?;
     positive("admin.header_read_timeout_ms", a.header_read_timeout_ms)?;
+    let write_token = match &a.write_token_file {
+        Some(path) => Some(WriteToken::read(path)?),
+        None => None,
+    };
     Ok(AdminLimits {
         max_connections: a.max_connections,
         header_read_timeout: Duration::from_millis(a.header_read_timeout_ms),
+        write_token,
     })
 }
 

@@ -294,7 +294,7 @@ impl Default for GrpcSection {
 
 /// Bounds on the admin port (and the metrics and debug listeners, which share its server), and
 /// the debug listener.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminSection {
     /// Most connections open at once; one accepted past it is closed at once.
@@ -305,6 +305,9 @@ pub struct AdminSection {
     /// A listener of its own serving only `GET /rlconfig` (envoyproxy/ratelimit's debug port,
     /// where `egctl config envoy-ratelimit` looks); unset: none (the admin port serves it too).
     pub debug_addr: Option<SocketAddr>,
+    /// A file holding the bearer token that writes on the admin port (`POST /counters/reset`)
+    /// must present, read at startup; unset: writes are off (refused with 403).
+    pub write_token_file: Option<PathBuf>,
 }
 
 impl Default for AdminSection {
@@ -313,6 +316,7 @@ impl Default for AdminSection {
             max_connections: 256,
             header_read_timeout_ms: 5_000,
             debug_addr: None,
+            write_token_file: None,
         }
     }
 }

@@ -4,6 +4,7 @@ mod check;
 mod client;
 mod compat;
 mod conn;
+mod counters;
 mod docs;
 mod docs_examples;
 mod gcra;

@@ -67,6 +67,11 @@ impl DenyCache {
         })
     }
 
+    /// Forgets what is known of `key` (its counter was reset).
+    pub(super) fn forget(&self, key: Key) {
+        self.until.remove(&key);
+    }
+
     /// Remembers the counters Redis just found out of tokens.
     pub(super) fn learn(&self, ops: &[Op], batch: &Batch, now: u64) {
         if self.max == 0 {

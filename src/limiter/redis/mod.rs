@@ -233,6 +233,85 @@ impl RedisStore {
             .figures(self.is_connected(), self.breaker.state())
     }
 
+    /// Resets the counters at `keys` (an operator's write): deletes each counter and its share
+    /// table (`share::table_key`, in the counter's slot, so one `DEL` per counter also works on
+    /// a cluster), and forgets them in this node's over-limit cache. The fleet tables of RLQS
+    /// rules are left alone. Other nodes' over-limit caches still refuse until the instants they
+    /// hold. Returns how many Redis keys were deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot be reached by the deadline; some counters may then
+    /// have been reset.
+    pub async fn reset(&self, keys: &[Key]) -> Result<u64, BackendError> {
+        for &key in keys {
+            self.cache.forget(key);
+        }
+        let conn = self.conn.load_full().ok_or(BackendError::NotConnected)?;
+        let timeout = self.config.timeout;
+        let mut deleted = 0;
+        for &key in keys {
+            let counter = self.key(key);
+            let mut del = redis::cmd("DEL");
+            del.arg(&counter).arg(share::table_key(&counter));
+            let sent = async {
+                match &*conn {
+                    RedisConn::Single(c) => del.query_async::<u64>(&mut c.clone()).await,
+                    RedisConn::Cluster(c) => del.query_async::<u64>(&mut c.clone()).await,
+                }
+            };
+            deleted += tokio::time::timeout(timeout, sent)
+                .await
+                .map_err(|_| BackendError::Timeout(timeout))?
+                .map_err(|e| classify(e, timeout))?;
+        }
+        Ok(deleted)
+    }
+
+    /// The debt `TAT − now` of each counter at `keys`, in nanoseconds, read by `GET` and no
+    /// script: 0 for an absent counter or one holding no TAT.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when Redis cannot be reached by the deadline.
+    pub async fn debts(&self, keys: &[Key]) -> Result<Vec<u64>, BackendError> {
+        let conn = self.conn.load_full().ok_or(BackendError::NotConnected)?;
+        let timeout = self.config.timeout;
+        let mut debts = Vec::with_capacity(keys.len());
+        for &key in keys {
+            let sent = async {
+                let mut get = redis::pipe();
+                get.cmd("TIME").cmd("GET").arg(self.key(key));
+                match &*conn {
+                    RedisConn::Single(c) => {
+                        get.query_async::<(Vec<u64>, Option<String>)>(&mut c.clone())
+                            .await
+                    }
+                    RedisConn::Cluster(c) => {
+                        get.query_async::<(Vec<u64>, Option<String>)>(&mut c.clone())
+                            .await
+                    }
+                }
+            };
+            let (time, tat) = tokio::time::timeout(timeout, sent)
+                .await
+                .map_err(|_| BackendError::Timeout(timeout))?
+                .map_err(|e| classify(e, timeout))?;
+            let now = match (self.time, time.as_slice()) {
+                (RedisTime::Clock, _) => self.clock.now(),
+                (RedisTime::Server, [s, us]) => s
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(us.saturating_mul(1_000)),
+                (RedisTime::Server, _) => {
+                    return Err(BackendError::Reply(format!("TIME answered {time:?}")));
+                }
+            };
+            let tat = tat.and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+            debts.push(tat.saturating_sub(now));
+        }
+        Ok(debts)
+    }
+
     /// Decides a request's ops at Redis time (or the store's clock, see [`RedisTime`]), all or
     /// nothing. The store's clock dates entries of the over-limit cache.
     ///

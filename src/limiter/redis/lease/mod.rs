@@ -227,6 +227,13 @@ impl LeasedStore {
         })
     }
 
+    /// Drops this node's lease of `key` (its shared counter is being reset), unused tokens
+    /// and all, so that it cannot go on refusing from a lease taken before the reset. A take
+    /// in flight may start a new lease, from the counter as Redis then holds it.
+    pub fn forget(&self, key: Key) {
+        self.leases.remove(&key);
+    }
+
     /// Decides a request's ops, from leases when they can answer all of it, else in Redis.
     ///
     /// # Errors
