@@ -13,7 +13,7 @@
   `sluice check` and limits the descriptor both send.
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
-- Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics.rs).
+- Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics/names.rs).
 - The migration pair (deploy/kubernetes/migration): the sluice Deployment keeps every variable of
   the envoyproxy/ratelimit one unchanged, adds SLUICE_COMPAT, and with exactly that environment
   `sluice check` accepts the reference's ConfigMap laid out as the reference mounts it.
@@ -384,7 +384,7 @@ class Migration(unittest.TestCase):
 
 class Dashboard(unittest.TestCase):
     def test_every_queried_metric_exists(self):
-        with open(path("src", "metrics.rs")) as f:
+        with open(path("src", "metrics", "names.rs")) as f:
             known = set(re.findall(r'pub const [A-Z_]+: &str = "([a-z_]+)";', f.read()))
         self.assertIn("sluice_decisions_total", known)
         with open(path("deploy", "grafana", "sluice.json")) as f:
