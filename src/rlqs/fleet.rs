@@ -20,18 +20,18 @@ use super::{RuleDemand, ShareTable};
 use crate::limiter::BackendError;
 use crate::limiter::clock::Clock;
 use crate::limiter::redis::RedisStore;
-use crate::limiter::redis::fleet::{FleetAsk, RuleRenewal};
+use crate::limiter::redis::fleet::{FleetAsk, Millionths, RuleRenewal};
 
 /// Where the fleet's parts are kept: one entry per node in each rule's table.
 pub trait FleetTable: Send + Sync {
     /// Renews this node's entry in the table of each of `rules` with its demand, to live
-    /// `lifetime` unrenewed: each rule's part, in order, as a fraction of the rule, or why it
+    /// `lifetime` unrenewed: each rule's part, in order, in millionths of the rule, or why it
     /// was not renewed.
     fn renew<'a>(
         &'a self,
         rules: &'a [RuleDemand],
         lifetime: Duration,
-    ) -> BoxFuture<'a, Vec<Result<f64, BackendError>>>;
+    ) -> BoxFuture<'a, Vec<Result<Millionths, BackendError>>>;
 
     /// Gives up this node's entry in the table of each of `rules`. An entry not given up lapses
     /// within its lifetime.
@@ -55,15 +55,10 @@ impl FleetTable for RedisStore {
         &'a self,
         rules: &'a [RuleDemand],
         lifetime: Duration,
-    ) -> BoxFuture<'a, Vec<Result<f64, BackendError>>> {
+    ) -> BoxFuture<'a, Vec<Result<Millionths, BackendError>>> {
         Box::pin(async move {
-            let answers = self
-                .parts_call(&renewals(rules), FleetAsk::Renew { lifetime })
-                .await;
-            answers
-                .into_iter()
-                .map(|a| a.map(|millionths| f64::from(millionths) / 1_000_000.0))
-                .collect()
+            self.parts_call(&renewals(rules), FleetAsk::Renew { lifetime })
+                .await
         })
     }
 
@@ -136,7 +131,7 @@ impl Fleet {
         let answers = self.store.renew(rules, lifetime).await;
         for (rule, answer) in rules.iter().zip(answers) {
             match answer {
-                Ok(part) => self.table.set_part(rule.counter, part, sent),
+                Ok(part) => self.table.set_part(rule.counter, u64::from(part), sent),
                 // The store's metrics count it. The part is unconfirmed: no assignment of the
                 // rule is sent until a renewal succeeds, and the part is dropped once three
                 // quarters of a TTL old (`ShareTable::demands`).
@@ -215,7 +210,7 @@ mod tests {
     /// was asked.
     #[derive(Default)]
     struct Tables {
-        parts: Mutex<HashMap<u128, f64>>,
+        parts: Mutex<HashMap<u128, Millionths>>,
         failing: Mutex<Vec<u128>>,
         renewed: Mutex<Vec<Vec<u128>>>,
         left: Mutex<Vec<u128>>,
@@ -226,7 +221,7 @@ mod tests {
             &'a self,
             rules: &'a [RuleDemand],
             _lifetime: Duration,
-        ) -> BoxFuture<'a, Vec<Result<f64, BackendError>>> {
+        ) -> BoxFuture<'a, Vec<Result<Millionths, BackendError>>> {
             let parts = self.parts.lock().unwrap();
             let failing = self.failing.lock().unwrap();
             self.renewed
@@ -239,7 +234,7 @@ mod tests {
                     if failing.contains(&r.counter) {
                         Err(BackendError::NotConnected)
                     } else {
-                        Ok(parts.get(&r.counter).copied().unwrap_or(1.0))
+                        Ok(parts.get(&r.counter).copied().unwrap_or(1_000_000))
                     }
                 })
                 .collect();
@@ -327,7 +322,7 @@ descriptors:
             assert_eq!(held.len(), 1, "one rule watched");
             held[0]
         };
-        tables.parts.lock().unwrap().insert(counter, 0.25);
+        tables.parts.lock().unwrap().insert(counter, 250_000);
         clock.advance(SEC);
         block_on(rounds.tick());
         assert_eq!(

@@ -480,16 +480,15 @@ impl ShareTable {
         out
     }
 
-    /// Records this node's part of the rule counted at `counter` (a fraction of it, clamped to
-    /// 0..=1, rounded down to millionths), as the fleet table said at `now` (the fleet's clock,
-    /// ns); the streams' next tick pushes what it moves. A part of a rule no stream watches yet
+    /// Records this node's part of the rule counted at `counter`, in millionths of it (at most
+    /// [`PER_RULE`]), as the fleet table said at `now` (the fleet's clock, ns); the streams' next tick pushes what it moves. A part of a rule no stream watches yet
     /// is kept for the first that joins it.
-    pub fn set_part(&self, counter: u128, part: f64, now: u64) {
+    pub fn set_part(&self, counter: u128, millionths: u64, now: u64) {
         let round = self.round();
         let entry = self.counters.entry(counter).or_default();
         let mut c = lock(entry.value());
         c.part = Some(FleetPart {
-            millionths: millionths(part),
+            millionths: millionths.min(PER_RULE),
             at: now,
         });
         c.unconfirmed = false;
@@ -1184,7 +1183,7 @@ descriptors:
         );
         // A part told before the first bucket joins is that bucket's first assignment.
         table.set_unknown_part(Some(0.5));
-        table.set_part(asked[0].counter, 0.4, 0);
+        table.set_part(asked[0].counter, 400_000, 0);
         assert!(
             a.rules_without_part(std::slice::from_ref(&x)).is_empty(),
             "told, not asked again"
@@ -1195,7 +1194,7 @@ descriptors:
             "watched"
         );
         // A part told for a rule no bucket joins is dropped two rounds later.
-        table.set_part(12_345, 0.9, 0);
+        table.set_part(12_345, 900_000, 0);
         let _ = table.demands(0);
         let _ = table.demands(0);
         assert_eq!(table.kept_parts(), 0, "dropped");
@@ -1207,13 +1206,13 @@ descriptors:
         let z_rule = a.rules_without_part(std::slice::from_ref(&z))[0].counter;
         assert!(a.report(0, vec![z]).is_empty(), "nothing assigned yet");
         assert!(a.tick(1).is_empty(), "nor at a tick");
-        table.set_part(z_rule, 0.2, 0);
+        table.set_part(z_rule, 200_000, 0);
         assert_eq!(rate(&a.tick(2)), 20.0, "the told part is pushed");
         // Parts that move are pushed; a part that is not a number is none.
         let demands = table.demands(0);
         assert_eq!(demands.len(), 3);
         for d in &demands {
-            table.set_part(d.counter, 0.25, 0);
+            table.set_part(d.counter, 250_000, 0);
         }
         let pushed = a.tick(3);
         assert_eq!(pushed.len(), 3, "{pushed:?}");
@@ -1223,7 +1222,7 @@ descriptors:
         // A part that shrinks by less than the 10 % that moves a share is still pushed: the
         // buckets in force would add up past it.
         for d in &demands {
-            table.set_part(d.counter, 0.24, 0);
+            table.set_part(d.counter, 240_000, 0);
         }
         let pushed = a.tick(3);
         assert_eq!(pushed.len(), 3, "{pushed:?}");
@@ -1231,7 +1230,7 @@ descriptors:
             assert_eq!(rate(std::slice::from_ref(action)), 24.0);
         }
         for d in &demands {
-            table.set_part(d.counter, f64::NAN, 0);
+            table.set_part(d.counter, millionths(f64::NAN), 0);
         }
         for action in &a.tick(4) {
             let r = rate(std::slice::from_ref(action));
@@ -1330,7 +1329,7 @@ descriptors:
         let x = report("x", 300);
         let rule = a.rules_without_part(std::slice::from_ref(&x))[0].counter;
         table.set_unknown_part(None);
-        table.set_part(rule, 0.5, 0);
+        table.set_part(rule, 500_000, 0);
         assert_eq!(rate(&a.report(0, vec![x])), 50.0);
         (table, a, rule)
     }
@@ -1352,7 +1351,7 @@ descriptors:
             vec![],
             "no renewal of a part no longer known"
         );
-        table.set_part(rule, 0.5, 8 * sec);
+        table.set_part(rule, 500_000, 8 * sec);
         assert_eq!(rate(&a.tick(7 * sec)), 50.0, "renewed once told again");
     }
 
@@ -1377,10 +1376,10 @@ descriptors:
             "nor a first one"
         );
         // A renewal succeeds: the part stands again, and what is due is sent.
-        table.set_part(rule, 0.5, 6 * sec);
+        table.set_part(rule, 500_000, 6 * sec);
         assert!(!a.tick(7 * sec).is_empty(), "renewed once confirmed");
         // A part told of a rule no stream watches, then unconfirmed, is not kept for the next.
-        table.set_part(12_345, 0.9, 0);
+        table.set_part(12_345, 900_000, 0);
         table.set_unconfirmed(12_345);
         assert_eq!(table.kept_parts(), 0);
     }
@@ -1499,8 +1498,8 @@ descriptors:
                         continue;
                     }
                     Step::Part(p) => {
-                        table.set_part(counter, p, 0);
                         told = Some(millionths(p));
+                        table.set_part(counter, millionths(p), 0);
                         continue;
                     }
                     Step::Unknown(p) => {
