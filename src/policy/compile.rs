@@ -20,6 +20,10 @@ use crate::limiter::{KeyBuilder, Quota, QuotaError};
 /// in a larger unit).
 const MAX_UNIT_MULTIPLIER: u64 = 1_000_000;
 
+/// The longest `delay` accepted: a caller waiting longer than this for an answer is better told
+/// to come back (Envoy's rate-limit filter waits 20 ms unless told otherwise).
+pub const MAX_DELAY_NANOS: u64 = 60 * NANOS_PER_SEC;
+
 /// Compiles the raw policies of one domain, appending problems: one file, or with merged
 /// domains every file naming it, in load order, their top-level descriptors concatenated into
 /// one tree (as envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG` does: a top-level key and value
@@ -422,6 +426,7 @@ impl Compiler<'_> {
                 (r.unit.as_ref().map(|u| u.pos), "unit"),
                 (r.burst.as_ref().map(|b| b.pos), "burst"),
                 (r.unit_multiplier.as_ref().map(|m| m.pos), "unit_multiplier"),
+                (r.delay.as_ref().map(|d| d.pos), "delay"),
             ] {
                 if let Some(pos) = given {
                     self.problem(
@@ -506,6 +511,24 @@ impl Compiler<'_> {
         let burst = self.bounded(r.burst.as_ref(), &field("burst"), 1, 0);
         let (unit, requests, multiplier, burst) = (unit?, requests?, multiplier?, burst?);
         let burst = if r.burst.is_some() { burst } else { requests };
+        let max_delay_nanos = match &r.delay {
+            None => 0,
+            Some(d) => match parse_delay(&d.value) {
+                Ok(_) if requests == 0 => {
+                    self.problem(
+                        Some(d.pos),
+                        &field("delay"),
+                        "a rule of 0 requests admits nothing, so it has no slot to wait for".into(),
+                    );
+                    return None;
+                }
+                Ok(nanos) => nanos,
+                Err(message) => {
+                    self.problem(Some(d.pos), &field("delay"), message);
+                    return None;
+                }
+            },
+        };
         let Some(period) = period_nanos(unit, multiplier) else {
             let pos = r.unit_multiplier.as_ref().map_or(r.pos, |m| m.pos);
             self.problem(
@@ -541,6 +564,7 @@ impl Compiler<'_> {
             unit_multiplier: u32::try_from(multiplier).ok()?,
             burst: u32::try_from(burst).ok()?,
             burst_set: r.burst.is_some(),
+            max_delay_nanos,
             quota,
         })
     }
@@ -628,6 +652,38 @@ impl Compiler<'_> {
             return None;
         }
         Some(n.value)
+    }
+}
+
+/// A `delay` as written: a whole number of milliseconds (`250ms`) or seconds (`1s`), more than
+/// 0 and at most [`MAX_DELAY_NANOS`]; in nanoseconds.
+fn parse_delay(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, scale) = if let Some(ms) = t.strip_suffix("ms") {
+        (ms, 1_000_000)
+    } else if let Some(s) = t.strip_suffix('s') {
+        (s, NANOS_PER_SEC)
+    } else {
+        return Err(format!(
+            "expected a duration such as 250ms or 1s, found {text:?}"
+        ));
+    };
+    let n: u64 = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        digits
+            .parse()
+            .map_err(|_| format!("{text:?} is too long a delay"))?
+    } else {
+        return Err(format!(
+            "expected a duration such as 250ms or 1s, found {text:?}"
+        ));
+    };
+    match n.checked_mul(scale) {
+        Some(nanos) if nanos > 0 && nanos <= MAX_DELAY_NANOS => Ok(nanos),
+        Some(0) => Err("must be more than 0 (leave it out to refuse at once)".into()),
+        _ => Err(format!(
+            "must be at most {}s, found {text:?}: a caller held that long is better refused with its wait",
+            MAX_DELAY_NANOS / NANOS_PER_SEC
+        )),
     }
 }
 
@@ -786,6 +842,61 @@ descriptors:
             panic!("limited")
         };
         assert!(c.quota.is_ban());
+    }
+
+    /// `delay` is read as milliseconds or seconds, bounded, and refused where it means nothing.
+    #[test]
+    fn a_delay_is_a_bounded_duration_on_a_limit_that_admits() {
+        let s = set(r"
+domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 5, delay: 250ms}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 10, delay: 1s}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 10}
+");
+        let d = s.domain("test-domain").unwrap();
+        let delay = |k: &str| match d.resolve([(k, "x")]).unwrap().rules[0].limit {
+            Limit::Limited(r) => r.max_delay_nanos,
+            Limit::Unlimited => panic!("limited"),
+        };
+        assert_eq!(delay("a"), 250_000_000);
+        assert_eq!(delay("b"), NANOS_PER_SEC);
+        assert_eq!(delay("c"), 0, "no delay written: refused at once");
+        let p = problems(
+            r"
+domain: test-domain
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, delay: 250}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 1, delay: 0ms}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 1, delay: 61s}
+  - key: d
+    rate_limit: {unit: second, requests_per_unit: 0, delay: 1s}
+  - key: e
+    rate_limit: {unlimited: true, delay: 1s}
+  - key: f
+    rate_limit: {unit: second, requests_per_unit: 1, delay: 99999999999999999999ms}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 1, delay: -5ms}
+",
+        );
+        exactly_these(
+            &p,
+            &[
+                r#"descriptors[0].rate_limit.delay: expected a duration such as 250ms or 1s, found "250""#,
+                "descriptors[1].rate_limit.delay: must be more than 0",
+                "descriptors[2].rate_limit.delay: must be at most 60s",
+                "descriptors[3].rate_limit.delay: a rule of 0 requests admits nothing",
+                "descriptors[4].rate_limit.delay: should not specify rate limit delay when unlimited",
+                "descriptors[5].rate_limit.delay: \"99999999999999999999ms\" is too long a delay",
+                r#"descriptors[6].rate_limit.delay: expected a duration such as 250ms or 1s, found "-5ms""#,
+            ],
+        );
     }
 
     /// The reference's schema with our additions (the fixture the fuzz targets decide against)

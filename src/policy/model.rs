@@ -81,6 +81,8 @@ pub struct RawRateLimit {
     pub burst: Option<Spanned<u64>>,
     /// `unit_multiplier` (ours).
     pub unit_multiplier: Option<Spanned<u64>>,
+    /// `delay` (ours): the longest a request may be held for its slot, e.g. `250ms`.
+    pub delay: Option<Spanned<String>>,
 }
 
 /// Reads nodes into the raw model, collecting problems.
@@ -194,6 +196,7 @@ impl Reader<'_> {
             "replaces",
             "burst",
             "unit_multiplier",
+            "delay",
         ];
         let fields = self.map(node, &path)?;
         let mut r = RawRateLimit {
@@ -208,6 +211,7 @@ impl Reader<'_> {
                 "name" => r.name = self.string(value, &field_path),
                 "replaces" => r.replaces = self.replaces(value, &field_path),
                 "burst" => r.burst = self.uint(value, &field_path),
+                "delay" => r.delay = self.string(value, &field_path),
                 _ => r.unit_multiplier = self.uint(value, &field_path),
             }
         }

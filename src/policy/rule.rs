@@ -85,6 +85,9 @@ pub struct Rate {
     pub burst: u32,
     /// Whether `burst` was written in the policy (false: inherited from `requests_per_unit`).
     pub burst_set: bool,
+    /// `delay`: the longest a request that does not fit now may be held for its slot, in
+    /// nanoseconds. 0 (the default, and the reference's behaviour): refused at once.
+    pub max_delay_nanos: u64,
     /// The compiled quota.
     pub quota: Quota,
 }
@@ -103,6 +106,7 @@ impl Rate {
             unit_multiplier: 1,
             burst: requests_per_unit,
             burst_set: false,
+            max_delay_nanos: 0,
             quota,
         }
     }
