@@ -81,6 +81,8 @@ pub struct Settings {
     pub max_detailed_series: usize,
     /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
     pub near_limit_ratio: f64,
+    /// Keys shown per limited rule (`metrics.top_keys`).
+    pub top_keys: usize,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING.
     pub drain_delay: Duration,
     /// How long shutdown then waits for in-flight calls.

@@ -77,6 +77,7 @@ impl Written {
             local,
             max_detailed_series: self.metrics.max_detailed_series,
             near_limit_ratio: self.metrics.near_limit_ratio,
+            top_keys: self.metrics.top_keys,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             grpc,
