@@ -12,8 +12,9 @@
 //! total (hits or refusals) the rule saw in the window; [`RuleView`] carries that bound.
 //!
 //! Cost on the request path: one hash of the key's entries, one map lookup for the rule, one
-//! mutex per rule, and no allocation when the key is already tracked (a new key reuses its
-//! slot's string). It reads the current counter of no key: the read side (the admin port) does
+//! mutex per rule, a sift in a min-heap of the slots by count (so the smallest is found without
+//! a scan), and no allocation when the key is already tracked (a new key reuses its slot's
+//! string). It reads the current counter of no key: the read side (the admin port) does
 //! that for the few keys it shows.
 
 use std::collections::HashMap;
@@ -154,12 +155,17 @@ struct Sketch {
     capacity: usize,
     /// Slots `[..used]` hold keys of this half; the rest are emptied ones kept for reuse.
     used: usize,
+    /// The used slots' indices as a binary min-heap by count: the slot a new key takes is the
+    /// root, found without a scan; a count only grows, so a hit moves its slot down.
+    heap: Vec<u32>,
     total: u64,
 }
 
 #[derive(Debug)]
 struct Slot {
     hash: u64,
+    /// Its place in the heap.
+    place: u32,
     count: u64,
     error: u64,
     remaining: u64,
@@ -340,8 +346,17 @@ impl RuleHitters {
             let total = live.iter().map(|h| pick(h).total).sum::<u64>();
             (keys.into_values().collect::<Vec<_>>(), total)
         };
+        // Ranked by the count each key surely has (count less error), then by count: a key
+        // that just took a slot inherits a large count and as large an error, and must not
+        // outrank one counted from the start (a rotating attacker's keys would).
         let heaviest = |mut v: Vec<KeyCount>| {
-            v.sort_by(|a, b| b.count.cmp(&a.count).then(a.entries.cmp(&b.entries)));
+            v.sort_by(|a, b| {
+                b.count
+                    .saturating_sub(b.error)
+                    .cmp(&a.count.saturating_sub(a.error))
+                    .then(b.count.cmp(&a.count))
+                    .then(a.entries.cmp(&b.entries))
+            });
             v.truncate(top);
             v
         };
@@ -382,6 +397,7 @@ impl Sketch {
             index,
             capacity,
             used: 0,
+            heap: Vec::with_capacity(capacity),
             total: 0,
         }
     }
@@ -394,6 +410,7 @@ impl Sketch {
     fn clear(&mut self) {
         // Keeps the slots' strings and the index's table: the next half reuses them.
         self.index.clear();
+        self.heap.clear();
         self.total = 0;
         self.used = 0;
     }
@@ -403,6 +420,7 @@ impl Sketch {
         I: Iterator<Item = (&'a str, &'a str)> + Clone,
     {
         self.total += seen.hits;
+        let mut fresh = false;
         let at = if let Some(&at) = self.index.get(&hash) {
             at as usize
         } else {
@@ -413,17 +431,13 @@ impl Sketch {
                 // A fresh slot, or one of an earlier half emptied: no count to inherit.
                 let slot = &mut self.slots[self.used];
                 slot.count = 0;
+                fresh = true;
                 self.used += 1;
                 self.used - 1
             } else {
-                // Space-saving: the new key takes the smallest count's slot and inherits it
-                // as its error.
-                let mut min = 0;
-                for (i, s) in self.slots.iter().enumerate() {
-                    if s.count < self.slots[min].count {
-                        min = i;
-                    }
-                }
+                // Space-saving: the new key takes the smallest count's slot (the heap's root)
+                // and inherits that count as its error.
+                let min = self.heap.first().map_or(0, |&i| i as usize);
                 self.index.remove(&self.slots[min].hash);
                 min
             };
@@ -439,6 +453,56 @@ impl Sketch {
         slot.count += seen.hits;
         slot.remaining = seen.remaining;
         slot.wait = seen.wait;
+        let place = slot.place as usize;
+        if fresh {
+            slot.place = self.heap.len() as u32;
+            self.heap.push(at as u32);
+            self.sift_up(self.heap.len() - 1);
+        } else {
+            self.sift_down(place);
+        }
+    }
+
+    fn count_at(&self, place: usize) -> u64 {
+        self.slots[self.heap[place] as usize].count
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.slots[self.heap[a] as usize].place = a as u32;
+        self.slots[self.heap[b] as usize].place = b as u32;
+    }
+
+    /// Moves the slot at heap place `i` up while it counts less than its parent.
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.count_at(i) >= self.count_at(parent) {
+                break;
+            }
+            self.swap(i, parent);
+            i = parent;
+        }
+    }
+
+    /// Moves the slot at heap place `i` down while a child counts less.
+    fn sift_down(&mut self, mut i: usize) {
+        let n = self.heap.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut least = i;
+            if l < n && self.count_at(l) < self.count_at(least) {
+                least = l;
+            }
+            if r < n && self.count_at(r) < self.count_at(least) {
+                least = r;
+            }
+            if least == i {
+                return;
+            }
+            self.swap(i, least);
+            i = least;
+        }
     }
 }
 
@@ -446,6 +510,7 @@ impl Slot {
     fn empty() -> Self {
         Self {
             hash: 0,
+            place: 0,
             count: 0,
             error: 0,
             remaining: 0,
@@ -553,6 +618,15 @@ mod tests {
                 hit(&h, &set, "heavy", true, 1, 0);
             }
         }
+        {
+            // The heap's root is the smallest count, as space-saving needs.
+            let rule = h.rules.iter().next().unwrap();
+            let state = rule.state.lock().unwrap();
+            let sketch = &state.halves[0].hits;
+            let min = sketch.live().iter().map(|s| s.count).min().unwrap();
+            assert_eq!(sketch.count_at(0), min);
+            assert_eq!(sketch.heap.len(), cap);
+        }
         // Two sketches in one half: each at its cap, the other half untouched.
         assert_eq!(h.slots(), 2 * cap);
         let state = h.rules.iter().next().unwrap().state.lock().unwrap().halves[0]
@@ -569,6 +643,21 @@ mod tests {
             top.count >= 100_000 && top.count - 100_000 <= bound,
             "{top:?}"
         );
+    }
+
+    #[test]
+    fn a_key_that_took_a_slot_does_not_outrank_keys_counted_from_the_start() {
+        let (h, set) = (Hitters::new(1), set());
+        // Ten slots, each held by a key of 4 hits counted from its first.
+        for i in 0..10 {
+            hit(&h, &set, &format!("k{i}"), false, 4, 0);
+        }
+        // A new key takes a slot: 5 by count, but only 1 surely (an error of 4).
+        hit(&h, &set, "rotated", false, 1, 0);
+        let v = &h.views_at(0, 0)[0];
+        let top = &v.top_hits[0];
+        assert_ne!(top.entries[0].1, "rotated", "{top:?}");
+        assert_eq!((top.count, top.error), (4, 0));
     }
 
     #[test]
