@@ -178,6 +178,9 @@ pub struct Metrics {
 /// Keys shown per rule by default (`metrics.top_keys`).
 pub const DEFAULT_TOP_KEYS: usize = 10;
 
+/// The most keys shown per rule: 10,000 slots per sketch, four sketches per rule.
+pub const MAX_TOP_KEYS: usize = 1_000;
+
 /// The policy version and reloads, as the admin port's `/limited` shows them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyVersion {

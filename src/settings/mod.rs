@@ -318,6 +318,9 @@ pub enum SettingsError {
         /// Why it cannot be used.
         why: String,
     },
+    /// `metrics.top_keys` above [`crate::metrics::MAX_TOP_KEYS`].
+    #[error("invalid settings: metrics.top_keys {0} is above {max}", max = crate::metrics::MAX_TOP_KEYS)]
+    TopKeys(usize),
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),

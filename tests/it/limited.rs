@@ -130,3 +130,49 @@ async fn top_keys_zero_tracks_nothing() {
     let (_, text) = http_get(s.admin, "/metrics").await;
     assert!(!text.contains("sluice_rule_top_refused"));
 }
+
+#[tokio::test]
+async fn in_redis_mode_a_node_shows_its_own_decisions_and_the_fleets_counters() {
+    use crate::helpers::redis::RedisProcess;
+    use crate::helpers::{eventually, redis_missing};
+    use sluice::settings::BackendKind;
+    if redis_missing("in_redis_mode_a_node_shows_its_own_decisions_and_the_fleets_counters") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let s = TestServer::start_with(&[("api.yaml", POLICY)], move |w: &mut Written| {
+        w.backend = BackendKind::Redis;
+        w.redis.url = url;
+        w.redis.key_prefix = "sluice-limited:".into();
+        w.redis.timeout_ms = 2_000;
+    })
+    .await;
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            s.call(single("api", "user", "warmup")).await.is_ok()
+        })
+        .await,
+        "redis answers"
+    );
+    calls(&s, "alice", 5).await;
+    let j = limited(&s).await;
+    assert_eq!(j["backend"], "redis", "{j}");
+    assert!(
+        j["view"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("this node's decisions only"),
+        "{j}"
+    );
+    let r = &j["rules"][0];
+    assert_eq!(r["top_refused"][0]["entries"][0]["value"], "alice", "{j}");
+    assert_eq!(r["top_refused"][0]["count"], 2, "{j}");
+    let near = &r["nearest_limit"][0];
+    assert_eq!(near["entries"][0]["value"], "alice", "{j}");
+    assert_eq!(
+        (near["remaining"].as_u64(), near["now"].as_bool()),
+        (Some(0), Some(true)),
+        "{j}"
+    );
+}
