@@ -176,3 +176,33 @@ async fn in_redis_mode_a_node_shows_its_own_decisions_and_the_fleets_counters() 
         "{j}"
     );
 }
+
+#[tokio::test]
+async fn sluice_top_prints_the_rule_and_its_heaviest_refused_key() {
+    let s = TestServer::start(&[("api.yaml", POLICY)]).await;
+    calls(&s, "alice", 6).await;
+    let admin = s.admin.to_string();
+    // A blocking child, on the blocking pool: the server answers it from this runtime.
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["top", &admin, "--once"])
+            .output()
+    })
+    .await
+    .expect("joined")
+    .expect("sluice top runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("api / api.user (per_user)"), "{text}");
+    assert!(text.contains("(3 total) · refused - (3 total)"), "{text}");
+    let row = text
+        .lines()
+        .skip_while(|l| !l.contains("top refused"))
+        .nth(1)
+        .unwrap_or("");
+    assert!(row.trim_start().starts_with("user=alice"), "{text}");
+}
