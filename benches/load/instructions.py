@@ -23,7 +23,7 @@ opentelemetry-proto, e.g. in tests/interop's virtualenv), on the hot key.
 
 --hitters compares, for each build, the heaviest keys of each rule not tracked
 (`metrics.top_keys: 0`) with tracked (the default, 10), on the hot key and on two descriptors over
-100,000 keys, both driven by loadgen for `--seconds` (no h2load needed).
+100,000 keys, both driven by loadgen paced to `--rate` for `--seconds` (no h2load needed).
 
     python3 benches/load/instructions.py --loadgen LOADGEN --hitters NAME=BIN
 """
@@ -102,6 +102,9 @@ def main():
     ap.add_argument("--hitters", action="store_true",
                     help="the top keys not tracked against tracked, hot key and 100k keys")
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rate", type=int, default=80,
+                    help="--hitters: calls a second, below what the server does under callgrind, so "
+                         "that both settings answer the same calls and share out the same background")
     ap.add_argument("builds", nargs="+", metavar="NAME=BIN")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
@@ -145,7 +148,8 @@ def hitters(args, policies, work):
         def drive(s):
             out = subprocess.run(
                 [args.loadgen, "--addr", f"127.0.0.1:{s.grpc}", "-c", "4", "-m", "8",
-                 "--warm-up", "0", "--seconds", str(args.seconds), "--keys", str(keys),
+                 "--rate", str(args.rate), "--warm-up", "0", "--seconds", str(args.seconds),
+                 "--keys", str(keys),
                  "--descriptors", str(descriptors)], check=True, capture_output=True,
                 text=True).stdout
             kv = dict(pair.split("=", 1) for pair in out.split())

@@ -151,7 +151,8 @@ struct Half {
 #[derive(Debug)]
 struct Sketch {
     slots: Vec<Slot>,
-    index: HashMap<u64, u32, FixedState>,
+    /// Key hash → slot; the hash is already uniform, so the map folds it and no more.
+    index: HashMap<u64, u32, KeyHash>,
     capacity: usize,
     /// Slots `[..used]` hold keys of this half; the rest are emptied ones kept for reuse.
     used: usize,
@@ -209,15 +210,6 @@ impl Hitters {
         if self.capacity == 0 {
             return;
         }
-        let rule = match self.rules.get(&seen.rule.id) {
-            Some(r) => Arc::clone(&r),
-            None => Arc::clone(
-                self.rules
-                    .entry(seen.rule.id)
-                    .or_insert_with(|| Arc::new(RuleHitters::new(seen, self.capacity)))
-                    .value(),
-            ),
-        };
         let mut hasher = FixedState::with_seed(0).build_hasher();
         for (k, v) in seen.entries.clone() {
             hasher.write(k.as_bytes());
@@ -226,22 +218,14 @@ impl Hitters {
             hasher.write_u8(0xfe);
         }
         let hash = hasher.finish();
-        let mut state = rule.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.denied {
-            state.refused += seen.hits;
-        } else {
-            state.admitted += seen.hits;
+        // The map's guard is held while the rule records: no await, and a shard's read lock.
+        if let Some(rule) = self.rules.get(&seen.rule.id) {
+            return rule.record(hash, seen, half);
         }
-        let h = &mut state.halves[(half % 2) as usize];
-        if h.number != half {
-            h.number = half;
-            h.hits.clear();
-            h.refused.clear();
-        }
-        h.hits.add(hash, seen);
-        if seen.denied {
-            h.refused.add(hash, seen);
-        }
+        self.rules
+            .entry(seen.rule.id)
+            .or_insert_with(|| Arc::new(RuleHitters::new(seen, self.capacity)))
+            .record(hash, seen, half);
     }
 
     /// Forgets the rules `set` no longer has.
@@ -297,6 +281,28 @@ impl Hitters {
 }
 
 impl RuleHitters {
+    fn record<'a, I>(&self, hash: u64, seen: &Seen<'a, I>, half: u64)
+    where
+        I: Iterator<Item = (&'a str, &'a str)> + Clone,
+    {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.denied {
+            state.refused += seen.hits;
+        } else {
+            state.admitted += seen.hits;
+        }
+        let h = &mut state.halves[(half % 2) as usize];
+        if h.number != half {
+            h.number = half;
+            h.hits.clear();
+            h.refused.clear();
+        }
+        h.hits.add(hash, seen);
+        if seen.denied {
+            h.refused.add(hash, seen);
+        }
+    }
+
     fn new<I>(seen: &Seen<'_, I>, capacity: usize) -> Self {
         let half = || Half {
             number: u64::MAX,
@@ -390,7 +396,7 @@ impl RuleHitters {
 
 impl Sketch {
     fn new(capacity: usize) -> Self {
-        let mut index = HashMap::with_hasher(FixedState::with_seed(1));
+        let mut index = HashMap::with_hasher(KeyHash::default());
         index.reserve(capacity);
         Self {
             slots: Vec::with_capacity(capacity),
