@@ -154,7 +154,8 @@ impl App {
     ) -> Result<Self, AppError> {
         let metrics = Arc::new(
             Metrics::install(settings.max_detailed_series)
-                .with_near_limit_ratio(settings.near_limit_ratio),
+                .with_near_limit_ratio(settings.near_limit_ratio)
+                .with_top_keys(settings.top_keys),
         );
         let set = match &settings.xds {
             Some(xds) => {

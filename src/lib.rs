@@ -25,7 +25,8 @@
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service, transport-free: buckets matched to rules, this
 //!   node's shares of each limited rule divided among the streams watching it by demand, the
 //!   streams' places per connection and peer, and the fleet's rounds renewing this node's parts.
-//! - [`metrics`]: metric names, the recorder, and the exposition of the backends' plain figures.
+//! - [`metrics`]: metric names, the recorder, the exposition of the backends' plain figures, and
+//!   the heaviest keys of each limited rule.
 //! - [`policy`]: YAML policy files → validated, compiled `PolicySet` behind an `ArcSwap`.
 //! - [`limiter`]: GCRA math, the clock, counter keys, and the [`limiter::Backend`] seam over the
 //!   in-memory store, Redis (exact, leased) and local mode.

@@ -25,5 +25,6 @@ fn main() -> ExitCode {
         Command::Check(args) => cli::check::run(&args),
         Command::Replay(args) => cli::replay::run(&args),
         Command::Probe(args) => cli::probe::run(&args),
+        Command::Top(args) => cli::top::run(&args),
     }
 }

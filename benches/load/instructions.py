@@ -20,6 +20,12 @@ exported over OTLP/gRPC to a receiver the script serves (it needs grpcio and
 opentelemetry-proto, e.g. in tests/interop's virtualenv), on the hot key.
 
     python3 benches/load/instructions.py --loadgen LOADGEN --traced NAME=BIN
+
+--hitters compares, for each build, the heaviest keys of each rule not tracked
+(`metrics.top_keys: 0`) with tracked (the default, 10), on the hot key and on two descriptors over
+100,000 keys, both driven by loadgen paced to `--rate` for `--seconds` (no h2load needed).
+
+    python3 benches/load/instructions.py --loadgen LOADGEN --hitters NAME=BIN
 """
 
 import argparse
@@ -93,6 +99,12 @@ def main():
                     help="memory against leased counting on a counter offered above its rate")
     ap.add_argument("--traced", action="store_true",
                     help="tracing off against tracing on at ratio 1 and 0.01, on the hot key")
+    ap.add_argument("--hitters", action="store_true",
+                    help="the top keys not tracked against tracked, hot key and 100k keys")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rate", type=int, default=80,
+                    help="--hitters: calls a second, below what the server does under callgrind, so "
+                         "that both settings answer the same calls and share out the same background")
     ap.add_argument("builds", nargs="+", metavar="NAME=BIN")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
@@ -108,6 +120,9 @@ def main():
 
     if args.leased:
         leased(args, work, hot)
+        return
+    if args.hitters:
+        hitters(args, policies, work)
         return
     if args.traced:
         traced(args, policies, work, hot)
@@ -125,6 +140,33 @@ def main():
         for scenario, drive in [("one descriptor, hot key", hot), ("two descriptors, 100k keys", many)]:
             per_call, calls = measure(binary, policies, drive, work)
             print(f"{name:<8} {scenario:<28} {per_call:>9,.0f} instructions/call over {calls:,.0f} calls",
+                  flush=True)
+
+
+def hitters(args, policies, work):
+    def loadgen(keys, descriptors):
+        def drive(s):
+            out = subprocess.run(
+                [args.loadgen, "--addr", f"127.0.0.1:{s.grpc}", "-c", "4", "-m", "8",
+                 "--rate", str(args.rate), "--warm-up", "0", "--seconds", str(args.seconds),
+                 "--keys", str(keys),
+                 "--descriptors", str(descriptors)], check=True, capture_output=True,
+                text=True).stdout
+            kv = dict(pair.split("=", 1) for pair in out.split())
+            return int(kv["ok"]) + int(kv["over_limit"])
+        return drive
+
+    modes = [("off", {"SLUICE_METRICS__TOP_KEYS": "0"}), ("top 10", {"SLUICE_METRICS__TOP_KEYS": "10"})]
+    for spec in args.builds:
+        name, binary = spec.split("=", 1)
+        for scenario, drive in [("one descriptor, hot key", loadgen(1, 1)),
+                                ("two descriptors, 100k keys", loadgen(100_000, 2))]:
+            per = {}
+            for mode, env in modes:
+                per[mode], calls = measure(binary, policies, drive, work, (), env)
+                print(f"{name:<8} {scenario:<28} {mode:<7} {per[mode]:>9,.0f} instructions/call"
+                      f" over {calls:,.0f} calls", flush=True)
+            print(f"{name:<8} {scenario:<28} top 10 / off: {per['top 10'] / per['off']:.3f}",
                   flush=True)
 
 

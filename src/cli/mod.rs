@@ -1,4 +1,4 @@
-//! The command line: clap's model of `sluice` and its four subcommands, one module each with a
+//! The command line: clap's model of `sluice` and its five subcommands, one module each with a
 //! `run(args) -> ExitCode`. The top of the library: `main` dispatches here and nothing in the
 //! library imports it. It turns flags into the lower modules' own values (`serve`'s overlay
 //! becomes [`settings::Overrides`]) and prints; the work is theirs. Exit status: 0 clean, 1
@@ -10,6 +10,7 @@ pub mod check;
 pub mod probe;
 pub mod replay;
 pub mod serve;
+pub mod top;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
@@ -69,6 +70,8 @@ pub enum Command {
     /// Real `ShouldRateLimit` calls, paced and bounded in count and time; at the end a
     /// per-second timeline of OK and OVER_LIMIT, call latency and the rate-limit headers seen.
     Probe(ProbeArgs),
+    /// Who is being limited on a running server: its `/limited`, refreshed in the terminal.
+    Top(TopArgs),
 }
 
 impl Default for Command {
@@ -230,6 +233,20 @@ pub struct ProbeArgs {
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `sluice top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// The server's admin port: `HOST:PORT` or an `http://` URL.
+    #[arg(value_name = "ADDR")]
+    pub addr: String,
+    /// Seconds between polls.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_duration)]
+    pub interval: f64,
+    /// Print once and exit.
+    #[arg(long)]
+    pub once: bool,
 }
 
 /// A run length in seconds: more than 0, at most an hour.

@@ -17,7 +17,7 @@ use std::time::{Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::limiter::{Backend, BackendError, Batch, Charge, LocalFallback, Source};
-use crate::metrics::{Metrics, RequestOutcome, RuleHit};
+use crate::metrics::{Metrics, RequestOutcome, RuleHit, Seen};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use counters::{Counter, CounterError, CounterState};
 pub use headers::{HeaderMode, HeaderOptions, LegacyNames};
@@ -333,7 +333,7 @@ impl Decider {
                     });
             decision.dynamic_metadata = Some(metadata::build(req, passed));
         }
-        self.record(req, &plan, &batch, &decision);
+        self.record(req, &plan, &batch, &decision, start);
         self.metrics.decided(start.elapsed());
         tracing::debug!(domain = %req.domain, overall = ?decision.overall, "decided");
         Ok(decision)
@@ -384,8 +384,16 @@ impl Decider {
         decision
     }
 
-    /// Records the request's outcome and each counted descriptor's hits.
-    fn record(&self, req: &Request, plan: &Plan<'_>, batch: &Batch, decision: &Decision) {
+    /// Records the request's outcome and each counted descriptor's hits, per rule and among
+    /// the rule's heaviest keys (by the entries its counter depends on, the rule's depth).
+    fn record(
+        &self,
+        req: &Request,
+        plan: &Plan<'_>,
+        batch: &Batch,
+        decision: &Decision,
+        at: Instant,
+    ) {
         self.metrics.request(match decision.overall {
             Code::Ok => RequestOutcome::Ok,
             Code::OverLimit => RequestOutcome::OverLimit,
@@ -423,6 +431,23 @@ impl Decider {
                     remaining: outcome.remaining.min(u64::from(u32::MAX)),
                     burst: u64::from(rate.burst),
                 });
+                let depth = rule.levels.len();
+                self.metrics.hitters().record(
+                    &Seen {
+                        domain: &req.domain,
+                        rule,
+                        entries: desc
+                            .entries
+                            .iter()
+                            .take(depth)
+                            .map(|e| (e.key.as_str(), e.value.as_str())),
+                        hits: op.cost,
+                        denied: !outcome.admitted,
+                        remaining: outcome.remaining,
+                        wait: outcome.wait,
+                    },
+                    at,
+                );
             }
         }
     }

@@ -7,13 +7,14 @@
 use crate::histogram::{self, LatencySnapshot};
 use crate::limiter::fallback::{BackendMode, LocalFigures};
 use crate::limiter::figures::{BreakerState, LeaseFigures, RedisFigures, Stats, StoreStats};
+use crate::metrics::hitters::{KeyCount, RuleView};
 use crate::metrics::names::{
     BACKEND_DECISIONS, BACKEND_FLEET_SIZE, BACKEND_LOCAL_KEYS, BACKEND_MODE, DECISION_DURATION,
     FAMILIES, Kind, LEASE_SHARE_RENEWALS, LEASE_SHARES, LEASE_SLICES, LEASE_TOKENS_RETURNED,
     LEASE_TOKENS_TAKEN, LEASES, REDIS_BREAKER, REDIS_CACHE_HITS, REDIS_CONNECTED,
     REDIS_COUNTER_REPAIRS, REDIS_ERRORS, REDIS_LATENCY, REDIS_REQUESTS, REDIS_ROUND_TRIPS,
-    REDIS_ROUND_TRIPS_BY_PURPOSE, RESPONSE_TIME, STORE_EVICTIONS, STORE_KEYS, TRACING_DROPPED,
-    TRACING_EXPORTED,
+    REDIS_ROUND_TRIPS_BY_PURPOSE, RESPONSE_TIME, STORE_EVICTIONS, STORE_KEYS, TOP_HITS,
+    TOP_REFUSED, TRACING_DROPPED, TRACING_EXPORTED,
 };
 use crate::metrics::{Metrics, SHOULD_RATE_LIMIT_METHOD};
 
@@ -83,8 +84,53 @@ impl Metrics {
                 render_mode(&mut out, lease.by_redis, Some(lease.by_lease), local);
             }
         }
+        if self.hitters.top() > 0 {
+            let views = self.hitters.views();
+            family(
+                &mut out,
+                TOP_REFUSED,
+                &top_samples(&views, |v| &v.top_refused),
+            );
+            family(&mut out, TOP_HITS, &top_samples(&views, |v| &v.top_hits));
+        }
         out
     }
+}
+
+/// One sample per rule and rank: `{domain, rule, rank, key}` where `key` is the entries as
+/// `k=v` joined by `,`. At most `top_keys` per rule, so the family has at most rules × k series
+/// at a time (the keys in them change as the heaviest do).
+fn top_samples(views: &[RuleView], pick: fn(&RuleView) -> &[KeyCount]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for v in views {
+        for (rank, k) in pick(v).iter().enumerate() {
+            let key = k
+                .entries
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            out.push((
+                format!(
+                    "{{domain=\"{}\",rule=\"{}\",rank=\"{}\",key=\"{}\"}}",
+                    escape(&v.domain),
+                    escape(&v.rule),
+                    rank + 1,
+                    escape(&key)
+                ),
+                k.count.to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// A label value escaped for the text format: backslash, double quote and newline.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Writes one family rendered from figures: its `# HELP` and `# TYPE` from [`FAMILIES`], then

@@ -7,12 +7,15 @@
 //! - this file: [`Metrics`], the recorder and the counts of requests, loads and streams;
 //! - `names`: every metric's name, kind and description;
 //! - `rules`: the per-rule counters and the cap on request-valued series ([`sanitize`] too);
+//! - `hitters`: the heaviest keys of each limited rule over the last minute ([`Hitters`]);
 //! - `exposition`: the text exposition, with the families rendered from figures at scrape time.
 
 mod exposition;
+mod hitters;
 mod names;
 mod rules;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -21,6 +24,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::histogram::LatencyHistogram;
 pub use crate::metrics::exposition::TracingFigures;
+pub use crate::metrics::hitters::{
+    CAPACITY_PER_TOP, HALF_SECONDS, Hitters, KeyCount, RuleView, Seen,
+};
 use crate::metrics::names::describe;
 pub use crate::metrics::names::*;
 use crate::metrics::rules::RuleSeries;
@@ -161,6 +167,27 @@ pub struct Metrics {
     duration: LatencyHistogram,
     /// The per-rule counters and their cap.
     rules: RuleSeries,
+    /// The heaviest keys of each limited rule.
+    hitters: Hitters,
+    /// Policy loads swapped in (the startup load is the first): the policy version.
+    policy_version: AtomicU64,
+    /// Reloads that failed, the running policies kept.
+    reloads_failed: AtomicU64,
+}
+
+/// Keys shown per rule by default (`metrics.top_keys`).
+pub const DEFAULT_TOP_KEYS: usize = 10;
+
+/// The most keys shown per rule: 10,000 slots per sketch, four sketches per rule.
+pub const MAX_TOP_KEYS: usize = 1_000;
+
+/// The policy version and reloads, as the admin port's `/limited` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyVersion {
+    /// Successful loads since the process started, the startup load included.
+    pub version: u64,
+    /// Reloads that failed since then.
+    pub reloads_failed: u64,
 }
 
 impl Metrics {
@@ -196,6 +223,33 @@ impl Metrics {
             should_rate_limit_time: LatencyHistogram::default(),
             duration: LatencyHistogram::default(),
             rules: RuleSeries::new(max_series),
+            hitters: Hitters::new(DEFAULT_TOP_KEYS),
+            policy_version: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Tracks the top `top` keys of each limited rule instead of [`DEFAULT_TOP_KEYS`] (0:
+    /// none).
+    #[must_use]
+    pub fn with_top_keys(mut self, top: usize) -> Self {
+        self.hitters = Hitters::new(top);
+        self
+    }
+
+    /// The heaviest keys of each limited rule.
+    #[must_use]
+    pub const fn hitters(&self) -> &Hitters {
+        &self.hitters
+    }
+
+    /// The policy version and failed reloads.
+    #[must_use]
+    pub fn policy_version(&self) -> PolicyVersion {
+        // Relaxed: plain counts, read for display.
+        PolicyVersion {
+            version: self.policy_version.load(Ordering::Relaxed),
+            reloads_failed: self.reloads_failed.load(Ordering::Relaxed),
         }
     }
 
@@ -209,6 +263,11 @@ impl Metrics {
 
     /// Counts a policy load.
     pub fn policy_loaded(&self, result: LoadResult, trigger: LoadTrigger) {
+        // Relaxed: plain counts, read for display.
+        match result {
+            LoadResult::Success => self.policy_version.fetch_add(1, Ordering::Relaxed),
+            LoadResult::Failure => self.reloads_failed.fetch_add(1, Ordering::Relaxed),
+        };
         match result {
             LoadResult::Success => metrics::counter!(CONFIG_LOAD_SUCCESS).increment(1),
             LoadResult::Failure => metrics::counter!(CONFIG_LOAD_ERROR).increment(1),
@@ -306,5 +365,6 @@ impl Metrics {
     /// exposed stay exposed, as Prometheus counters do; a rule that comes back continues its.
     pub fn keep_rules_of(&self, set: &PolicySet) {
         self.rules.keep_rules_of(set);
+        self.hitters.keep_rules_of(set);
     }
 }

@@ -39,6 +39,11 @@ pub const DECISION_DURATION: &str = "sluice_decision_duration_seconds";
 pub const STORE_KEYS: &str = "sluice_store_keys";
 /// Live keys evicted because the store was full.
 pub const STORE_EVICTIONS: &str = "sluice_store_evictions_total";
+/// The heaviest keys of each limited rule by refusals over the last minute, by `rank` (1 to
+/// `metrics.top_keys`), rendered at scrape time.
+pub const TOP_REFUSED: &str = "sluice_rule_top_refused";
+/// The heaviest keys of each limited rule by hits over the last minute, by `rank`.
+pub const TOP_HITS: &str = "sluice_rule_top_hits";
 /// Policy reloads by result.
 pub const POLICY_RELOADS: &str = "sluice_policy_reloads_total";
 /// Responses of the xDS management server, by result.
@@ -110,7 +115,7 @@ pub(super) enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-pub(super) const FAMILIES: [(&str, Kind, &str); 48] = [
+pub(super) const FAMILIES: [(&str, Kind, &str); 50] = [
     (
         SHOULD_RATE_LIMIT_ERROR,
         Kind::Counter,
@@ -191,6 +196,16 @@ pub(super) const FAMILIES: [(&str, Kind, &str); 48] = [
         "Live keys evicted because the store was full.",
     ),
     (POLICY_RELOADS, Kind::Counter, "Policy reloads by result."),
+    (
+        TOP_REFUSED,
+        Kind::Gauge,
+        "Refusals over the last 30 to 60 s of the rule's heaviest keys, by rank (at most metrics.top_keys per rule; each within N/capacity of the true count).",
+    ),
+    (
+        TOP_HITS,
+        Kind::Gauge,
+        "Hits over the last 30 to 60 s of the rule's heaviest keys, by rank (at most metrics.top_keys per rule; each within N/capacity of the true count).",
+    ),
     (
         XDS_RESPONSES,
         Kind::Counter,

@@ -2,7 +2,8 @@
 //! `POST /json` (a request decided like a gRPC call) and `GET /rlconfig`; and ours, an
 //! operator's hand on one counter: `POST /counters/lookup` (read-only) and `POST
 //! /counters/reset`, a write, refused unless `admin.write_token_file` is set and the request
-//! carries its token (`reset_counters`). Routed by [`router`]
+//! carries its token (`reset_counters`); who is being limited, `GET /limited` and its live page
+//! `GET /limited/page` (`limited`). Routed by [`router`]
 //! and served over HTTP/1 by [`serve_admin`], which holds a header-read deadline. The same
 //! server serves the two optional listeners the reference has beside it: the Prometheus text
 //! alone ([`metrics_router`], its `PROMETHEUS_ADDR`) and `/rlconfig` alone ([`debug_router`], its
@@ -51,6 +52,12 @@ pub(crate) struct AdminState {
 
 /// The admin routes; `/json` bodies are limited to `max_body_bytes`.
 pub(crate) fn router(state: AdminState, max_body_bytes: usize) -> Router {
+    let limited = super::limited::router(super::limited::LimitedState {
+        decider: state.decider.clone(),
+        metrics: Arc::clone(&state.metrics),
+        backend: state.backend.clone(),
+        policies: state.policies.clone(),
+    });
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
@@ -60,6 +67,7 @@ pub(crate) fn router(state: AdminState, max_body_bytes: usize) -> Router {
         .route("/counters/reset", post(reset_counters))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+        .merge(limited)
 }
 
 /// The metrics listener's one route: the Prometheus text at `path` (a plain absolute path).

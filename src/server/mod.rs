@@ -13,6 +13,7 @@ pub(crate) mod admin;
 mod connections;
 mod edge;
 mod idle;
+mod limited;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
 mod streams;

@@ -81,6 +81,8 @@ pub struct Settings {
     pub max_detailed_series: usize,
     /// The fraction of a bucket above which an admitted hit counts as `near_limit`.
     pub near_limit_ratio: f64,
+    /// Keys shown per limited rule (`metrics.top_keys`).
+    pub top_keys: usize,
     /// After a stop signal, how long to keep answering while health reports NOT_SERVING.
     pub drain_delay: Duration,
     /// How long shutdown then waits for in-flight calls.
@@ -316,6 +318,9 @@ pub enum SettingsError {
         /// Why it cannot be used.
         why: String,
     },
+    /// `metrics.top_keys` above [`crate::metrics::MAX_TOP_KEYS`].
+    #[error("invalid settings: metrics.top_keys {0} is above {max}", max = crate::metrics::MAX_TOP_KEYS)]
+    TopKeys(usize),
     /// `metrics.near_limit_ratio` outside 0..=1.
     #[error("invalid settings: metrics.near_limit_ratio {0} is not between 0 and 1")]
     NearLimitRatio(f64),

@@ -77,6 +77,7 @@ impl Written {
             local,
             max_detailed_series: self.metrics.max_detailed_series,
             near_limit_ratio: self.metrics.near_limit_ratio,
+            top_keys: self.metrics.top_keys,
             drain_delay: Duration::from_millis(self.drain_delay_ms),
             shutdown_grace: Duration::from_millis(self.shutdown_grace_ms),
             grpc,
@@ -233,6 +234,9 @@ fn metrics(m: &MetricsSection) -> Result<(), SettingsError> {
     let ratio = m.near_limit_ratio;
     if !(0.0..=1.0).contains(&ratio) {
         return Err(SettingsError::NearLimitRatio(ratio));
+    }
+    if m.top_keys > crate::metrics::MAX_TOP_KEYS {
+        return Err(SettingsError::TopKeys(m.top_keys));
     }
     Ok(())
 }
@@ -921,6 +925,16 @@ mod tests {
         assert_eq!(redis.auth.username.as_deref(), Some("sluice"));
         assert!(redis.auth.password.is_some());
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn top_keys_is_capped() {
+        let mut raw = Written::default();
+        raw.metrics.top_keys = crate::metrics::MAX_TOP_KEYS;
+        assert!(raw.clone().validate().is_ok());
+        raw.metrics.top_keys = crate::metrics::MAX_TOP_KEYS + 1;
+        let e = raw.validate().unwrap_err().to_string();
+        assert!(e.contains("metrics.top_keys 1001 is above 1000"), "{e}");
     }
 
     #[test]

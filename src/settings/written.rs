@@ -572,6 +572,9 @@ pub struct MetricsSection {
     /// An admitted hit counts as `near_limit` when it uses the bucket above this fraction
     /// (0 to 1), as envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`.
     pub near_limit_ratio: f64,
+    /// Keys shown per limited rule by `/limited` and the top-key series (0: none tracked); each
+    /// rule's sketches hold ten times as many.
+    pub top_keys: usize,
 }
 
 impl Default for MetricsSection {
@@ -581,6 +584,7 @@ impl Default for MetricsSection {
             path: "/metrics".into(),
             max_detailed_series: 1_000,
             near_limit_ratio: crate::metrics::DEFAULT_NEAR_LIMIT_RATIO,
+            top_keys: crate::metrics::DEFAULT_TOP_KEYS,
         }
     }
 }

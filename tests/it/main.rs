@@ -13,6 +13,7 @@ mod helpers;
 mod lab;
 mod layers;
 mod lease;
+mod limited;
 mod local;
 mod memory;
 mod metadata;
