@@ -17,6 +17,11 @@ mod local;
 mod memory;
 mod metadata;
 mod ops;
+// The example job, run by `client`'s tests against a real server (its `main` is not called).
+#[cfg(feature = "client")]
+#[allow(dead_code)]
+#[path = "../../examples/paced_batch.rs"]
+mod paced_batch;
 #[cfg(feature = "client")]
 mod quota_client;
 mod redis;
