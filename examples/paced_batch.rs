@@ -121,16 +121,14 @@ async fn call_the_api(started: Instant) -> Duration {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let url = args
-        .next()
-        .unwrap_or_else(|| "http://127.0.0.1:8081".into());
-    let items: u64 = args.next().map_or(Ok(100), |n| n.parse())?;
+    let args: Vec<String> = std::env::args().collect();
+    let url = args.get(1).map_or("http://127.0.0.1:8081", String::as_str);
+    let items: u64 = args.get(2).map_or(Ok(100), |n| n.parse())?;
     println!(
         "{items} calls at a stated {RATE_PER_SECOND} per second, {WORKERS} workers, each call \
          waiting at most {MAX_WAIT:?} for its slot"
     );
-    let run = run(&url, items, WORKERS, MAX_WAIT).await?;
+    let run = run(url, items, WORKERS, MAX_WAIT).await?;
     println!(
         "{} calls billed at {:.1} per second; {} refusals; {} left for the next run",
         run.billed,

@@ -69,6 +69,14 @@ def sluice_check(policy_dir, *args):
     return subprocess.run([sluice, "check", *args, policy_dir], capture_output=True, text=True)
 
 
+def strict_hcm(config):
+    """The first listener's HTTP connection manager of `config`, parsed strictly."""
+    bootstrap = json_format.ParseDict(config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
+    hcm = http_connection_manager_pb2.HttpConnectionManager()
+    bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    return hcm
+
+
 # sluice's default margin between a hold's end and the caller's deadline
 # (grpc.hold_deadline_margin_ms).
 HOLD_MARGIN_NS = 5_000_000
@@ -237,9 +245,7 @@ class EnvoyDelay(unittest.TestCase):
         (self.policy,) = load_yaml_docs("deploy", "envoy", "delay", "vendor.yaml")
 
     def filter(self):
-        bootstrap = json_format.ParseDict(self.config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
-        hcm = http_connection_manager_pb2.HttpConnectionManager()
-        bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+        hcm = strict_hcm(self.config)
         self.assertEqual([f.name for f in hcm.http_filters][-1], "envoy.filters.http.router")
         rl = rate_limit_pb2.RateLimit()
         self.assertTrue(hcm.http_filters[0].typed_config.Unpack(rl))
