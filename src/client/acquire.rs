@@ -52,6 +52,10 @@ impl RateLimitClient {
     /// off (its exact wait) and asked again. When sluice does not answer, the failure policy
     /// answers as in [`check`](Self::check): open goes ahead, closed waits its wait.
     ///
+    /// Each ask's `grpc-timeout` is the time left and the client's call deadline, so that the
+    /// answer has time to arrive: a server may hold it until its deadline less its margin, and
+    /// a slot that close to the end returns up to one call deadline past `max_wait`.
+    ///
     /// # Errors
     ///
     /// [`AcquireError::TooLong`] as soon as a refusal's wait would end past `max_wait`.
