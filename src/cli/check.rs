@@ -15,6 +15,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
         set,
         lease_max_age_nanos,
         rlqs_ttl_nanos,
+        hold_margin_nanos,
     } = match super::policies(args.config.as_deref(), dir) {
         Ok(p) => p,
         Err(code) => return code,
@@ -22,7 +23,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     let report = CheckReport::new(&dir, &set)
         .with_lease(lease_max_age_nanos)
         .with_rlqs(rlqs_ttl_nanos)
-        .with_filter_timeout(args.filter_timeout);
+        .with_filter_timeout(args.filter_timeout, hold_margin_nanos);
     if args.json {
         println!("{}", report.json());
     } else {

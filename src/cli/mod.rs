@@ -298,6 +298,8 @@ struct Policies {
     lease_max_age_nanos: Option<u64>,
     /// With the quota service on: an assignment's life (`rlqs.assignment_ttl_ms`), in nanoseconds.
     rlqs_ttl_nanos: Option<u64>,
+    /// How long before a caller's deadline a held answer is given, in nanoseconds.
+    hold_margin_nanos: u64,
 }
 
 /// Loads the settings of `config` with `dir` over their policy directory, then their policies;
@@ -337,6 +339,7 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
         rlqs_ttl_nanos: settings
             .rlqs
             .map(|q| u64::try_from(q.assignment_ttl.as_nanos()).unwrap_or(u64::MAX)),
+        hold_margin_nanos: crate::lab::guarantee::DEFAULT_HOLD_MARGIN_NS,
     })
 }
 

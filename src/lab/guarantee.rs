@@ -76,6 +76,9 @@ pub struct DelayBound {
     pub answered_of_a_burst: u64,
     /// Of those, how many are held for their slot: `floor(D / T)`.
     pub held_of_a_burst: u64,
+    /// sluice's hold margin (`grpc.hold_deadline_margin_ms`), in nanoseconds: a held answer is
+    /// given at least this long before the caller's deadline.
+    pub hold_margin_ns: u64,
     /// The least `timeout` Envoy's rate-limit filter must exceed for the longest hold to be
     /// answered: `D` plus the hold margin, in nanoseconds.
     pub filter_timeout_must_exceed_ns: u64,
@@ -99,10 +102,10 @@ pub struct FilterTimeout {
 /// Envoy's default `timeout` for its call to a rate-limit service: 20 ms.
 pub const ENVOY_FILTER_TIMEOUT_NS: u64 = 20_000_000;
 
-/// The margin sluice keeps between the end of a hold and the caller's deadline
-/// (`grpc.hold_deadline_margin_ms`, 5 ms by default): a slot later than the deadline less the
-/// margin is refused at once rather than held.
-pub const HOLD_MARGIN_NS: u64 = 5_000_000;
+/// The margin sluice keeps between the end of a hold and the caller's deadline by default
+/// (`grpc.hold_deadline_margin_ms`, 5 ms): a slot later than the deadline less the margin is
+/// refused at once rather than held.
+pub const DEFAULT_HOLD_MARGIN_NS: u64 = 5_000_000;
 
 impl Default for FilterTimeout {
     fn default() -> Self {
@@ -137,11 +140,12 @@ impl FilterTimeout {
 
 impl DelayBound {
     /// The bound of a rule of burst `b` and interval `t` (nanoseconds) that holds requests up to
-    /// `max_delay` nanoseconds, checked against the filter timeout `filter`.
+    /// `max_delay` nanoseconds, checked against the filter timeout `filter` with sluice's hold
+    /// margin `margin` (nanoseconds).
     #[must_use]
-    pub fn of(b: u64, t: u64, max_delay: u64, filter: FilterTimeout) -> Self {
+    pub fn of(b: u64, t: u64, max_delay: u64, filter: FilterTimeout, margin: u64) -> Self {
         let held = max_delay.checked_div(t).unwrap_or(0);
-        let must_exceed = max_delay.saturating_add(HOLD_MARGIN_NS);
+        let must_exceed = max_delay.saturating_add(margin);
         Self {
             max_delay_ns: max_delay,
             smoothed_interval_ns: t,
@@ -153,6 +157,7 @@ impl DelayBound {
             .unwrap_or(u64::MAX),
             answered_of_a_burst: b.saturating_add(held),
             held_of_a_burst: held,
+            hold_margin_ns: margin,
             filter_timeout_must_exceed_ns: must_exceed,
             filter_timeout: filter,
             filter_timeout_too_short: filter.ns <= must_exceed,
@@ -252,21 +257,29 @@ impl Guarantee {
             spend: SpendBound::of(&q),
             leased: None,
             rlqs: None,
-            delay: (rate.max_delay_nanos > 0)
-                .then(|| DelayBound::of(b, t, rate.max_delay_nanos, FilterTimeout::default())),
+            delay: (rate.max_delay_nanos > 0).then(|| {
+                DelayBound::of(
+                    b,
+                    t,
+                    rate.max_delay_nanos,
+                    FilterTimeout::default(),
+                    DEFAULT_HOLD_MARGIN_NS,
+                )
+            }),
         })
     }
 
     /// The same guarantee with a delaying rule checked against Envoy's filter timeout `filter`
-    /// (a rule that does not delay is unchanged).
+    /// and sluice's hold margin `margin` (a rule that does not delay is unchanged).
     #[must_use]
-    pub fn with_filter_timeout(mut self, filter: FilterTimeout) -> Self {
+    pub fn with_filter_timeout(mut self, filter: FilterTimeout, margin: u64) -> Self {
         if let Some(d) = self.delay {
             self.delay = Some(DelayBound::of(
                 u64::from(self.burst),
                 self.interval_ns,
                 d.max_delay_ns,
                 filter,
+                margin,
             ));
         }
         self
@@ -287,7 +300,7 @@ impl Guarantee {
             duration(d.max_delay_ns),
             d.filter_timeout.describe(),
             duration(d.filter_timeout_must_exceed_ns),
-            duration(HOLD_MARGIN_NS),
+            duration(d.hold_margin_ns),
         ))
     }
 
@@ -318,7 +331,7 @@ impl Guarantee {
             "  Envoy's rate-limit filter timeout must exceed {} (the delay and the {} hold \
              margin); checked against {}: {}",
             duration(d.filter_timeout_must_exceed_ns),
-            duration(HOLD_MARGIN_NS),
+            duration(d.hold_margin_ns),
             d.filter_timeout.describe(),
             if d.filter_timeout_too_short {
                 "too short"
@@ -561,14 +574,15 @@ impl CheckReport {
     }
 
     /// Every delaying rule checked against Envoy's rate-limit filter `timeout` of `ns`
-    /// nanoseconds (`None`: Envoy's default, 20 ms, as already checked).
+    /// nanoseconds (`None`: Envoy's default, 20 ms) and sluice's hold margin of `margin`
+    /// nanoseconds.
     #[must_use]
-    pub fn with_filter_timeout(mut self, ns: Option<u64>) -> Self {
+    pub fn with_filter_timeout(mut self, ns: Option<u64>, margin: u64) -> Self {
         let filter = ns.map_or_else(FilterTimeout::default, FilterTimeout::given);
         self.rules = self
             .rules
             .into_iter()
-            .map(|g| g.with_filter_timeout(filter))
+            .map(|g| g.with_filter_timeout(filter, margin))
             .collect();
         self.timeout_warnings = self
             .rules
@@ -875,7 +889,7 @@ descriptors:
         assert_eq!((d.answered_of_a_burst, d.held_of_a_burst), (15, 10));
         assert_eq!(
             d.filter_timeout_must_exceed_ns,
-            NANOS_PER_SEC + HOLD_MARGIN_NS
+            NANOS_PER_SEC + DEFAULT_HOLD_MARGIN_NS
         );
         assert!(d.filter_timeout.envoy_default && d.filter_timeout_too_short);
         // The bound on admission times is the same as without delay.
@@ -923,11 +937,21 @@ descriptors:
         assert!(w.contains("failure_mode_deny"), "{w}");
         // 255 ms is the delay and the margin exactly: still too short; 256 ms fits 250 ms only.
         for (timeout, warned) in [(255_000_000, 2), (256_000_000, 1), (2 * NANOS_PER_SEC, 0)] {
-            let r = CheckReport::new("dir", &set).with_filter_timeout(Some(timeout));
+            let r = CheckReport::new("dir", &set)
+                .with_filter_timeout(Some(timeout), DEFAULT_HOLD_MARGIN_NS);
             assert_eq!(r.timeout_warnings.len(), warned, "{timeout}");
             assert!(!r.rules[1].delay.unwrap().filter_timeout.envoy_default);
         }
-        let r = CheckReport::new("dir", &set).with_filter_timeout(Some(NANOS_PER_SEC));
+        // A wider margin (grpc.hold_deadline_margin_ms: 50) asks for more: above 300 ms.
+        let wide = CheckReport::new("dir", &set).with_filter_timeout(Some(300_000_000), 50_000_000);
+        assert_eq!(wide.timeout_warnings.len(), 2);
+        assert!(
+            wide.timeout_warnings[1].contains("above 300ms (the delay and sluice's 50ms hold"),
+            "{:?}",
+            wide.timeout_warnings
+        );
+        let r = CheckReport::new("dir", &set)
+            .with_filter_timeout(Some(NANOS_PER_SEC), DEFAULT_HOLD_MARGIN_NS);
         assert!(r.timeout_warnings[0].contains("timeout of 1s (--filter-timeout)"));
         let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
         let d = &json["rules"][0]["delay"];
