@@ -256,6 +256,19 @@ impl Metrics {
         metrics::counter!(XDS_RESPONSES, "result" => result).increment(1);
     }
 
+    /// Records an answer held for its slot from now on.
+    pub fn hold_began(&self) {
+        metrics::gauge!(HELD_REQUESTS).increment(1.0);
+    }
+
+    /// Records a held answer given: at its slot, or refused because the server stops
+    /// (`drained`).
+    pub fn hold_ended(&self, drained: bool) {
+        metrics::gauge!(HELD_REQUESTS).decrement(1.0);
+        let result = if drained { "drained" } else { "slot" };
+        metrics::counter!(HOLDS, "result" => result).increment(1);
+    }
+
     /// Records whether the stream to the xDS server is open.
     pub fn xds_connected(&self, open: bool) {
         metrics::gauge!(XDS_CONNECTED).set(f64::from(u8::from(open)));

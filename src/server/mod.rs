@@ -12,6 +12,7 @@ mod accept;
 pub(crate) mod admin;
 mod connections;
 mod edge;
+pub(crate) mod hold;
 mod idle;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
