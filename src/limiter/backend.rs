@@ -67,17 +67,12 @@ impl Backend {
             }
             // Boxed, so that the futures of every decision, memory ones included, are not
             // sized for a Redis round trip's state.
-            // Redis's scripts report an admitted charge's wait; its hold is read from it.
-            Self::Redis(redis) => Box::pin(redis.count_batch_from(ops))
-                .await
-                .map(|(b, source)| (b.with_holds(ops), source)),
+            Self::Redis(redis) => Box::pin(redis.count_batch_from(ops)).await,
             // A lease answers in place; only a request sent to Redis pays for the box (a round
             // trip's state, which would otherwise be moved to the heap on every call).
             Self::Leased(leased) => match leased.answer_from_leases(ops) {
                 Some(batch) => Ok((batch, Source::Lease)),
-                None => Box::pin(leased.count_in_redis(ops))
-                    .await
-                    .map(|(b, source)| (b.with_holds(ops), source)),
+                None => Box::pin(leased.count_in_redis(ops)).await,
             },
         }
     }

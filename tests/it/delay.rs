@@ -1,7 +1,7 @@
 //! A rule that delays (`delay`), on the wire: a request that does not fit now but whose slot
 //! comes within the delay is answered OK at its slot; one past it is refused with its wait. The
-//! hold never outlives the caller's `grpc-timeout`, is bounded in all, and ends at shutdown with a
-//! refusal.
+//! hold never outlives the caller's `grpc-timeout`, is bounded in all, ends at shutdown with a
+//! refusal, and in Redis mode follows the TAT two nodes share.
 //!
 //! The memory servers decide at a hand-driven clock that the tests leave still, so every request
 //! is decided at one instant and the slots are exact; the holds themselves are real time, and
@@ -10,11 +10,12 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sluice::pb::RateLimitResponse;
 use sluice::pb::rate_limit_response::Code;
-use sluice::settings::Written;
+use sluice::pb::{RateLimitRequest, RateLimitResponse};
+use sluice::settings::{BackendKind, Written};
 
-use crate::helpers::{TestServer, single};
+use crate::helpers::redis::RedisProcess;
+use crate::helpers::{TestServer, eventually, redis_missing, single};
 
 /// 10 a second (T = 100 ms), a bucket of 5, and a wait of up to a second for a slot.
 const POLICY: &str = r"
@@ -200,5 +201,67 @@ async fn shutdown_answers_held_requests_at_once_refused_with_their_wait() {
             "answered at the stop, not at its slot: {took:?}"
         );
         assert!(*reset >= 1, "with its wait");
+    }
+}
+/// Two servers on one Redis: a burst split across them is admitted within the shared bucket and
+/// its slots, one interval apart whichever node answered.
+#[tokio::test]
+async fn two_nodes_on_one_redis_hold_for_the_shared_slots() {
+    if redis_missing("two_nodes_on_one_redis_hold_for_the_shared_slots") {
+        return;
+    }
+    two_nodes(false).await;
+}
+
+/// The same with leases on: a counter whose rule delays is never leased, so its holds follow
+/// the shared TAT as without leases.
+#[tokio::test]
+async fn with_leases_a_delaying_counter_holds_for_the_shared_slots() {
+    if redis_missing("with_leases_a_delaying_counter_holds_for_the_shared_slots") {
+        return;
+    }
+    two_nodes(true).await;
+}
+
+async fn two_nodes(leases: bool) {
+    let redis = RedisProcess::start();
+    let on_redis = |url: String| {
+        move |w: &mut Written| {
+            w.backend = BackendKind::Redis;
+            w.redis.url = url;
+            w.redis.timeout_ms = 2_000;
+            w.redis.connect_timeout_ms = 500;
+            w.redis.lease.enabled = leases;
+        }
+    };
+    let a = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url())).await;
+    let b = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url())).await;
+    for server in [&a, &b] {
+        let connected = eventually(Duration::from_secs(5), || async {
+            server.call(single("d", "k", "warm")).await.is_ok()
+        })
+        .await;
+        assert!(connected, "Redis answers");
+    }
+    let sent = Instant::now();
+    let send = |server: &TestServer| {
+        let mut client = server.client.clone();
+        async move {
+            let req: RateLimitRequest = single("d", "k", "r");
+            let r = client.should_rate_limit(req).await;
+            (r.map(tonic::Response::into_inner), sent.elapsed())
+        }
+    };
+    let calls = (0..30).map(|i| send(if i % 2 == 0 { &a } else { &b }));
+    let answers = join_all(calls).await;
+    let (ok, over) = split(&answers);
+    // The bound over the 1 s of holds: B + floor(W/T) = 5 + 10, whichever node asked.
+    assert_eq!(ok.len(), 15, "{ok:?}");
+    assert_eq!(over.len(), 15);
+    // The slots follow the one TAT: one interval apart across both nodes (Redis time, so
+    // measured from the send, with the round trips' slack).
+    for (i, took) in ok[5..].iter().enumerate() {
+        let slot = 100 * MS * (i as u32 + 1);
+        assert!(within(*took, slot, 40 * MS), "slot {i}: {took:?}, {ok:?}");
     }
 }
