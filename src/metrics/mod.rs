@@ -107,6 +107,17 @@ impl RlqsFigures {
     }
 }
 
+/// How a held answer ended, as `sluice_holds_total{result}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldEnd {
+    /// Answered OK at its slot.
+    Slot,
+    /// Refused at once because the server drains.
+    Drained,
+    /// Dropped with its call: the caller went away before the slot.
+    Cancelled,
+}
+
 /// A request's result, as `sluice_decisions_total{result}` counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOutcome {
@@ -261,11 +272,14 @@ impl Metrics {
         metrics::gauge!(HELD_REQUESTS).increment(1.0);
     }
 
-    /// Records a held answer given: at its slot, or refused because the server stops
-    /// (`drained`).
-    pub fn hold_ended(&self, drained: bool) {
+    /// Records a held answer's end.
+    pub fn hold_ended(&self, end: HoldEnd) {
         metrics::gauge!(HELD_REQUESTS).decrement(1.0);
-        let result = if drained { "drained" } else { "slot" };
+        let result = match end {
+            HoldEnd::Slot => "slot",
+            HoldEnd::Drained => "drained",
+            HoldEnd::Cancelled => "cancelled",
+        };
         metrics::counter!(HOLDS, "result" => result).increment(1);
     }
 

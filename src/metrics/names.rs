@@ -99,8 +99,8 @@ pub const RLQS_ACTIONS: &str = "sluice_rlqs_actions_total";
 pub const RLQS_REFUSED: &str = "sluice_rlqs_refused_streams_total";
 /// Answers held for their slot now (a rule's `delay`).
 pub const HELD_REQUESTS: &str = "sluice_held_requests";
-/// Answers held for their slot, by how the hold ended: `slot` (answered OK at its slot) or
-/// `drained` (refused at once because the server stopped).
+/// Answers held for their slot, by how the hold ended: `slot` (answered OK at its slot),
+/// `drained` (refused at once because the server stopped) or `cancelled` (the caller went away).
 pub const HOLDS: &str = "sluice_holds_total";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
@@ -209,7 +209,7 @@ pub(super) const FAMILIES: [(&str, Kind, &str); 50] = [
     (
         HOLDS,
         Kind::Counter,
-        "Answers held until their slot, by result: slot (answered OK at its slot) or drained (refused at once, the server stopping).",
+        "Answers held until their slot, by result: slot (answered OK at its slot), drained (refused at once, the server stopping) or cancelled (the call ended first: its caller went away).",
     ),
     (
         XDS_CONNECTED,

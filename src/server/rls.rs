@@ -9,6 +9,7 @@ use tonic::Status;
 
 use super::hold::{CallDeadline, ConnectionHolds, HoldPlace, Holds};
 use crate::decision::{DecideError, Decider, Decision};
+use crate::metrics::{HoldEnd, Metrics};
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::traces::CallSpan;
 use crate::wire;
@@ -92,14 +93,17 @@ impl RateLimitHandler {
     async fn hold(&self, decision: Decision, place: HoldPlace) -> Decision {
         let nanos = decision.hold.as_ref().map_or(0, |h| h.nanos);
         let slot = tokio::time::Instant::now() + Duration::from_nanos(nanos);
-        let metrics = self.decider.metrics();
-        metrics.hold_began();
+        let mut holding = Holding::new(self.decider.metrics(), place);
         let drained = tokio::select! {
             () = tokio::time::sleep_until(slot) => false,
             () = self.holds.drained() => true,
         };
-        metrics.hold_ended(drained);
-        drop(place);
+        holding.end = if drained {
+            HoldEnd::Drained
+        } else {
+            HoldEnd::Slot
+        };
+        drop(holding);
         if drained {
             let left = slot.saturating_duration_since(tokio::time::Instant::now());
             let left = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
@@ -107,6 +111,31 @@ impl RateLimitHandler {
         } else {
             decision
         }
+    }
+}
+
+/// A hold from its start to its end, however it ends: at its slot, at the drain, or dropped
+/// with its call (the caller went away first), which gives its place back and counts it.
+struct Holding<'m> {
+    metrics: &'m Metrics,
+    _place: HoldPlace,
+    end: HoldEnd,
+}
+
+impl<'m> Holding<'m> {
+    fn new(metrics: &'m Metrics, place: HoldPlace) -> Self {
+        metrics.hold_began();
+        Self {
+            metrics,
+            _place: place,
+            end: HoldEnd::Cancelled,
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.metrics.hold_ended(self.end);
     }
 }
 

@@ -152,6 +152,28 @@ async fn a_hold_never_outlives_the_callers_grpc_timeout() {
     }
 }
 
+#[tokio::test]
+async fn a_caller_that_goes_away_ends_its_hold_and_gives_its_place_back() {
+    let server = TestServer::start_with(&[("p.yaml", POLICY)], bounded(1)).await;
+    burst(&server, 5, "c", None).await;
+    // The sixth is held for 100 ms; its caller gives up after 30 ms.
+    let mut client = server.client.clone();
+    let gone = tokio::time::timeout(30 * MS, client.should_rate_limit(single("d", "k", "c")));
+    assert!(gone.await.is_err(), "still held when its caller went away");
+    let counted = eventually(Duration::from_secs(2), || async {
+        let text = crate::helpers::http_get(server.admin, "/metrics").await.1;
+        text.contains("sluice_holds_total{result=\"cancelled\"}")
+    })
+    .await;
+    assert!(counted, "the hold ended with its call");
+    // Its place is free: the next request is held (for the seventh slot, its own, at 200 ms:
+    // the abandoned one's slot stays spent).
+    let sent = Instant::now();
+    let r = server.ok(single("d", "k", "c")).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(sent.elapsed() >= 100 * MS, "{:?}", sent.elapsed());
+}
+
 fn bounded(max_held: usize) -> impl FnOnce(&mut Written) {
     move |w: &mut Written| w.grpc.max_held_requests = max_held
 }
