@@ -5,6 +5,7 @@ mod client;
 mod compat;
 mod conn;
 mod counters;
+mod delay;
 mod docs;
 mod docs_examples;
 mod gcra;
