@@ -451,7 +451,6 @@ async fn batch(delay: bool) -> crate::paced_batch::Run {
 }
 
 #[tokio::test]
-#[ignore = "needs the server's hold"]
 async fn the_example_job_runs_at_its_stated_rate_with_no_refusal_against_a_delaying_rule() {
     let run = batch(true).await;
     assert_eq!((run.billed, run.refusals, run.left), (40, 0, 0), "{run:?}");
