@@ -339,7 +339,8 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
         rlqs_ttl_nanos: settings
             .rlqs
             .map(|q| u64::try_from(q.assignment_ttl.as_nanos()).unwrap_or(u64::MAX)),
-        hold_margin_nanos: crate::lab::guarantee::DEFAULT_HOLD_MARGIN_NS,
+        hold_margin_nanos: u64::try_from(settings.grpc.hold_deadline_margin.as_nanos())
+            .unwrap_or(u64::MAX),
     })
 }
 

@@ -104,7 +104,7 @@ pub const ENVOY_FILTER_TIMEOUT_NS: u64 = 20_000_000;
 
 /// The margin sluice keeps between the end of a hold and the caller's deadline by default
 /// (`grpc.hold_deadline_margin_ms`, 5 ms): a slot later than the deadline less the margin is
-/// refused at once rather than held.
+/// refused at once rather than held. `sluice check` reads the setting; this is its default.
 pub const DEFAULT_HOLD_MARGIN_NS: u64 = 5_000_000;
 
 impl Default for FilterTimeout {

@@ -535,4 +535,21 @@ fn check_states_a_delaying_rule_and_warns_when_the_filter_timeout_is_too_short()
     assert_eq!(doc["timeout_warnings"].as_array().unwrap().len(), 1);
     let bad = check(&["--filter-timeout", "20", policies]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    // The hold margin is the server's setting: 50 ms asks for a timeout above 300 ms.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let settings = elsewhere.path().join("settings.yaml");
+    std::fs::write(&settings, "grpc:\n  hold_deadline_margin_ms: 50\n").unwrap();
+    let wide = check(&[
+        "--config",
+        settings.to_str().unwrap(),
+        "--filter-timeout",
+        "300ms",
+        policies,
+    ]);
+    assert_eq!(wide.status.code(), Some(0), "{wide:?}");
+    assert!(
+        String::from_utf8_lossy(&wide.stderr)
+            .contains("set the filter's `timeout` above 300ms (the delay and sluice's 50ms hold"),
+        "{wide:?}"
+    );
 }
