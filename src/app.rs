@@ -31,6 +31,7 @@ use crate::reload::Reloader;
 use crate::rlqs::ShareTable;
 use crate::rlqs::fleet::{Fleet, FleetTable};
 use crate::server::admin::{self, AdminState};
+use crate::server::hold::Holds;
 use crate::server::rlqs::{self, RlqsService};
 use crate::server::{self, Health, rls::RateLimitHandler};
 use crate::server::{CappedListener, GrpcConnections, GrpcRoutes};
@@ -329,11 +330,12 @@ impl App {
         let quota =
             table.map(|t| RlqsService::new(t, fleet.clone(), stop.clone(), settings.decision.caps));
         let quota_reloads = quota.as_ref().map(|q| q.watch_reloads(stop.clone()));
+        let holds = Arc::new(Holds::new(&settings.grpc));
         let grpc = start_grpc(
             grpc,
             &settings,
             tls.clone(),
-            (decider, quota, tracer),
+            (decider, quota, tracer, Arc::clone(&holds)),
             health_service,
             &stop,
         );
@@ -407,6 +409,8 @@ impl App {
         let mut servers = Servers { grpc, admin, extra };
         let failure = servers.until_stopped(shutdown).await;
         draining.cancel();
+        // Held answers are given now, refused with their wait: a draining server holds none.
+        holds.drain();
         shut_down(&settings, &health, failure.is_none(), stop, async {
             let extra = servers.extra.into_iter().map(|(_, task)| task);
             let _ = tokio::join!(
@@ -500,7 +504,12 @@ fn start_grpc(
     listener: TcpListener,
     settings: &Settings,
     tls: Option<ServerTls>,
-    (decider, quota, tracer): (Decider, Option<RlqsService>, Option<Arc<CallTracer>>),
+    (decider, quota, tracer, holds): (
+        Decider,
+        Option<RlqsService>,
+        Option<Arc<CallTracer>>,
+        Arc<Holds>,
+    ),
     health: HealthServer<impl tonic_health::pb::health_server::Health>,
     stop: &CancellationToken,
 ) -> ServerTask {
@@ -508,7 +517,7 @@ fn start_grpc(
     let incoming = CappedListener::new(listener, "gRPC", limits.max_connections);
     let connections = GrpcConnections { limits, tls };
     let routes = GrpcRoutes::new(
-        RateLimitHandler::new(decider),
+        RateLimitHandler::new(decider, holds),
         quota,
         health,
         settings.max_request_bytes,

@@ -14,7 +14,8 @@ use crate::limiter::{Backend, ManualClock, MemoryStore};
 use crate::metrics::Metrics;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::policy::PolicyHandle;
-use crate::server::rls::RateLimitHandler;
+use crate::server::hold::Holds;
+use crate::server::rls::{HoldContext, RateLimitHandler};
 use crate::wire::json;
 
 /// `wire::json::parse`: a `/json` body as a decision request, or why it is refused.
@@ -48,7 +49,7 @@ impl Rls {
         let backend = Backend::memory(MemoryStore::new(), clock.clone());
         let decider = Decider::new(policies, backend, metrics, options);
         Self {
-            handler: RateLimitHandler::new(decider),
+            handler: RateLimitHandler::new(decider, Arc::new(Holds::none())),
             clock,
         }
     }
@@ -70,7 +71,7 @@ impl Rls {
     /// When the in-memory decision waits, which it never does.
     pub fn answer(&self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         self.handler
-            .answer(request, None)
+            .answer(request, None, HoldContext::default())
             .now_or_never()
             .expect("the in-memory decision completes without waiting")
     }

@@ -167,9 +167,14 @@ pub struct CheckArgs {
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Exit 1 when any limited rule inherits its burst.
+    /// Exit 1 when any limited rule inherits its burst, or a delaying rule's longest hold does
+    /// not fit the filter timeout.
     #[arg(long)]
     pub strict: bool,
+    /// The `timeout` of Envoy's rate-limit filter in front of sluice (e.g. `300ms`, `1s`),
+    /// which a delaying rule's `delay` must fit; Envoy's default, 20ms, when not given.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    pub filter_timeout: Option<u64>,
 }
 
 /// Flags of `sluice replay`.
@@ -262,6 +267,44 @@ fn parse_duration(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A timeout as Envoy's YAML writes a duration, in whole milliseconds (`250ms`) or seconds
+/// (`1s`, `0.3s`), more than 0 and at most an hour: nanoseconds.
+fn parse_timeout(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration such as 250ms or 1s");
+    let (number, per) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 1_000_000_u64)
+    } else if let Some(secs) = s.strip_suffix('s') {
+        (secs, 1_000_000_000)
+    } else {
+        return Err(bad());
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: u64 = whole.parse().map_err(|_| bad())?;
+    // Digits past nanoseconds are dropped (a timeout is never that fine).
+    let mut part = 0_u64;
+    let mut scale = per;
+    for b in fraction.bytes() {
+        scale /= 10;
+        part += u64::from(b - b'0') * scale;
+    }
+    let ns = whole
+        .checked_mul(per)
+        .and_then(|n| n.checked_add(part))
+        .ok_or_else(bad)?;
+    if ns == 0 || ns > 3_600 * 1_000_000_000 {
+        return Err(format!("{s} must be more than 0 and at most 3600s"));
+    }
+    Ok(ns)
+}
+
 /// The policies `check` and `replay` read, as `--config` and the policy directory name them.
 struct Policies {
     /// The directory they came from, for the report.
@@ -272,6 +315,8 @@ struct Policies {
     lease_max_age_nanos: Option<u64>,
     /// With the quota service on: an assignment's life (`rlqs.assignment_ttl_ms`), in nanoseconds.
     rlqs_ttl_nanos: Option<u64>,
+    /// How long before a caller's deadline a held answer is given, in nanoseconds.
+    hold_margin_nanos: u64,
 }
 
 /// Loads the settings of `config` with `dir` over their policy directory, then their policies;
@@ -311,6 +356,8 @@ fn policies(config: Option<&Path>, dir: Option<PathBuf>) -> Result<Policies, Exi
         rlqs_ttl_nanos: settings
             .rlqs
             .map(|q| u64::try_from(q.assignment_ttl.as_nanos()).unwrap_or(u64::MAX)),
+        hold_margin_nanos: u64::try_from(settings.grpc.hold_deadline_margin.as_nanos())
+            .unwrap_or(u64::MAX),
     })
 }
 
@@ -323,6 +370,17 @@ fn fail(err: &dyn std::fmt::Display, code: ExitCode) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_timeout_reads_as_envoy_writes_durations() {
+        assert_eq!(parse_timeout("20ms"), Ok(20_000_000));
+        assert_eq!(parse_timeout("1s"), Ok(1_000_000_000));
+        assert_eq!(parse_timeout("0.3s"), Ok(300_000_000));
+        assert_eq!(parse_timeout("1.25s"), Ok(1_250_000_000));
+        for bad in ["20", "ms", "-5ms", "1.s.s", "0ms", "3601s", "1e3ms", " 5ms"] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_reference_name_is_the_file_name_alone() {

@@ -1,6 +1,7 @@
 //! The client half: what a service links to ask sluice before it does work. It owns the call
 //! ([`RateLimitClient`]: `ShouldRateLimit` with a per-call deadline), the typed [`Answer`], the
-//! stated [`FailurePolicy`] for when sluice does not answer, the jittered [`backoff`], the tower
+//! stated [`FailurePolicy`] for when sluice does not answer, waiting for a slot instead of taking
+//! a refusal ([`acquire`]), the jittered [`backoff`], the tower
 //! [`layer`], the [`adaptive`] concurrency limit for a service's own downstream calls, and the
 //! [`quota`] enforcer of Rate Limit Quota Service assignments (the local token buckets that
 //! decide with no round trip, as Envoy's quota filter does). It does not decide what a request
@@ -9,6 +10,7 @@
 //! so a service linking it depends on the API, not on sluice's insides. It is behind the
 //! `client` cargo feature so the server build does not grow.
 
+pub mod acquire;
 pub mod adaptive;
 pub mod backoff;
 pub mod layer;
@@ -24,6 +26,7 @@ use crate::pb::rate_limit_response::Code;
 use crate::pb::rate_limit_service_client::RateLimitServiceClient;
 use crate::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
 
+pub use acquire::{AcquireError, Acquired};
 pub use backoff::{Backoff, Jitter};
 pub use layer::{RateLimit, RateLimitLayer, Refusal};
 pub use quota::{Bucket, Quota, QuotaBuilder};
@@ -270,15 +273,20 @@ impl RateLimitClient {
     pub async fn check_hits(&self, descriptors: &[Descriptor], hits: u32) -> Answer {
         match self.try_check(descriptors, hits).await {
             Ok(answer) => {
-                // Load first: the common case (not failing) writes nothing.
-                if self.health.failing.load(Ordering::Relaxed)
-                    && self.health.failing.swap(false, Ordering::Relaxed)
-                {
-                    tracing::info!(domain = %self.domain, "sluice answers again");
-                }
+                self.answered();
                 answer
             }
             Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Notes an answer: logs that sluice answers again after failures.
+    fn answered(&self) {
+        // Load first: the common case (not failing) writes nothing.
+        if self.health.failing.load(Ordering::Relaxed)
+            && self.health.failing.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(domain = %self.domain, "sluice answers again");
         }
     }
 
@@ -289,33 +297,30 @@ impl RateLimitClient {
         descriptors: &[Descriptor],
         hits: u32,
     ) -> Result<Answer, ClientError> {
+        self.ask(descriptors, hits, self.deadline).await
+    }
+
+    /// One call with its own `deadline`, sent as `grpc-timeout` too (a server that delays
+    /// holds an answer no longer than that, less its margin).
+    async fn ask(
+        &self,
+        descriptors: &[Descriptor],
+        hits: u32,
+        deadline: Duration,
+    ) -> Result<Answer, ClientError> {
         let mut request = tonic::Request::new(RateLimitRequest {
             domain: self.domain.to_string(),
             descriptors: descriptors.iter().map(Descriptor::to_pb).collect(),
             hits_addend: hits,
         });
-        request.set_timeout(self.deadline);
+        request.set_timeout(deadline);
         // The stub needs `&mut`; a clone of it is a clone of the channel handle.
         let mut stub = self.stub.clone();
-        let response = tokio::time::timeout(self.deadline, stub.should_rate_limit(request))
+        let response = tokio::time::timeout(deadline, stub.should_rate_limit(request))
             .await
-            .map_err(|_| ClientError::Deadline(self.deadline))?
-            .map_err(|status| self.call_error(status))?;
+            .map_err(|_| ClientError::Deadline(deadline))?
+            .map_err(|status| call_error(status, deadline))?;
         answer(&response.into_inner())
-    }
-
-    /// The error of a call that ended with `status`: tonic's channel enforces the
-    /// `grpc-timeout` it sends too, and reports it as `CANCELLED` caused by `TimeoutExpired`;
-    /// that is the deadline, whichever timer fired first.
-    fn call_error(&self, status: tonic::Status) -> ClientError {
-        let mut cause = std::error::Error::source(&status);
-        while let Some(error) = cause {
-            if error.is::<tonic::TimeoutExpired>() {
-                return ClientError::Deadline(self.deadline);
-            }
-            cause = error.source();
-        }
-        ClientError::Status(status)
     }
 
     /// Counts and logs a failure, and answers as the policy says.
@@ -335,6 +340,20 @@ impl RateLimitClient {
         }
         self.policy.answer()
     }
+}
+
+/// The error of a call with `deadline` that ended with `status`: tonic's channel enforces the
+/// `grpc-timeout` it sends too, and reports it as `CANCELLED` caused by `TimeoutExpired`; that
+/// is the deadline, whichever timer fired first.
+fn call_error(status: tonic::Status, deadline: Duration) -> ClientError {
+    let mut cause = std::error::Error::source(&status);
+    while let Some(error) = cause {
+        if error.is::<tonic::TimeoutExpired>() {
+            return ClientError::Deadline(deadline);
+        }
+        cause = error.source();
+    }
+    ClientError::Status(status)
 }
 
 /// The typed answer of a response: `OK` → allowed; `OVER_LIMIT` → refused for the longest

@@ -132,8 +132,8 @@ impl Decider {
         let plan = plan::plan(
             req,
             domain,
-            self.options.shadow_mode,
-            self.options.quota_mode,
+            (self.options.shadow_mode, self.options.quota_mode),
+            0,
         );
         let mut counters = Vec::with_capacity(plan.ops.len());
         for (i, planned) in plan.descriptors.iter().enumerate() {

@@ -233,6 +233,7 @@ mod tests {
                 body: Vec::new(),
                 dynamic_metadata: None,
                 trace: None,
+                hold: None,
             };
             let e = extras(&d, &legacy, 0.0);
             e.headers

@@ -16,7 +16,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::{Backend, BackendError, Batch, Charge, LocalFallback, Source};
+use crate::limiter::{Backend, BackendError, Batch, Charge, LocalFallback, Op, Source};
 use crate::metrics::{Metrics, RequestOutcome, RuleHit, Seen};
 use crate::policy::{PolicyHandle, Rate, Rule};
 pub use counters::{Counter, CounterError, CounterState};
@@ -124,6 +124,56 @@ pub struct Decision {
     /// With [`Options::traced`]: what the call's trace says of the decision. Boxed, so that
     /// an untraced decision, moved on every call, stays small.
     pub trace: Option<Box<DecisionTrace>>,
+    /// Admitted at a slot still ahead: how long the answer is held, and what giving the slot
+    /// back takes. `None` for an answer given at once. Boxed, as `trace`.
+    pub hold: Option<Box<Held>>,
+}
+
+/// An admitted request whose answer waits for its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Nanoseconds from the decision to the slot.
+    pub nanos: u64,
+    /// The request's charges as refunds: what gives its slot back.
+    refunds: Vec<Op>,
+    /// The descriptors that wait for a slot.
+    descriptors: Vec<usize>,
+}
+
+impl Held {
+    /// The hold of an admitted `plan`, `nanos` long.
+    fn of(plan: &Plan<'_>, batch: &Batch, nanos: u64) -> Self {
+        let charged = |(op, o): &(&Op, &crate::limiter::CounterOutcome)| {
+            op.charge == Charge::Ask && o.admitted && op.cost > 0
+        };
+        let refunds = plan
+            .ops
+            .iter()
+            .zip(&batch.outcomes)
+            .filter(charged)
+            .map(|(op, _)| Op {
+                charge: Charge::Refund,
+                ..*op
+            })
+            .collect();
+        let descriptors = plan
+            .descriptors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, planned)| match *planned {
+                DescriptorPlan::Counted { start, end, .. } => batch.outcomes[start..end]
+                    .iter()
+                    .any(|o| o.admitted && o.hold > 0)
+                    .then_some(i),
+                _ => None,
+            })
+            .collect();
+        Self {
+            nanos,
+            refunds,
+            descriptors,
+        }
+    }
 }
 
 /// What a call's trace says of its decision.
@@ -246,6 +296,23 @@ impl Decider {
     /// [`DecideError::Backend`] when the backend fails and `on_backend_error` is `error` (or
     /// `local` on a decider without a local fallback).
     pub async fn decide(&self, req: &Request) -> Result<Decision, DecideError> {
+        self.decide_within(req, 0).await
+    }
+
+    /// As [`Decider::decide`], for a caller that can hold its answer for up to `max_hold`
+    /// nanoseconds: a rule with a `delay` admits a request that does not fit now at its slot
+    /// when that comes within both its delay and `max_hold`, and the decision says how long to
+    /// hold the answer ([`Decision::hold`]); past either, the request is refused as without a
+    /// delay. With `max_hold` 0 nothing is ever held.
+    ///
+    /// # Errors
+    ///
+    /// As [`Decider::decide`].
+    pub async fn decide_within(
+        &self,
+        req: &Request,
+        max_hold: u64,
+    ) -> Result<Decision, DecideError> {
         let start = Instant::now();
         if let Err(e) = self.options.caps.validate(req) {
             self.metrics.request(RequestOutcome::Invalid);
@@ -270,8 +337,8 @@ impl Decider {
         let plan = plan::plan(
             req,
             domain,
-            self.options.shadow_mode,
-            self.options.quota_mode,
+            (self.options.shadow_mode, self.options.quota_mode),
+            max_hold,
         );
         let waiting = self.options.traced.then(SystemTime::now);
         let mut redis_round_trip = None;
@@ -314,6 +381,10 @@ impl Decider {
         };
         let (overall, statuses) = plan::finish(&plan, &batch, self.options.shadow_mode);
         let mut decision = self.respond(overall, statuses);
+        let hold = plan::hold(&plan, &batch, self.options.shadow_mode);
+        if hold > 0 {
+            decision.hold = Some(Box::new(Held::of(&plan, &batch, hold)));
+        }
         if self.options.traced {
             decision.trace = Some(Box::new(DecisionTrace {
                 answered_by,
@@ -370,6 +441,32 @@ impl Decider {
         self.metrics.request(RequestOutcome::Invalid);
     }
 
+    /// A held decision refused instead, `left` nanoseconds before its slot (the server drains):
+    /// OVER_LIMIT, each held descriptor refused with the wait still ahead of it, headers and
+    /// body made again. With the in-memory backend its charges are given back, so the slot is
+    /// free for another request; elsewhere (Redis, leases) the slot stays spent, which can only
+    /// refuse more, never admit more.
+    pub async fn refuse_held(&self, mut decision: Decision, left: u64) -> Decision {
+        let Some(held) = decision.hold.take() else {
+            return decision;
+        };
+        if matches!(self.backend, Backend::Memory { .. })
+            && let Err(e) = self.backend.count(&held.refunds).await
+        {
+            tracing::debug!(error = %e.detail(), "a held request's slot was not given back");
+        }
+        let wait = Some(left.div_ceil(crate::limiter::gcra::NANOS_PER_SEC));
+        decision.overall = Code::OverLimit;
+        for &i in &held.descriptors {
+            if let Some(status) = decision.statuses.get_mut(i) {
+                status.code = Code::OverLimit;
+                status.reset_seconds = status.reset_seconds.max(wait);
+            }
+        }
+        headers::add(&mut decision, &self.options.headers);
+        decision
+    }
+
     /// The decision with its headers and body.
     fn respond(&self, overall: Code, statuses: Vec<Status>) -> Decision {
         let mut decision = Decision {
@@ -379,6 +476,7 @@ impl Decider {
             body: Vec::new(),
             dynamic_metadata: None,
             trace: None,
+            hold: None,
         };
         headers::add(&mut decision, &self.options.headers);
         decision
@@ -815,6 +913,96 @@ descriptors:
             (Code::OverLimit, "per_day".into(), 0, Some(21_599))
         );
         assert_eq!(header(&r, "RateLimit-Limit"), "4");
+    }
+
+    const DELAYS: &str = r"
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: slow, unit: second, requests_per_unit: 2, burst: 1, delay: 1s}
+      - {name: fast, unit: second, requests_per_unit: 10, burst: 1, delay: 200ms}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 1, delay: 1s}
+";
+
+    fn held(d: &Decision) -> u64 {
+        d.hold.as_ref().map_or(0, |h| h.nanos)
+    }
+
+    #[test]
+    fn several_delaying_rules_hold_for_the_last_slot_and_charge_all_or_nothing() {
+        let ms = NANOS_PER_SEC / 1_000;
+        let clock = Arc::new(ManualClock::new(1 << 40));
+        let d = decider_of(
+            DELAYS,
+            Backend::memory(MemoryStore::new(), clock.clone()),
+            Options::default(),
+        );
+        let user = req(&[&[("user", "u")]]);
+        let first = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!((first.overall, held(&first)), (Code::Ok, 0));
+        // slow's slot is 500 ms away, fast's 100 ms: held for the later one.
+        let second = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!((second.overall, held(&second)), (Code::Ok, 500 * ms));
+        // slow's next slot is 1 s away (within its delay), fast's 200 ms (within its delay).
+        let third = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!((third.overall, held(&third)), (Code::Ok, 1_000 * ms));
+        // slow would wait 1.5 s: refused with its wait, and fast is charged nothing.
+        let fourth = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!(fourth.overall, Code::OverLimit);
+        assert_eq!(fourth.statuses[0].reset_seconds, Some(2));
+        assert!(fourth.hold.is_none());
+        // A caller that cannot wait is refused, and charged nothing either.
+        clock.advance(1_000 * ms);
+        let hasty = now(d.decide_within(&user, 100 * ms)).unwrap();
+        assert_eq!(hasty.overall, Code::OverLimit);
+        let patient = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!((patient.overall, held(&patient)), (Code::Ok, 500 * ms));
+        // Plain `decide` never holds: a delaying rule refuses what does not fit now.
+        assert_eq!(now(d.decide(&user)).unwrap().overall, Code::OverLimit);
+    }
+
+    #[test]
+    fn shadow_rules_and_global_shadow_mode_never_hold() {
+        let d = decider_of(DELAYS, memory(), Options::default());
+        let shadow = req(&[&[("shadow", "s")]]);
+        for _ in 0..3 {
+            let r = now(d.decide_within(&shadow, u64::MAX)).unwrap();
+            assert_eq!((r.overall, held(&r)), (Code::Ok, 0));
+        }
+        let global = decider_of(
+            DELAYS,
+            memory(),
+            Options {
+                shadow_mode: true,
+                ..Options::default()
+            },
+        );
+        let user = req(&[&[("user", "u")]]);
+        for _ in 0..3 {
+            let r = now(global.decide_within(&user, u64::MAX)).unwrap();
+            assert_eq!((r.overall, held(&r)), (Code::Ok, 0));
+        }
+    }
+
+    #[test]
+    fn a_held_request_refused_at_the_drain_gives_its_slot_back() {
+        let ms = NANOS_PER_SEC / 1_000;
+        let d = decider_of(DELAYS, memory(), Options::default());
+        let user = req(&[&[("user", "u")]]);
+        now(d.decide_within(&user, u64::MAX)).unwrap();
+        let second = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!(held(&second), 500 * ms);
+        let refused = now(d.refuse_held(second, 400 * ms));
+        assert_eq!(refused.overall, Code::OverLimit);
+        assert_eq!(refused.statuses[0].code, Code::OverLimit);
+        assert_eq!(refused.statuses[0].reset_seconds, Some(1));
+        assert!(refused.hold.is_none());
+        // The slot is free again: the next request takes it, 500 ms on, not 1 s.
+        let next = now(d.decide_within(&user, u64::MAX)).unwrap();
+        assert_eq!(held(&next), 500 * ms);
     }
 
     #[test]

@@ -90,12 +90,15 @@ fn replaced(matched: &[Matched<'_>], rule: &Rule) -> bool {
 ///   `quota_mode` rules refuse only when every quota rule of the request is over;
 /// - `replaces`: a matched rule named in another matched rule's `replaces` is dropped (each
 ///   entry of `rate_limits` on its own);
-/// - a request's `RateLimitOverride` replaces matching when its domain is known.
+/// - a request's `RateLimitOverride` replaces matching when its domain is known;
+/// - a rule's `delay` is cut to `max_hold`, how long this request's answer may be held (0 when
+///   it may not be: the rule then refuses as one without a delay); a shadow-mode rule keeps its
+///   own, being evaluated as if enforced, and is never held (see [`finish`]).
 pub(super) fn plan<'p>(
     req: &Request,
     domain: &'p Domain,
-    shadow_mode: bool,
-    quota_mode: bool,
+    (shadow_mode, quota_mode): (bool, bool),
+    max_hold: u64,
 ) -> Plan<'p> {
     let mut matched: Vec<Matched<'p>> = Vec::with_capacity(req.descriptors.len());
     for desc in &req.descriptors {
@@ -134,7 +137,8 @@ pub(super) fn plan<'p>(
         let resolved = match &mut matched[i] {
             Matched::None => None,
             Matched::Override(rate, key) => {
-                plan.ops.push(op(*key, *rate, hits, desc, mode(None)));
+                plan.ops
+                    .push(op(*key, *rate, hits, desc, (mode(None), max_hold)));
                 plan.applied.push(Applied {
                     rate: *rate,
                     rule: None,
@@ -171,7 +175,8 @@ pub(super) fn plan<'p>(
                     }
                 };
                 let Some(key) = key else { continue };
-                plan.ops.push(op(key, rate, cost, desc, mode(Some(rule))));
+                plan.ops
+                    .push(op(key, rate, cost, desc, (mode(Some(rule)), max_hold)));
                 plan.applied.push(Applied {
                     rate,
                     rule: Some(rule),
@@ -194,10 +199,14 @@ pub(super) fn plan<'p>(
     plan
 }
 
-fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
+fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, (mode, max_hold): (Mode, u64)) -> Op {
+    let delay = match mode {
+        Mode::Shadow => rate.max_delay_nanos,
+        Mode::Enforce | Mode::Quota => rate.max_delay_nanos.min(max_hold),
+    };
     Op {
         key,
-        quota: rate.quota,
+        quota: rate.quota.with_max_delay(delay),
         cost,
         charge: charge(desc),
         mode,
@@ -227,8 +236,34 @@ fn charge(desc: &Descriptor) -> Charge {
 /// first in file order. Global shadow mode (`shadow_mode`) never refuses but keeps each
 /// status's OVER_LIMIT.
 pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code, Vec<Status>) {
-    let statuses = plan
-        .descriptors
+    let statuses = statuses(plan, batch);
+    let overall = if batch.blocked && !shadow_mode {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    (overall, statuses)
+}
+
+/// How long the answer to an admitted request is held: the longest wait for a slot of its
+/// charges (several rules on one request wait for the last of their slots). Never for a refused
+/// request, a shadow-mode rule, or under global shadow mode; 0 when every charge fits now.
+pub(super) fn hold(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> u64 {
+    if batch.blocked || shadow_mode {
+        return 0;
+    }
+    plan.ops
+        .iter()
+        .zip(&batch.outcomes)
+        .filter(|(op, o)| op.charge == Charge::Ask && op.mode != Mode::Shadow && o.admitted)
+        .map(|(_, o)| o.hold)
+        .max()
+        .unwrap_or(0)
+}
+
+/// One status per descriptor of `plan`, as decided by `batch` (see [`finish`]).
+fn statuses(plan: &Plan<'_>, batch: &Batch) -> Vec<Status> {
+    plan.descriptors
         .iter()
         .map(|planned| match *planned {
             DescriptorPlan::None => Status::UNMATCHED,
@@ -268,13 +303,7 @@ pub(super) fn finish(plan: &Plan<'_>, batch: &Batch, shadow_mode: bool) -> (Code
                 }
             }
         })
-        .collect();
-    let overall = if batch.blocked && !shadow_mode {
-        Code::OverLimit
-    } else {
-        Code::Ok
-    };
-    (overall, statuses)
+        .collect()
 }
 
 /// The counter of a request's override: its domain and entries, whatever the rate.

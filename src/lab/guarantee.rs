@@ -3,7 +3,9 @@
 //! `src/limiter/gcra.rs`). Beside it, what a fixed window of the same limit `L` lets through in
 //! its worst second: `2L`, `L` at the end of one window and `L` at the start of the next.
 //! And the bound on spend reported after the work ([`SpendBound`]): what a counter records when
-//! its charges come at stream end and are recorded even past the limit.
+//! its charges come at stream end and are recorded even past the limit. For a rule that delays
+//! (`delay:`), what the downstream sees and what a caller waits ([`DelayBound`]), and whether
+//! Envoy's rate-limit filter waits long enough for a held answer ([`FilterTimeout`]).
 //!
 //! Pure arithmetic over a [`PolicySet`]; nothing here counts or reads a clock.
 
@@ -51,6 +53,123 @@ pub struct Guarantee {
     /// The bound under Envoy's quota filter (`rlqs`), when the service is on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rlqs: Option<QuotaBound>,
+    /// What a rule that holds requests for their slot promises, when it delays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DelayBound>,
+}
+
+/// A rule that delays (`delay: D`): a request that does not fit now but whose GCRA slot comes
+/// within `D` is admitted at its slot (claimed now, answered `OK` then); one whose slot is
+/// further is refused with its wait. A delayed request is a request admitted at its slot, so
+/// `B + floor(W / T)` holds on admission times as it does without delay; after the burst the
+/// downstream sees one admission every `T`, and of a burst arriving at once at most
+/// `B + floor(D / T)` are answered `OK` within `D`, the rest refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct DelayBound {
+    /// `D`, the longest a request is held, in nanoseconds.
+    pub max_delay_ns: u64,
+    /// The smoothed spacing the downstream sees once the burst is spent: `T`, in nanoseconds.
+    pub smoothed_interval_ns: u64,
+    /// The smoothed rate in requests per second, in thousandths (`10 000` is 10 per second).
+    pub smoothed_per_second_milli: u64,
+    /// Of a burst arriving at once after idling, how many are answered `OK`: `B + floor(D / T)`.
+    pub answered_of_a_burst: u64,
+    /// Of those, how many are held for their slot: `floor(D / T)`.
+    pub held_of_a_burst: u64,
+    /// sluice's hold margin (`grpc.hold_deadline_margin_ms`), in nanoseconds: a held answer is
+    /// given at least this long before the caller's deadline.
+    pub hold_margin_ns: u64,
+    /// The least `timeout` Envoy's rate-limit filter must exceed for the longest hold to be
+    /// answered: `D` plus the hold margin, in nanoseconds.
+    pub filter_timeout_must_exceed_ns: u64,
+    /// The filter timeout it was checked against.
+    pub filter_timeout: FilterTimeout,
+    /// Whether that timeout is too short for `D` (then a warning says so).
+    pub filter_timeout_too_short: bool,
+}
+
+/// The `timeout` of Envoy's HTTP rate-limit filter
+/// (`envoy.extensions.filters.http.ratelimit.v3.RateLimit.timeout`) a delaying rule is checked
+/// against: the one given to `sluice check --filter-timeout`, or Envoy's default of 20 ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct FilterTimeout {
+    /// The timeout in nanoseconds.
+    pub ns: u64,
+    /// True when none was given and Envoy's default is assumed.
+    pub envoy_default: bool,
+}
+
+/// Envoy's default `timeout` for its call to a rate-limit service: 20 ms.
+pub const ENVOY_FILTER_TIMEOUT_NS: u64 = 20_000_000;
+
+/// The margin sluice keeps between the end of a hold and the caller's deadline by default
+/// (`grpc.hold_deadline_margin_ms`, 5 ms): a slot later than the deadline less the margin is
+/// refused at once rather than held. `sluice check` reads the setting; this is its default.
+pub const DEFAULT_HOLD_MARGIN_NS: u64 = 5_000_000;
+
+impl Default for FilterTimeout {
+    fn default() -> Self {
+        Self {
+            ns: ENVOY_FILTER_TIMEOUT_NS,
+            envoy_default: true,
+        }
+    }
+}
+
+impl FilterTimeout {
+    /// A timeout given by the operator.
+    #[must_use]
+    pub const fn given(ns: u64) -> Self {
+        Self {
+            ns,
+            envoy_default: false,
+        }
+    }
+
+    /// `20ms (Envoy's default)` or `300ms (--filter-timeout)`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let from = if self.envoy_default {
+            "Envoy's default"
+        } else {
+            "--filter-timeout"
+        };
+        format!("{} ({from})", duration(self.ns))
+    }
+}
+
+impl DelayBound {
+    /// The bound of a rule of burst `b` and interval `t` (nanoseconds) that holds requests up to
+    /// `max_delay` nanoseconds, checked against the filter timeout `filter` with sluice's hold
+    /// margin `margin` (nanoseconds).
+    #[must_use]
+    pub fn of(b: u64, t: u64, max_delay: u64, filter: FilterTimeout, margin: u64) -> Self {
+        let held = max_delay.checked_div(t).unwrap_or(0);
+        let must_exceed = max_delay.saturating_add(margin);
+        Self {
+            max_delay_ns: max_delay,
+            smoothed_interval_ns: t,
+            smoothed_per_second_milli: u64::try_from(
+                (u128::from(NANOS_PER_SEC) * 1_000)
+                    .checked_div(u128::from(t))
+                    .unwrap_or(0),
+            )
+            .unwrap_or(u64::MAX),
+            answered_of_a_burst: b.saturating_add(held),
+            held_of_a_burst: held,
+            hold_margin_ns: margin,
+            filter_timeout_must_exceed_ns: must_exceed,
+            filter_timeout: filter,
+            filter_timeout_too_short: filter.ns <= must_exceed,
+        }
+    }
+
+    /// The smoothed rate in words: `10 per second`, `0.5 per second`, `16.667 per second`.
+    #[must_use]
+    pub fn smoothed_rate(&self) -> String {
+        let m = self.smoothed_per_second_milli;
+        trim(format!("{}.{:03}", m / 1_000, m % 1_000)) + " per second"
+    }
 }
 
 /// What a counter records of spend reported after the work (a descriptor's own `hits_addend`,
@@ -138,7 +257,88 @@ impl Guarantee {
             spend: SpendBound::of(&q),
             leased: None,
             rlqs: None,
+            delay: (rate.max_delay_nanos > 0).then(|| {
+                DelayBound::of(
+                    b,
+                    t,
+                    rate.max_delay_nanos,
+                    FilterTimeout::default(),
+                    DEFAULT_HOLD_MARGIN_NS,
+                )
+            }),
         })
+    }
+
+    /// The same guarantee with a delaying rule checked against Envoy's filter timeout `filter`
+    /// and sluice's hold margin `margin` (a rule that does not delay is unchanged).
+    #[must_use]
+    pub fn with_filter_timeout(mut self, filter: FilterTimeout, margin: u64) -> Self {
+        if let Some(d) = self.delay {
+            self.delay = Some(DelayBound::of(
+                u64::from(self.burst),
+                self.interval_ns,
+                d.max_delay_ns,
+                filter,
+                margin,
+            ));
+        }
+        self
+    }
+
+    /// The warning for a delaying rule whose longest hold does not fit Envoy's filter timeout,
+    /// `None` when it fits or the rule does not delay.
+    #[must_use]
+    pub fn timeout_warning(&self) -> Option<String> {
+        let d = self.delay.filter(|d| d.filter_timeout_too_short)?;
+        Some(format!(
+            "{}: delay {} does not fit Envoy's rate-limit filter timeout of {}: set the filter's \
+             `timeout` above {} (the delay and sluice's {} hold margin, \
+             grpc.hold_deadline_margin_ms); until then a request whose slot falls past the \
+             caller's deadline less the margin is refused, not held, and a call Envoy gives up \
+             on fails open or closed as its failure_mode_deny says",
+            self.label(),
+            duration(d.max_delay_ns),
+            d.filter_timeout.describe(),
+            duration(d.filter_timeout_must_exceed_ns),
+            duration(d.hold_margin_ns),
+        ))
+    }
+
+    /// The lines of a delaying rule: what the downstream sees, what callers wait, and the
+    /// filter timeout it needs.
+    fn render_delay(&self, out: &mut String) {
+        let Some(d) = &self.delay else { return };
+        let _ = writeln!(
+            out,
+            "  delay: up to {} for a slot; the downstream sees one every {} ({}) once the burst \
+             is spent; the bound above holds on admission times",
+            duration(d.max_delay_ns),
+            duration(d.smoothed_interval_ns),
+            d.smoothed_rate(),
+        );
+        let _ = writeln!(
+            out,
+            "  of a burst at once: {} answered OK within {} ({} at once, {} held until their \
+             slots, one every {}), the rest refused with their wait",
+            d.answered_of_a_burst,
+            duration(d.max_delay_ns),
+            self.burst,
+            d.held_of_a_burst,
+            duration(d.smoothed_interval_ns),
+        );
+        let _ = writeln!(
+            out,
+            "  Envoy's rate-limit filter timeout must exceed {} (the delay and the {} hold \
+             margin); checked against {}: {}",
+            duration(d.filter_timeout_must_exceed_ns),
+            duration(d.hold_margin_ns),
+            d.filter_timeout.describe(),
+            if d.filter_timeout_too_short {
+                "too short"
+            } else {
+                "ok"
+            }
+        );
     }
 
     /// The same guarantee with the bound under quota assignments living `ttl_ns` beside it.
@@ -314,6 +514,7 @@ impl Guarantee {
             self.requests_per_unit, self.fixed_window_worst_second
         );
         self.render_spend(&mut out);
+        self.render_delay(&mut out);
         if let Some(l) = &self.leased {
             let label = format!(
                 "leased, in slices or shares (L = {})",
@@ -349,6 +550,8 @@ pub struct CheckReport {
     pub rules: Vec<Guarantee>,
     /// One per rule whose burst is inherited.
     pub warnings: Vec<String>,
+    /// One per delaying rule whose longest hold does not fit Envoy's filter timeout.
+    pub timeout_warnings: Vec<String>,
 }
 
 impl CheckReport {
@@ -357,12 +560,36 @@ impl CheckReport {
     pub fn new(policies: &str, set: &PolicySet) -> Self {
         let rules = guarantees(set);
         let warnings = rules.iter().filter_map(Guarantee::warning).collect();
+        let timeout_warnings = rules
+            .iter()
+            .filter_map(Guarantee::timeout_warning)
+            .collect();
         Self {
             policies: policies.to_string(),
             summary: set.summary().to_string(),
             rules,
             warnings,
+            timeout_warnings,
         }
+    }
+
+    /// Every delaying rule checked against Envoy's rate-limit filter `timeout` of `ns`
+    /// nanoseconds (`None`: Envoy's default, 20 ms) and sluice's hold margin of `margin`
+    /// nanoseconds.
+    #[must_use]
+    pub fn with_filter_timeout(mut self, ns: Option<u64>, margin: u64) -> Self {
+        let filter = ns.map_or_else(FilterTimeout::default, FilterTimeout::given);
+        self.rules = self
+            .rules
+            .into_iter()
+            .map(|g| g.with_filter_timeout(filter, margin))
+            .collect();
+        self.timeout_warnings = self
+            .rules
+            .iter()
+            .filter_map(Guarantee::timeout_warning)
+            .collect();
+        self
     }
 
     /// Every rule's bound under leases living at most `max_age_ns` (`redis.lease`) beside the
@@ -564,6 +791,7 @@ descriptors:
             spend: SpendBound::of(&q),
             leased: None,
             rlqs: None,
+            delay: None,
         }
         .with_lease(250_000_000);
         let l = g.leased.unwrap();
@@ -635,6 +863,106 @@ descriptors:
         let s = SpendBound::of(&huge);
         assert_eq!(s.locked_ns, 4 * 86_400 * NANOS_PER_SEC);
         assert!(s.cap_worst_period > s.worst_period);
+    }
+
+    const DELAYING: &str = r"
+domain: api
+descriptors:
+  - key: paced
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 5, delay: 1s}
+  - key: short
+    rate_limit: {unit: minute, requests_per_unit: 5000, burst: 100, delay: 250ms}
+  - key: refusing
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 5}
+";
+
+    #[test]
+    fn a_delaying_rule_states_its_smoothed_rate_its_wait_and_what_a_burst_gets() {
+        let set = load_str(&[("api.yaml", DELAYING)]).unwrap();
+        let g = guarantees(&set);
+        // 10 per second, burst 5, delay 1 s: T = 100 ms; of 100 at once, 5 at once and 10 held
+        // (every 100 ms), as issue's wire test expects; the rest refused.
+        let d = g[0].delay.unwrap();
+        assert_eq!(d.max_delay_ns, NANOS_PER_SEC);
+        assert_eq!(d.smoothed_interval_ns, 100_000_000);
+        assert_eq!(d.smoothed_rate(), "10 per second");
+        assert_eq!((d.answered_of_a_burst, d.held_of_a_burst), (15, 10));
+        assert_eq!(
+            d.filter_timeout_must_exceed_ns,
+            NANOS_PER_SEC + DEFAULT_HOLD_MARGIN_NS
+        );
+        assert!(d.filter_timeout.envoy_default && d.filter_timeout_too_short);
+        // The bound on admission times is the same as without delay.
+        assert_eq!(g[0].worst_second, g[2].worst_second);
+        // 5000 per minute: T = 12 ms, 83.333 a second; 250 ms holds floor(250 / 12) = 20.
+        let s = g[1].delay.unwrap();
+        assert_eq!(s.smoothed_rate(), "83.333 per second");
+        assert_eq!((s.answered_of_a_burst, s.held_of_a_burst), (120, 20));
+        assert_eq!(g[2].delay, None, "a rule without delay refuses at once");
+        assert_eq!(g[2].timeout_warning(), None);
+        let text = g[0].render();
+        assert!(
+            text.contains(
+                "  delay: up to 1s for a slot; the downstream sees one every 100ms (10 per \
+                 second) once the burst is spent; the bound above holds on admission times\n  \
+                 of a burst at once: 15 answered OK within 1s (5 at once, 10 held until their \
+                 slots, one every 100ms), the rest refused with their wait\n  Envoy's \
+                 rate-limit filter timeout must exceed 1.005s (the delay and the 5ms hold \
+                 margin); checked against 20ms (Envoy's default): too short\n"
+            ),
+            "{text}"
+        );
+        assert!(!g[2].render().contains("delay"), "{}", g[2].render());
+    }
+
+    #[test]
+    fn a_delay_that_does_not_fit_the_filter_timeout_warns_and_says_what_it_must_be() {
+        let set = load_str(&[("api.yaml", DELAYING)]).unwrap();
+        let report = CheckReport::new("dir", &set);
+        // Envoy's default 20 ms fits neither 1 s nor 250 ms.
+        assert_eq!(
+            report.timeout_warnings.len(),
+            2,
+            "{:?}",
+            report.timeout_warnings
+        );
+        let w = &report.timeout_warnings[1];
+        assert!(
+            w.starts_with(
+                "api.short: delay 250ms does not fit Envoy's rate-limit filter timeout of 20ms \
+                 (Envoy's default): set the filter's `timeout` above 255ms"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("failure_mode_deny"), "{w}");
+        // 255 ms is the delay and the margin exactly: still too short; 256 ms fits 250 ms only.
+        for (timeout, warned) in [(255_000_000, 2), (256_000_000, 1), (2 * NANOS_PER_SEC, 0)] {
+            let r = CheckReport::new("dir", &set)
+                .with_filter_timeout(Some(timeout), DEFAULT_HOLD_MARGIN_NS);
+            assert_eq!(r.timeout_warnings.len(), warned, "{timeout}");
+            assert!(!r.rules[1].delay.unwrap().filter_timeout.envoy_default);
+        }
+        // A wider margin (grpc.hold_deadline_margin_ms: 50) asks for more: above 300 ms.
+        let wide = CheckReport::new("dir", &set).with_filter_timeout(Some(300_000_000), 50_000_000);
+        assert_eq!(wide.timeout_warnings.len(), 2);
+        assert!(
+            wide.timeout_warnings[1].contains("above 300ms (the delay and sluice's 50ms hold"),
+            "{:?}",
+            wide.timeout_warnings
+        );
+        let r = CheckReport::new("dir", &set)
+            .with_filter_timeout(Some(NANOS_PER_SEC), DEFAULT_HOLD_MARGIN_NS);
+        assert!(r.timeout_warnings[0].contains("timeout of 1s (--filter-timeout)"));
+        let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        let d = &json["rules"][0]["delay"];
+        assert_eq!(d["max_delay_ns"], 1_000_000_000_u64);
+        assert_eq!(d["smoothed_per_second_milli"], 10_000);
+        assert_eq!(d["answered_of_a_burst"], 15);
+        assert_eq!(d["filter_timeout"]["ns"], 1_000_000_000_u64);
+        assert_eq!(d["filter_timeout"]["envoy_default"], false);
+        assert_eq!(d["filter_timeout_too_short"], true);
+        assert_eq!(json["timeout_warnings"].as_array().unwrap().len(), 1);
+        assert!(json["rules"][2].get("delay").is_none());
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The stampede lab, behind `sluice check` and `sluice replay`: what a policy promises
 //! ([`guarantee`]), and what it and the usual alternatives ([`algorithms`]) actually let through
 //! on a trace ([`trace`]) or a built-in scenario ([`scenario`]), replayed through the server's
-//! own decider ([`mod@replay`]) and drawn as a chart ([`svg`]). A token trace, whose costs are
+//! own decider ([`mod@replay`]) and drawn as a chart ([`svg`]); a rule's `delay` is replayed by
+//! a model of its own ([`delay`]). A token trace, whose costs are
 //! reported after the work, is replayed with GCRA and the reference's fixed window only. The lab never serves and never
 //! touches a network; a trace line is read by the admin port's own `/json` parser
 //! ([`crate::wire::json`]), so it means exactly what the admin port would take it to.
 
 pub mod algorithms;
+pub mod delay;
 pub mod guarantee;
 pub mod replay;
 pub mod scenario;
@@ -165,7 +167,7 @@ fn render_tokens(out: &mut String, rule: &replay::RuleReport) {
         "  {:<15} {:>7} {:>7} {:>8} {:>8} {:>9} {:>13}",
         "algorithm", "calls", "refused", "spent", "refused", "worst 1s", "worst period"
     );
-    for a in Algorithm::ALL {
+    for a in Algorithm::EVERY {
         let Some(t) = rule.algorithms.get(a) else {
             continue;
         };
@@ -201,9 +203,14 @@ pub fn render(report: &Report) -> String {
         } else {
             format!(" ({})", rule.name)
         };
+        let delay = if rule.delay_ns > 0 {
+            format!(", delay {}", guarantee::duration(rule.delay_ns))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{}{name}: {} per {period}, burst {} ({})",
+            "{}{name}: {} per {period}, burst {} ({}){delay}",
             rule.path,
             rule.limit,
             rule.burst,
@@ -218,7 +225,7 @@ pub fn render(report: &Report) -> String {
             "  {:<15} {:>9} {:>9} {:>9} {:>13} {:>14}",
             "algorithm", "admitted", "denied", "worst 1s", "worst period", "offered in 1s"
         );
-        for a in Algorithm::ALL {
+        for a in Algorithm::EVERY {
             let Some(t) = rule.algorithms.get(a) else {
                 continue;
             };
@@ -232,6 +239,18 @@ pub fn render(report: &Report) -> String {
                 t.worst_period,
                 t.offered_worst_second
             );
+        }
+        for a in Algorithm::EVERY {
+            if let Some(w) = rule.algorithms.get(a).and_then(|t| t.waits) {
+                let _ = writeln!(
+                    out,
+                    "  {}: {} admitted at their slot, waiting {} on average and {} at most",
+                    a.name(),
+                    w.delayed,
+                    guarantee::duration(w.mean_ns),
+                    guarantee::duration(w.longest_ns)
+                );
+            }
         }
     }
     out

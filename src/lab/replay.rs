@@ -7,7 +7,9 @@
 //! recorded whatever the answer, as the server records it and as the reference's `INCRBY`
 //! lands. A request whose cost is known only at its end ([`Lab::offer_usage`]) is the AI
 //! Gateway's recipe: a check of cost 0 on arrival and, when admitted, its tokens reported at its
-//! end. What each let through is tallied per rule ([`Tally`]).
+//! end. What each let through is tallied per rule ([`Tally`]). A rule's `delay` is replayed by
+//! the lab's own model ([`Algorithm::GcraDelay`], [`DelayingGcra`]), never by holding the
+//! decider: a delayed request is tallied as admitted at its slot, with the wait it paid.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Not;
@@ -18,11 +20,12 @@ use serde::Serialize;
 
 use crate::decision::{Code, DecideError, Decider, Options, Request};
 use crate::limiter::gcra::NANOS_PER_SEC;
-use crate::limiter::{Backend, ManualClock, MemoryStore};
+use crate::limiter::{Backend, ManualClock, MemoryStore, Quota};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, PolicyHandle, PolicySet, Rule};
 
 use super::algorithms::{FixedWindow, Peak, SlidingLog, SlidingWindow, WindowCounter};
+use super::delay::DelayingGcra;
 use super::trace::Usage;
 
 /// Where the decider's clock stands at a trace's time 0, so that no request is ever decided
@@ -44,6 +47,9 @@ pub enum Algorithm {
     SlidingLog,
     /// The weighted two-window counter.
     SlidingWindow,
+    /// GCRA with each rule's `delay` (none: refused at once, as [`Algorithm::Gcra`]), modelled
+    /// in the lab: a request whose slot comes within the delay is admitted at its slot.
+    GcraDelay,
 }
 
 impl Algorithm {
@@ -51,12 +57,24 @@ impl Algorithm {
     /// and the reference's fixed window, whose count forgets the debt at the boundary.
     pub const TOKENS: [Self; 2] = [Self::Gcra, Self::FixedWindow];
 
-    /// All four, GCRA first.
+    /// All four counters, GCRA first.
     pub const ALL: [Self; 4] = [
         Self::Gcra,
         Self::FixedWindow,
         Self::SlidingLog,
         Self::SlidingWindow,
+    ];
+
+    /// The one a rule's `delay` is replayed with.
+    pub const DELAY: [Self; 1] = [Self::GcraDelay];
+
+    /// Every algorithm, in the order reports list them.
+    pub const EVERY: [Self; 5] = [
+        Self::Gcra,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::SlidingWindow,
+        Self::GcraDelay,
     ];
 
     /// The name reports use.
@@ -67,6 +85,7 @@ impl Algorithm {
             Self::FixedWindow => "fixed_window",
             Self::SlidingLog => "sliding_log",
             Self::SlidingWindow => "sliding_window",
+            Self::GcraDelay => "gcra_delay",
         }
     }
 }
@@ -112,6 +131,12 @@ pub struct Tally {
     /// Requests whose cost is reported after the work: how many were admitted and refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls: Option<Calls>,
+    /// With [`Algorithm::GcraDelay`]: the waits paid by the requests admitted at their slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waits: Option<Waits>,
+    /// The longest wait paid per [`BIN_NS`] of arrival, in nanoseconds, by bin index.
+    #[serde(skip)]
+    pub wait_bins: BTreeMap<u64, u64>,
     /// Admitted per [`BIN_NS`], by bin index (time / `BIN_NS`).
     #[serde(skip)]
     pub bins: BTreeMap<u64, u64>,
@@ -135,6 +160,8 @@ impl Tally {
             worst_period: 0,
             offered_worst_second: 0,
             calls: None,
+            waits: None,
+            wait_bins: BTreeMap::new(),
             bins: BTreeMap::new(),
             refused_bins: BTreeMap::new(),
             second: Peak::new(NANOS_PER_SEC),
@@ -171,6 +198,18 @@ impl Tally {
         *self.refused_bins.entry(t / BIN_NS).or_default() += cost;
     }
 
+    /// A request offered at `t` admitted at its slot `wait` later: its wait (the admission
+    /// itself is tallied at the slot).
+    fn held(&mut self, t: u64, cost: u64, wait: u64) {
+        let w = self.waits.get_or_insert_default();
+        w.delayed += cost;
+        w.longest_ns = w.longest_ns.max(wait);
+        w.total_ns += u128::from(wait) * u128::from(cost);
+        w.mean_ns = u64::try_from(w.total_ns / u128::from(w.delayed)).unwrap_or(u64::MAX);
+        let bin = self.wait_bins.entry(t / BIN_NS).or_default();
+        *bin = (*bin).max(wait);
+    }
+
     /// A request whose cost is reported after the work, offered at `t`: counted as a call, and
     /// its tokens refused now when it is (when admitted, they count when reported).
     fn call(&mut self, t: u64, tokens: u64, admitted: bool) {
@@ -183,6 +222,19 @@ impl Tally {
             self.deny(t, tokens);
         }
     }
+}
+
+/// The waits of the hits admitted at their slot rather than at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Waits {
+    /// Hits admitted late, at their slot.
+    pub delayed: u64,
+    /// The longest wait paid, in nanoseconds.
+    pub longest_ns: u64,
+    /// The mean wait of the delayed hits, in nanoseconds.
+    pub mean_ns: u64,
+    #[serde(skip)]
+    total_ns: u128,
 }
 
 /// Requests whose cost is reported after the work, by their check's answer.
@@ -209,6 +261,9 @@ pub struct Algorithms {
     /// Sliding window counter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<Tally>,
+    /// GCRA with the rule's delay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gcra_delay: Option<Tally>,
 }
 
 impl Algorithms {
@@ -220,6 +275,7 @@ impl Algorithms {
             Algorithm::FixedWindow => self.fixed_window.as_ref(),
             Algorithm::SlidingLog => self.sliding_log.as_ref(),
             Algorithm::SlidingWindow => self.sliding_window.as_ref(),
+            Algorithm::GcraDelay => self.gcra_delay.as_ref(),
         }
     }
 
@@ -229,6 +285,7 @@ impl Algorithms {
             Algorithm::FixedWindow => &mut self.fixed_window,
             Algorithm::SlidingLog => &mut self.sliding_log,
             Algorithm::SlidingWindow => &mut self.sliding_window,
+            Algorithm::GcraDelay => &mut self.gcra_delay,
         }
     }
 
@@ -239,12 +296,14 @@ impl Algorithms {
             fixed_window,
             sliding_log,
             sliding_window,
+            gcra_delay,
         } = other;
         for (a, t) in [
             (Algorithm::Gcra, gcra),
             (Algorithm::FixedWindow, fixed_window),
             (Algorithm::SlidingLog, sliding_log),
             (Algorithm::SlidingWindow, sliding_window),
+            (Algorithm::GcraDelay, gcra_delay),
         ] {
             if t.is_some() {
                 *self.slot(a) = t;
@@ -270,8 +329,15 @@ pub struct RuleReport {
     pub burst: u32,
     /// Whether the burst was written in the policy.
     pub burst_set: bool,
+    /// The rule's `delay` in nanoseconds (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub delay_ns: u64,
     /// Per algorithm.
     pub algorithms: Algorithms,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The results of a replay, rules in the order they were first matched.
@@ -318,12 +384,13 @@ struct Comparisons {
     fixed_window: FixedWindow,
     sliding_log: SlidingLog,
     sliding_window: SlidingWindow,
+    gcra_delay: DelayingGcra,
 }
 
 impl Comparisons {
     fn counter(&mut self, a: Algorithm) -> Option<&mut dyn WindowCounter> {
         match a {
-            Algorithm::Gcra => None,
+            Algorithm::Gcra | Algorithm::GcraDelay => None,
             Algorithm::FixedWindow => Some(&mut self.fixed_window),
             Algorithm::SlidingLog => Some(&mut self.sliding_log),
             Algorithm::SlidingWindow => Some(&mut self.sliding_window),
@@ -342,6 +409,9 @@ pub struct Lab {
     /// Token reports not yet made, by (end, order offered): the request as reported, its
     /// tokens, and the algorithms that admitted it.
     pending: BTreeMap<(u64, u64), (Request, u64, Vec<Algorithm>)>,
+    /// Requests admitted at a later slot by [`Algorithm::GcraDelay`], by (slot, order offered):
+    /// each counted descriptor's rule slot and cost, tallied as admitted at the slot.
+    held: BTreeMap<(u64, u64), Vec<(usize, u64)>>,
     offered: u64,
     report: Report,
 }
@@ -384,6 +454,7 @@ impl Lab {
             index: HashMap::new(),
             comparisons: Vec::new(),
             pending: BTreeMap::new(),
+            held: BTreeMap::new(),
             offered: 0,
             report: Report::default(),
         }
@@ -446,8 +517,20 @@ impl Lab {
         Ok(verdicts)
     }
 
-    /// Makes every pending token report due by `t`, in time order.
+    /// Makes every pending token report due by `t`, in time order, and tallies the delayed
+    /// admissions whose slot has come.
     fn settle(&mut self, t: u64) -> Result<(), ReplayError> {
+        while let Some(entry) = self.held.first_entry() {
+            if entry.key().0 > t {
+                break;
+            }
+            let ((slot, _), hits) = entry.remove_entry();
+            for (rule, cost) in hits {
+                if let Some(tally) = self.report.rules[rule].algorithms.gcra_delay.as_mut() {
+                    tally.admit(slot, cost);
+                }
+            }
+        }
         while let Some(entry) = self.pending.first_entry() {
             if entry.key().0 > t {
                 break;
@@ -515,8 +598,20 @@ impl Lab {
         }
         let mut verdicts = Vec::with_capacity(algorithms.len());
         for &algorithm in algorithms {
+            let mut delayed = 0;
             let (admitted, retry_after) = if algorithm == Algorithm::Gcra {
                 (gcra_admitted, gcra_retry)
+            } else if algorithm == Algorithm::GcraDelay {
+                let (admitted, wait) = self.decide_delayed(t, &counted);
+                delayed = if admitted { wait } else { 0 };
+                (
+                    admitted,
+                    if admitted {
+                        0
+                    } else {
+                        wait.div_ceil(NANOS_PER_SEC)
+                    },
+                )
             } else {
                 // As the server decides: spend reported is recorded first, whatever fits (as
                 // the reference's INCRBY always lands); then the request is admitted only when
@@ -551,6 +646,25 @@ impl Lab {
                     wait.map_or(0, |w| w.div_ceil(NANOS_PER_SEC)),
                 )
             };
+            if delayed > 0 && tallying == Tallying::Hits {
+                // Admitted at its slot: the wait now, the admission when the slot comes.
+                self.offered += 1;
+                let mut hits = Vec::with_capacity(counted.len());
+                for (slot, _, cost, _) in &counted {
+                    if let Some(tally) = self.report.rules[*slot].algorithms.slot(algorithm) {
+                        tally.offer(t, *cost);
+                        tally.held(t, *cost, delayed);
+                        hits.push((*slot, *cost));
+                    }
+                }
+                self.held.insert((t + delayed, self.offered), hits);
+                verdicts.push(Verdict {
+                    algorithm,
+                    admitted,
+                    retry_after,
+                });
+                continue;
+            }
             for (slot, _, cost, _) in &counted {
                 if let Some(tally) = self.report.rules[*slot].algorithms.slot(algorithm) {
                     match tallying {
@@ -569,6 +683,37 @@ impl Lab {
         Ok(verdicts)
     }
 
+    /// [`Algorithm::GcraDelay`]'s answer to a request of `counted` descriptors at `t`, as the
+    /// server answers a request with a delaying rule, all or nothing: spend reported after the
+    /// work is recorded whatever the answer; the request is admitted when every other
+    /// descriptor's slot comes within its rule's delay, at the latest of those slots, each
+    /// charged at its own (the claim of each counter). `(admitted, wait)`: the wait until its
+    /// slot when admitted, until it would fit when refused.
+    fn decide_delayed(&mut self, t: u64, counted: &[(usize, String, u64, bool)]) -> (bool, u64) {
+        for (slot, key, cost, _) in counted.iter().filter(|c| c.3) {
+            self.comparisons[*slot].gcra_delay.record(key, t, *cost);
+        }
+        let mut slot_wait = 0;
+        let mut refused: Option<u64> = None;
+        let mut waits = Vec::with_capacity(counted.len());
+        for (slot, key, cost, _) in counted.iter().filter(|c| !c.3) {
+            match self.comparisons[*slot].gcra_delay.fits(key, t, *cost) {
+                Ok(w) => {
+                    slot_wait = slot_wait.max(w);
+                    waits.push(w);
+                }
+                Err(w) => refused = Some(refused.unwrap_or(0).max(w)),
+            }
+        }
+        if let Some(wait) = refused {
+            return (false, wait);
+        }
+        for ((slot, key, cost, _), w) in counted.iter().filter(|c| !c.3).zip(waits) {
+            self.comparisons[*slot].gcra_delay.charge(key, t, w, *cost);
+        }
+        (true, slot_wait)
+    }
+
     /// The slot of `rule`, made on first sight.
     fn rule_slot(&mut self, domain: &str, rule: &Rule) -> usize {
         if let Some(&i) = self.index.get(&rule.id) {
@@ -577,6 +722,14 @@ impl Lab {
         let (limit, period, burst, burst_set) = match rule.limit {
             Limit::Limited(r) => (r.requests_per_unit, r.quota.period(), r.burst, r.burst_set),
             Limit::Unlimited => (u32::MAX, NANOS_PER_SEC, u32::MAX, false),
+        };
+        let (quota, delay_ns) = match rule.limit {
+            Limit::Limited(r) => (r.quota, r.max_delay_nanos),
+            Limit::Unlimited => (
+                Quota::new(NANOS_PER_SEC, u64::from(u32::MAX), u64::from(u32::MAX))
+                    .unwrap_or(Quota::ban(NANOS_PER_SEC)),
+                0,
+            ),
         };
         let mut algorithms = Algorithms::default();
         for &a in &self.algorithms {
@@ -590,6 +743,7 @@ impl Lab {
             period_seconds: period / NANOS_PER_SEC,
             burst,
             burst_set,
+            delay_ns,
             algorithms,
         });
         let l = u64::from(limit);
@@ -597,6 +751,7 @@ impl Lab {
             fixed_window: FixedWindow::new(l, period),
             sliding_log: SlidingLog::new(l, period),
             sliding_window: SlidingWindow::new(l, period),
+            gcra_delay: DelayingGcra::new(quota, delay_ns),
         });
         self.index.insert(rule.id, self.report.rules.len() - 1);
         self.report.rules.len() - 1
@@ -650,6 +805,58 @@ mod tests {
             // 2 per second, 4 at once: 2 admitted, 2 denied, by every algorithm.
             assert_eq!((t.admitted, t.denied, t.worst_second), (2, 2, 2), "{a:?}");
         }
+    }
+
+    #[test]
+    fn the_delay_model_without_delay_is_the_servers_gcra_and_with_it_admits_at_slots() {
+        let set = load_str(&[(
+            "p.yaml",
+            "domain: d\ndescriptors:\n  - key: plain\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5}\n  - key: held\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5, delay: 1s}\n",
+        )])
+        .unwrap();
+        // The server's decider beside the model on the rule without delay: the same answers.
+        let mut lab = Lab::new(set.clone(), &[Algorithm::Gcra, Algorithm::GcraDelay]);
+        let plain = Request::from_entries("d", &[&[("plain", "x")]]);
+        let s = NANOS_PER_SEC;
+        for i in 0..300 {
+            let v = lab.offer(5 * s + i * 3_000_000, &plain).unwrap();
+            assert_eq!(v[0].admitted, v[1].admitted, "request {i}: {v:?}");
+            assert_eq!(v[0].retry_after, v[1].retry_after, "request {i}: {v:?}");
+        }
+        let report = lab.finish().unwrap();
+        let rule = report.rule("d", "d.plain").unwrap();
+        let (g, m) = (
+            rule.algorithms.gcra.as_ref().unwrap(),
+            rule.algorithms.gcra_delay.as_ref().unwrap(),
+        );
+        assert_eq!(
+            (g.admitted, g.denied, g.worst_second),
+            (m.admitted, m.denied, m.worst_second)
+        );
+        assert_eq!(m.waits, None, "nothing held without delay");
+        // With delay: 100 at once, 5 now, 10 at their slots 100 ms apart (tallied there).
+        let mut lab = Lab::new(set, &Algorithm::DELAY);
+        let held = Request::from_entries("d", &[&[("held", "x")]]);
+        for _ in 0..100 {
+            lab.offer(5 * s, &held).unwrap();
+        }
+        let report = lab.finish().unwrap();
+        let rule = report.rule("d", "d.held").unwrap();
+        assert_eq!(rule.delay_ns, s);
+        let m = rule.algorithms.gcra_delay.as_ref().unwrap();
+        assert_eq!((m.admitted, m.denied), (15, 85));
+        let w = m.waits.unwrap();
+        assert_eq!((w.delayed, w.longest_ns, w.mean_ns), (10, s, 550_000_000));
+        // Admitted per 100 ms: 5 at 5.0 s, then one in each bin from 5.1 s to 6.0 s.
+        let bins: Vec<(u64, u64)> = m.bins.iter().map(|(&b, &n)| (b, n)).collect();
+        let mut expected = vec![(50, 5)];
+        expected.extend((51..=60).map(|b| (b, 1)));
+        assert_eq!(bins, expected);
+        assert_eq!(
+            m.worst_second,
+            5 + 10,
+            "B + floor(1 s / T) on admission times"
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The built-in scenarios of `sluice replay --scenario`, each with its own policy: the essay's
-//! fixed-window boundary, its midnight stampede, a retry storm, and a token budget charged after
-//! each response.
+//! fixed-window boundary, its midnight stampede, a retry storm, a token budget charged after
+//! each response, and the stampede against a rule that refuses and one that delays.
 //!
-//! `boundary`, `stampede` and `tokens` are fixed traces. `retry-storm` is a closed loop: refused clients
+//! `boundary`, `stampede`, `tokens` and `delay` are fixed traces. `retry-storm` is a closed loop: refused clients
 //! come back after the `Retry-After` each algorithm gives (GCRA's from the real decision),
 //! once in lockstep and once with a random jitter added, so each algorithm runs alone with
 //! its own clients.
@@ -33,6 +33,9 @@ pub enum Scenario {
     /// 6,000 tokens per minute for one tenant; a call a second from 30 s to 210 s, each of 500
     /// to 1,500 tokens reported 1 to 4 s after it arrives, checked with a cost of 0.
     Tokens,
+    /// The stampede's arrivals against 5,000 per minute with a burst of 100, once refusing what
+    /// does not fit and once delaying it up to 2 s (GCRA with the rule's delay).
+    Delay,
 }
 
 /// The `boundary` policy.
@@ -97,6 +100,29 @@ descriptors:
       requests_per_unit: 6000
 ";
 
+/// The `delay` policy.
+pub const DELAY_POLICY: &str = "\
+# The stampede against one rule that refuses what does not fit and one that delays it: 5,000 per
+# minute with a burst of 100, the second holding a request up to 2 s for its slot.
+domain: delay
+descriptors:
+  - key: rule
+    value: refusing
+    rate_limit:
+      name: refusing
+      unit: minute
+      requests_per_unit: 5000
+      burst: 100
+  - key: rule
+    value: delaying
+    rate_limit:
+      name: delaying
+      unit: minute
+      requests_per_unit: 5000
+      burst: 100
+      delay: 2s
+";
+
 /// Calls of the `tokens` scenario, one a second from [`TOKENS_START_SECONDS`].
 pub const TOKEN_CALLS: u64 = 180;
 /// When the `tokens` scenario's first call arrives, in seconds: mid-window, so that a fixed
@@ -119,6 +145,7 @@ impl Scenario {
             Self::Stampede => ("stampede.yaml", STAMPEDE_POLICY),
             Self::RetryStorm => ("retry-storm.yaml", RETRY_STORM_POLICY),
             Self::Tokens => ("tokens.yaml", TOKENS_POLICY),
+            Self::Delay => ("delay.yaml", DELAY_POLICY),
         }
     }
 
@@ -140,15 +167,17 @@ impl Scenario {
             Self::Stampede => "sluice replay --scenario stampede",
             Self::RetryStorm => "sluice replay --scenario retry-storm",
             Self::Tokens => "sluice replay --scenario tokens",
+            Self::Delay => "sluice replay --scenario delay",
         }
     }
 
     /// The algorithms it is replayed with: a token budget with GCRA and the reference's fixed
-    /// window, the others with all four.
+    /// window, `delay` with GCRA and each rule's delay, the others with all four.
     #[must_use]
     pub const fn algorithms(self) -> &'static [Algorithm] {
         match self {
             Self::Tokens => &Algorithm::TOKENS,
+            Self::Delay => &Algorithm::DELAY,
             _ => &Algorithm::ALL,
         }
     }
@@ -171,20 +200,20 @@ impl Scenario {
                     })
                     .collect(),
             ),
-            Self::Stampede => {
+            Self::Stampede | Self::Delay => {
                 // Evenly over [59 s, 60 s) and [60 s, 61 s), each arrival sent to both rules.
                 let spread =
                     |start: u64, n: u64| (0..n).map(move |i| start + i * NANOS_PER_SEC / n);
                 let times =
                     spread(59 * NANOS_PER_SEC, 2_500).chain(spread(60 * NANOS_PER_SEC, 2_300));
+                let (domain, key, values) = if self == Self::Stampede {
+                    ("stampede", "burst", ["inherited", "chosen"])
+                } else {
+                    ("delay", "rule", ["refusing", "delaying"])
+                };
                 Some(
                     times
-                        .flat_map(|t| {
-                            [
-                                at(t, "stampede", "burst", "inherited"),
-                                at(t, "stampede", "burst", "chosen"),
-                            ]
-                        })
+                        .flat_map(|t| values.map(|v| at(t, domain, key, v)))
                         .collect(),
                 )
             }
@@ -283,6 +312,7 @@ mod tests {
             Scenario::Stampede,
             Scenario::RetryStorm,
             Scenario::Tokens,
+            Scenario::Delay,
         ] {
             let set = s.policies().unwrap();
             assert_eq!(set.summary().files, 1, "{s:?}");
@@ -300,6 +330,11 @@ mod tests {
             "in time order"
         );
         assert!(Scenario::RetryStorm.trace().is_none());
+        // The delay scenario is the stampede's arrivals, sent to its own two rules.
+        let delay = Scenario::Delay.trace().unwrap();
+        assert_eq!(delay.len(), stampede.len());
+        assert!(delay.iter().zip(&stampede).all(|(d, s)| d.t == s.t));
+        assert_eq!(delay[1].request.domain, "delay");
         let tokens = Scenario::Tokens.trace().unwrap();
         assert_eq!(tokens.len(), 180);
         assert!(tokens.iter().all(

@@ -1,6 +1,7 @@
 //! The replay as a chart: admitted per 100 ms for each algorithm on one time axis, one panel
 //! per rule, with the rule's limit marked as its average per 100 ms (and its burst when it
-//! was chosen). A token replay is drawn as the tokens spent so far, beside the
+//! was chosen), and for a rule replayed with its delay a panel of the wait each admitted
+//! request paid, by arrival. A token replay is drawn as the tokens spent so far, beside the
 //! bucket and the rate since the first call. Drawn with plotters' SVG backend, text as SVG
 //! text (no font files).
 
@@ -22,6 +23,7 @@ fn colour(a: Algorithm) -> RGBColor {
         Algorithm::FixedWindow => RGBColor(213, 94, 0),
         Algorithm::SlidingLog => RGBColor(0, 158, 115),
         Algorithm::SlidingWindow => RGBColor(204, 121, 167),
+        Algorithm::GcraDelay => RGBColor(230, 159, 0),
     }
 }
 
@@ -40,7 +42,7 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
             .rules
             .iter()
             .flat_map(|r| {
-                Algorithm::ALL
+                Algorithm::EVERY
                     .into_iter()
                     .filter_map(|a| r.algorithms.get(a))
             })
@@ -62,15 +64,30 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
         format!("{} ms", bin_ns / 1_000_000)
     };
 
-    let panels = report.rules.len();
+    // The rules replayed with their delay that held some request: a panel of waits each.
+    let waited: Vec<(&RuleReport, Algorithm)> = report
+        .rules
+        .iter()
+        .filter_map(|r| {
+            Algorithm::EVERY
+                .into_iter()
+                .find(|&a| r.algorithms.get(a).is_some_and(|t| !t.wait_bins.is_empty()))
+                .map(|a| (r, a))
+        })
+        .collect();
+    let panels = report.rules.len() + waited.len();
     let height = u32::try_from(60 + 300 * panels).unwrap_or(u32::MAX);
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root
         .titled(title, ("sans-serif", 22))
         .map_err(|e| err(&e))?;
-    for (rule, area) in report.rules.iter().zip(root.split_evenly((panels, 1))) {
-        let lines: Vec<(Algorithm, Vec<(f64, f64)>)> = Algorithm::ALL
+    let areas = root.split_evenly((panels, 1));
+    for ((rule, a), area) in waited.iter().zip(&areas[report.rules.len()..]) {
+        draw_waits(rule, *a, area, (x0, x1), per.as_str()).map_err(|e| err(&e))?;
+    }
+    for (rule, area) in report.rules.iter().zip(areas) {
+        let lines: Vec<(Algorithm, Vec<(f64, f64)>)> = Algorithm::EVERY
             .into_iter()
             .filter_map(|a| {
                 let tally = rule.algorithms.get(a)?;
@@ -117,13 +134,7 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
             .y_desc(format!("admitted per {per}"))
             .light_line_style(RGBColor(238, 238, 238))
             .y_label_formatter(&|y| format!("{y:.0}"))
-            .x_label_formatter(&|x| {
-                if x1 - x0 > 10.0 {
-                    format!("{x:.0}")
-                } else {
-                    format!("{x:.1}")
-                }
-            })
+            .x_label_formatter(&|x| time_label(*x, x1 - x0))
             .draw()
             .map_err(|e| err(&e))?;
         boundaries(&mut chart, rule.period_seconds, (x0, x1), top).map_err(|e| err(&e))?;
@@ -133,6 +144,7 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
             (Algorithm::SlidingLog, 5),
             (Algorithm::SlidingWindow, 3),
             (Algorithm::Gcra, 2),
+            (Algorithm::GcraDelay, 2),
         ];
         for (a, w) in order {
             let Some((_, points)) = lines.iter().find(|(b, _)| *b == a) else {
@@ -158,10 +170,75 @@ pub fn draw(report: &Report, path: &Path, title: &str) -> Result<(), LabError> {
     Ok(())
 }
 
-/// A panel's caption: the rule, its rate (of `what`) and its burst.
+/// The panel of the waits `rule`'s requests paid under `a`: the longest wait of the requests
+/// arriving in each 100 ms, beside the rule's delay.
+fn draw_waits(
+    rule: &RuleReport,
+    a: Algorithm,
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    (x0, x1): (f64, f64),
+    per: &str,
+) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+    let Some(tally) = rule.algorithms.get(a) else {
+        return Ok(());
+    };
+    let ms = |ns: u64| ns as f64 / 1_000_000.0;
+    let secs = |bin: u64| (bin * BIN_NS) as f64 / NANOS_PER_SEC as f64;
+    let delay = ms(rule.delay_ns);
+    let top = tally
+        .wait_bins
+        .values()
+        .map(|&w| ms(w))
+        .fold(delay, f64::max)
+        .max(1.0)
+        * 1.12;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!(
+                "{}: the wait paid by each admitted request, the longest per {per} of arrival",
+                rule.path
+            ),
+            ("sans-serif", 17),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0..x1, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("arrival time (s)")
+        .y_desc("wait (ms)")
+        .light_line_style(RGBColor(238, 238, 238))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .x_label_formatter(&|x| time_label(*x, x1 - x0))
+        .draw()?;
+    let c = colour(a);
+    let points: Vec<(f64, f64)> = tally
+        .wait_bins
+        .iter()
+        .flat_map(|(&bin, &w)| [(secs(bin), ms(w)), (secs(bin + 1), ms(w))])
+        .collect();
+    chart
+        .draw_series(LineSeries::new(points, c.stroke_width(2)))?
+        .label(format!("{}: longest wait", a.name()))
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(2)));
+    reference(
+        &mut chart,
+        [(x0, delay), (x1, delay)],
+        format!("delay: {} ms, the longest a request is held", round(delay)),
+        SeriesLabelPosition::LowerRight,
+    )
+}
+
+/// A panel's caption: the rule, its rate (of `what`), its burst and its delay.
 fn caption(rule: &RuleReport, what: &str) -> String {
+    let delay = if rule.delay_ns > 0 {
+        format!(", delay {} ms", rule.delay_ns / 1_000_000)
+    } else {
+        String::new()
+    };
     format!(
-        "{}{}: {} {what}per {} s, burst {} ({})",
+        "{}{}: {} {what}per {} s, burst {} ({}){delay}",
         rule.path,
         if rule.name.is_empty() {
             String::new()
@@ -233,7 +310,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
     let err = |e: &dyn std::fmt::Display| LabError::Svg(format!("{}: {e}", path.display()));
     let tallies = || {
         report.rules.iter().flat_map(|r| {
-            Algorithm::ALL
+            Algorithm::EVERY
                 .into_iter()
                 .filter_map(|a| r.algorithms.get(a))
         })
@@ -264,7 +341,7 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
             points.push((x1, total as f64));
             points
         };
-        let lines: Vec<(Algorithm, Steps)> = Algorithm::ALL
+        let lines: Vec<(Algorithm, Steps)> = Algorithm::EVERY
             .into_iter()
             .filter_map(|a| Some((a, cumulative(&rule.algorithms.get(a)?.bins))))
             .collect();
@@ -311,6 +388,15 @@ fn draw_tokens(report: &Report, path: &Path, title: &str) -> Result<(), LabError
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// A time axis label: whole seconds on an axis longer than 10 s, tenths otherwise.
+fn time_label(x: f64, span: f64) -> String {
+    if span > 10.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
 }
 
 fn round(x: f64) -> String {

@@ -133,6 +133,24 @@ impl Batch {
     }
 }
 
+impl Batch {
+    /// This batch with each admitted charge's [`CounterOutcome::hold`] read from its wait, for a
+    /// store that reports only the wait: an admitted charge whose debt passes the bucket `B·T`
+    /// was admitted at a slot `debt − B·T` ahead (only a quota with a `delay` admits so).
+    #[must_use]
+    pub fn with_holds(mut self, ops: &[Op]) -> Self {
+        for (op, o) in ops.iter().zip(self.outcomes.iter_mut()) {
+            if o.admitted && op.charge == Charge::Ask {
+                o.hold = o
+                    .wait
+                    .saturating_sub(op.quota.tolerance())
+                    .min(op.quota.max_delay());
+            }
+        }
+        self
+    }
+}
+
 /// Which store answered a request's ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {

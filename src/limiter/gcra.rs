@@ -29,6 +29,9 @@ pub struct Quota {
     tolerance: u64,
     /// The configured period, reported as the retry hint of a ban.
     period: u64,
+    /// The longest a request that does not fit now may wait for its slot (`delay`), in
+    /// nanoseconds; 0 refuses it at once. At most [`MAX_TOLERANCE`].
+    max_delay: u64,
 }
 
 /// Why a rate cannot be turned into a [`Quota`].
@@ -72,6 +75,7 @@ impl Quota {
             burst,
             tolerance,
             period,
+            max_delay: 0,
         })
     }
 
@@ -83,7 +87,26 @@ impl Quota {
             burst: 0,
             tolerance: 0,
             period,
+            max_delay: 0,
         }
+    }
+
+    /// This quota, with a request that does not fit now admitted at its slot when that comes
+    /// within `nanos` (cut so that `B·T + max_delay` stays within [`MAX_TOLERANCE`]). A ban
+    /// never delays.
+    #[must_use]
+    pub const fn with_max_delay(mut self, nanos: u64) -> Self {
+        if !self.is_ban() {
+            let most = MAX_TOLERANCE - self.tolerance;
+            self.max_delay = if nanos < most { nanos } else { most };
+        }
+        self
+    }
+
+    /// The longest a request may wait for its slot, in nanoseconds (0: refused at once).
+    #[must_use]
+    pub const fn max_delay(&self) -> u64 {
+        self.max_delay
     }
 
     /// Whether this quota denies everything.
@@ -135,6 +158,7 @@ impl Quota {
             // interval ≤ MAX_TOLERANCE / burst, so this neither overflows nor passes the cap.
             tolerance: interval * burst,
             period: self.period,
+            max_delay: self.max_delay,
         }
     }
 
@@ -157,6 +181,7 @@ impl Quota {
             burst,
             tolerance: interval * burst,
             period: self.period,
+            max_delay: self.max_delay,
         }
     }
 
@@ -170,15 +195,15 @@ impl Quota {
         self.tolerance.saturating_sub(debt) / self.interval
     }
 
-    /// The most a key may owe, `TAT − now`: the bucket `B·T` and [`DEBT_PERIODS`] periods of
-    /// spend recorded past it, never more than [`MAX_TOLERANCE`] (so `TAT + cost·T` stays in a
-    /// `u64`). At least `B·T`.
+    /// The most a key may owe, `TAT − now`: the bucket `B·T`, the slots a delay may claim past
+    /// it (`max_delay`), and [`DEBT_PERIODS`] periods of spend recorded past those, never more
+    /// than [`MAX_TOLERANCE`] (so `TAT + cost·T` stays in a `u64`). At least `B·T + max_delay`,
+    /// so that no admission is ever cut back.
     #[must_use]
     pub const fn debt_cap(&self) -> u64 {
-        let cap = self
-            .tolerance
+        let cap = (self.tolerance + self.max_delay)
             .saturating_add(DEBT_PERIODS.saturating_mul(self.period));
-        // B·T ≤ MAX_TOLERANCE for every quota, so the cut never goes below the bucket.
+        // B·T + max_delay ≤ MAX_TOLERANCE for every quota, so the cut never goes below them.
         if cap < MAX_TOLERANCE {
             cap
         } else {
@@ -206,6 +231,9 @@ pub struct CounterOutcome {
     /// be admitted (denied). For a cost above the burst, which can never be admitted, the time
     /// until the bucket is full; for a ban, the period.
     pub wait: u64,
+    /// Admitted at a slot still ahead: nanoseconds from the decision until that slot, which the
+    /// answer is held for (at most the quota's `max_delay`). 0 when it fits now, or denied.
+    pub hold: u64,
 }
 
 impl CounterOutcome {
@@ -215,13 +243,20 @@ impl CounterOutcome {
         tat: 0,
         remaining: 0,
         wait: 0,
+        hold: 0,
     };
 }
 
 /// Decides a request of `cost` at `now` for a key whose TAT is `tat` (0 for a new key).
 ///
-/// Admitted iff `max(TAT, now) + cost·T − now ≤ B·T`; a denial changes nothing. A cost of 0 is a
-/// check that consumes nothing.
+/// Admitted iff `max(TAT, now) + cost·T − now ≤ B·T + max_delay`; a denial changes nothing. A
+/// cost of 0 is a check that consumes nothing.
+///
+/// A request admitted past `B·T` is admitted at its slot: the TAT moves now, as for any
+/// admission, and [`CounterOutcome::hold`] is `new − now − B·T`, the time until `new − slot` is
+/// exactly `B·T`, the instant the same request would fit without a delay. Seen at its slot it
+/// is an ordinary admission, so the bound `B + floor(W/T)` holds counting each delayed request
+/// at its slot (slots never go backwards: each is `max(now, new − B·T)`, both non-decreasing).
 #[must_use]
 pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
     if quota.is_ban() {
@@ -229,6 +264,7 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
             admitted: false,
             tat,
             remaining: 0,
+            hold: 0,
             wait: quota.period,
         };
     }
@@ -238,18 +274,21 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
             admitted: false,
             tat,
             remaining: quota.remaining(base, now),
+            hold: 0,
             wait: base - now,
         };
     }
     // cost ≤ B, so cost·T ≤ B·T ≤ 2^62 and base ≤ now + 2^62: no overflow below.
     let new = base + cost * quota.interval;
     let debt = new - now;
-    if debt <= quota.tolerance {
+    // B·T ≤ 2^62 and max_delay ≤ 2^62: the sum fits.
+    if debt <= quota.tolerance + quota.max_delay {
         CounterOutcome {
             admitted: true,
             tat: new,
-            remaining: (quota.tolerance - debt) / quota.interval,
+            remaining: quota.tolerance.saturating_sub(debt) / quota.interval,
             wait: debt,
+            hold: debt.saturating_sub(quota.tolerance),
         }
     } else {
         CounterOutcome {
@@ -257,6 +296,7 @@ pub fn decide(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
             tat,
             remaining: quota.remaining(base, now),
             wait: debt - quota.tolerance,
+            hold: 0,
         }
     }
 }
@@ -290,6 +330,7 @@ pub fn record(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
         } else {
             debt - quota.tolerance
         },
+        hold: 0,
     }
 }
 
@@ -307,6 +348,7 @@ pub fn refund(quota: &Quota, tat: u64, now: u64, cost: u64) -> CounterOutcome {
         admitted: true,
         tat,
         remaining: quota.remaining(tat, now),
+        hold: 0,
         wait: tat - now,
     }
 }
@@ -371,6 +413,59 @@ mod tests {
         // Exactly T later one more fits, one nanosecond earlier it does not.
         assert!(!decide(&q, b.tat, now + 30 * SEC - 1, 1).admitted);
         assert!(decide(&q, b.tat, now + 30 * SEC, 1).admitted);
+    }
+
+    #[test]
+    fn a_delay_admits_at_the_slot_within_it_and_refuses_past_it() {
+        // 10 a second, burst 5, a delay of 1 s: T = 100 ms, B·T = 500 ms.
+        let ms = SEC / 1_000;
+        let q = Quota::new(SEC, 10, 5).unwrap().with_max_delay(SEC);
+        let now = 7 * SEC;
+        let mut tat = 0;
+        let mut holds = Vec::new();
+        for _ in 0..16 {
+            let o = decide(&q, tat, now, 1);
+            if o.admitted {
+                tat = o.tat;
+            }
+            holds.push((o.admitted, o.hold, o.wait));
+        }
+        for (i, &(admitted, hold, _)) in holds[..15].iter().enumerate() {
+            assert!(admitted);
+            assert_eq!(hold, (i as u64).saturating_sub(4) * 100 * ms, "request {i}");
+        }
+        assert_eq!(
+            holds[15],
+            (false, 0, 1_100 * ms),
+            "past the delay: its wait"
+        );
+        assert_eq!(tat, now + 1_500 * ms, "every slot claimed on the one TAT");
+        // A held request reports an empty bucket, full again when its TAT is reached.
+        let held = decide(&q, now + 600 * ms, now, 1);
+        assert_eq!(
+            (held.remaining, held.wait, held.hold),
+            (0, 700 * ms, 200 * ms)
+        );
+        // A ban never delays; the delay is cut where B·T + delay would not fit a u64.
+        assert_eq!(Quota::ban(SEC).with_max_delay(SEC).max_delay(), 0);
+        assert_eq!(
+            q.with_max_delay(u64::MAX).max_delay(),
+            MAX_TOLERANCE - q.tolerance()
+        );
+        // A delay longer than the debt's four periods is never cut back by the cap.
+        let long = Quota::new(SEC, 3, 17)
+            .unwrap()
+            .with_max_delay(14 * q.interval() * 10 / 3);
+        assert_eq!(
+            long.debt_cap(),
+            long.tolerance() + long.max_delay() + 4 * SEC
+        );
+        assert_eq!(
+            q.scaled(2).max_delay(),
+            SEC,
+            "a node's share keeps the delay"
+        );
+        assert_eq!(q.portion(500_000, 2).max_delay(), SEC);
     }
 
     #[test]

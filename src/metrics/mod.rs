@@ -113,6 +113,17 @@ impl RlqsFigures {
     }
 }
 
+/// How a held answer ended, as `sluice_holds_total{result}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldEnd {
+    /// Answered OK at its slot.
+    Slot,
+    /// Refused at once because the server drains.
+    Drained,
+    /// Dropped with its call: the caller went away before the slot.
+    Cancelled,
+}
+
 /// A request's result, as `sluice_decisions_total{result}` counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOutcome {
@@ -313,6 +324,22 @@ impl Metrics {
     pub fn xds_response(&self, accepted: bool) {
         let result = if accepted { "accepted" } else { "rejected" };
         metrics::counter!(XDS_RESPONSES, "result" => result).increment(1);
+    }
+
+    /// Records an answer held for its slot from now on.
+    pub fn hold_began(&self) {
+        metrics::gauge!(HELD_REQUESTS).increment(1.0);
+    }
+
+    /// Records a held answer's end.
+    pub fn hold_ended(&self, end: HoldEnd) {
+        metrics::gauge!(HELD_REQUESTS).decrement(1.0);
+        let result = match end {
+            HoldEnd::Slot => "slot",
+            HoldEnd::Drained => "drained",
+            HoldEnd::Cancelled => "cancelled",
+        };
+        metrics::counter!(HOLDS, "result" => result).increment(1);
     }
 
     /// Records whether the stream to the xDS server is open.

@@ -102,6 +102,11 @@ pub const RLQS_REPORTS: &str = "sluice_rlqs_reports_total";
 pub const RLQS_ACTIONS: &str = "sluice_rlqs_actions_total";
 /// RLQS streams refused, by reason.
 pub const RLQS_REFUSED: &str = "sluice_rlqs_refused_streams_total";
+/// Answers held for their slot now (a rule's `delay`).
+pub const HELD_REQUESTS: &str = "sluice_held_requests";
+/// Answers held for their slot, by how the hold ended: `slot` (answered OK at its slot),
+/// `drained` (refused at once because the server stopped) or `cancelled` (the caller went away).
+pub const HOLDS: &str = "sluice_holds_total";
 /// Build information (always 1).
 pub const BUILD_INFO: &str = "sluice_build_info";
 
@@ -115,7 +120,7 @@ pub(super) enum Kind {
 
 /// Every metric's kind and description, written once: the recorder is told them at install,
 /// and the families rendered from stores at scrape time read them from here.
-pub(super) const FAMILIES: [(&str, Kind, &str); 50] = [
+pub(super) const FAMILIES: [(&str, Kind, &str); 52] = [
     (
         SHOULD_RATE_LIMIT_ERROR,
         Kind::Counter,
@@ -210,6 +215,16 @@ pub(super) const FAMILIES: [(&str, Kind, &str); 50] = [
         XDS_RESPONSES,
         Kind::Counter,
         "Responses of the xDS management server, by result: accepted (ACKed, policies swapped in) or rejected (NACKed, the last good policies kept).",
+    ),
+    (
+        HELD_REQUESTS,
+        Kind::Gauge,
+        "Answers held now until their slot (a rule's delay), over all gRPC connections.",
+    ),
+    (
+        HOLDS,
+        Kind::Counter,
+        "Answers held until their slot, by result: slot (answered OK at its slot), drained (refused at once, the server stopping) or cancelled (the call ended first: its caller went away).",
     ),
     (
         XDS_CONNECTED,
@@ -334,7 +349,7 @@ pub(super) const FAMILIES: [(&str, Kind, &str); 50] = [
 
 /// Families recorded through the `metrics` recorder; the rest are rendered from their owners'
 /// figures at scrape time.
-const RECORDED: [&str; 23] = [
+const RECORDED: [&str; 25] = [
     SHOULD_RATE_LIMIT_ERROR,
     TOTAL_REQUESTS,
     TOTAL_HITS,
@@ -351,6 +366,8 @@ const RECORDED: [&str; 23] = [
     POLICY_RELOADS,
     XDS_RESPONSES,
     XDS_CONNECTED,
+    HELD_REQUESTS,
+    HOLDS,
     BUILD_INFO,
     crate::tls::NOT_AFTER_METRIC,
     RLQS_STREAMS,

@@ -3,8 +3,9 @@
 //! loop; the idle cut (`super::idle`); a maximum age (±10 % jitter) after which the connection
 //! gets a GOAWAY and, past the grace, is closed, so clients behind a Service rebalance; and a
 //! graceful drain at shutdown. Each request carries what its connection's calls share (the count
-//! of its quota streams, and its peer's address). The HTTP/2 limits are set on hyper's builder in
-//! [`super::grpc_connection`], the request timeout per call by the edge.
+//! of its quota streams and of its held answers, and its peer's address). The HTTP/2 limits are
+//! set on hyper's builder in [`super::grpc_connection`], the request timeout per call by the
+//! edge.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
 
 use super::accept::{Accepted, CappedListener};
+use super::hold::ConnectionHolds;
 use super::idle::IdleCut;
 use super::streams::{Served, Streams};
 use crate::rlqs::places::ConnectionStreams;
@@ -170,6 +172,7 @@ async fn serve_http2<IO, S, B>(
         service,
         quota_streams: ConnectionStreams::from_peer(peer.ip()),
         streams: streams.clone(),
+        holds: ConnectionHolds::default(),
     };
     let served = super::grpc_connection(&connections.limits, streams.clone())
         .serve_connection(hyper_util::rt::TokioIo::new(io), service);
@@ -209,6 +212,7 @@ struct OnConnection<S> {
     service: S,
     quota_streams: ConnectionStreams,
     streams: Streams,
+    holds: ConnectionHolds,
 }
 
 impl<S, B> hyper::service::Service<http::Request<hyper::body::Incoming>> for OnConnection<S>
@@ -225,6 +229,7 @@ where
 
     fn call(&self, mut request: http::Request<hyper::body::Incoming>) -> Self::Future {
         request.extensions_mut().insert(self.quota_streams.clone());
+        request.extensions_mut().insert(self.holds.clone());
         if request.uri().path().starts_with(super::RLQS_PREFIX) {
             request.extensions_mut().insert(self.streams.resettable());
         }

@@ -15,6 +15,8 @@ use tonic::Status;
 use tonic::codegen::{Service, http};
 use tonic::server::NamedService;
 
+use super::hold::CallDeadline;
+
 /// `grpc-status` of `OUT_OF_RANGE`.
 const OUT_OF_RANGE: &str = "11";
 /// `grpc-status` of `RESOURCE_EXHAUSTED`.
@@ -32,7 +34,8 @@ const RESOURCE_EXHAUSTED: http::HeaderValue = http::HeaderValue::from_static("8"
 ///   status-code specification lists for "deadline expires before server returns status".
 ///   tonic's own server timeout answers `CANCELLED`, so the deadline is applied here instead,
 ///   around the service, body reading included. A client's shorter `grpc-timeout` wins; that
-///   client never reads the answer, its own deadline having passed.
+///   client never reads the answer, its own deadline having passed. The deadline is put on the
+///   request ([`CallDeadline`]), so that an answer held for its slot is never held past it.
 /// - **Oversized messages.** A request larger than `requests.max_request_bytes` is answered
 ///   `RESOURCE_EXHAUSTED`, the code the specification lists for "a message larger than the
 ///   configured limit", as soon as its length prefix is read, before the body is buffered: that
@@ -93,10 +96,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         if is_grpc_proto(req.headers().get(http::header::CONTENT_TYPE)) {
             let timeout = client_timeout(req.headers().get("grpc-timeout"))
                 .map_or(self.timeout, |t| t.min(self.timeout));
+            // What a held answer must beat (`super::hold`); none past the clock's range.
+            if let Some(at) = tokio::time::Instant::now().checked_add(timeout) {
+                req.extensions_mut().insert(CallDeadline(at));
+            }
             let done: fn(_) -> _ = if self.tonic_decoder {
                 finish_corrected
             } else {

@@ -6,12 +6,14 @@
 //! `Server`: connections accepted under a cap ([`accept`]), served by hyper's HTTP/2 builder
 //! with ages, idle cuts and a drain ([`connections`], [`idle`]), calls run in the connection's
 //! task ([`streams`]) and routed by path to `ShouldRateLimit` served by hand ([`unary`]), or the
-//! generated quota and health services, each behind the edge ([`edge`]).
+//! generated quota and health services, each behind the edge ([`edge`]). An answer a rule admits
+//! at a later slot is held until then in its call's future, within the bounds of [`hold`].
 
 mod accept;
 pub(crate) mod admin;
 mod connections;
 mod edge;
+pub(crate) mod hold;
 mod idle;
 mod limited;
 pub(crate) mod rlqs;

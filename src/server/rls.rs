@@ -1,24 +1,39 @@
 //! The gRPC adapter for `envoy.service.ratelimit.v3.RateLimitService`: a decoded request
-//! decided (converted by [`crate::wire`]), and the one place errors become gRPC statuses.
+//! decided (converted by [`crate::wire`]) and, when a rule admits it at a later slot, held until
+//! then within the bounds of [`super::hold`]; and the one place errors become gRPC statuses.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::Status;
 
-use crate::decision::{DecideError, Decider};
+use super::hold::{CallDeadline, ConnectionHolds, HoldPlace, Holds};
+use crate::decision::{DecideError, Decider, Decision};
+use crate::metrics::{HoldEnd, Metrics};
 use crate::pb::{RateLimitRequest, RateLimitResponse};
 use crate::traces::CallSpan;
 use crate::wire;
 
-/// Answers `ShouldRateLimit` with the decider.
+/// Answers `ShouldRateLimit` with the decider, holding an answer admitted at a later slot
+/// until that slot, within `holds`.
 #[derive(Debug, Clone)]
 pub struct RateLimitHandler {
     decider: Decider,
+    holds: Arc<Holds>,
+}
+
+/// What a call brings for its answer to be held: its deadline, and its connection's count.
+#[derive(Debug, Default)]
+pub(crate) struct HoldContext {
+    pub(crate) deadline: Option<CallDeadline>,
+    pub(crate) connection: Option<ConnectionHolds>,
 }
 
 impl RateLimitHandler {
-    /// A handler deciding with `decider`.
+    /// A handler deciding with `decider`, holding answers within `holds`.
     #[must_use]
-    pub fn new(decider: Decider) -> Self {
-        Self { decider }
+    pub(crate) fn new(decider: Decider, holds: Arc<Holds>) -> Self {
+        Self { decider, holds }
     }
 
     /// Counts a call refused before its request could be read (framing, size, decoding).
@@ -33,10 +48,16 @@ impl RateLimitHandler {
 
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
     /// With tracing on, what was asked and answered goes on the call's `span`.
+    ///
+    /// A request a delaying rule admits at a later slot is answered at that slot: the call
+    /// reserves a place under the hold bounds first and may be held until its deadline less
+    /// the margin; without a place or that time, the rule refuses it at once with its wait.
+    /// When the server drains, a held answer is given at once, refused with the wait left.
     pub(crate) async fn answer(
         &self,
         request: RateLimitRequest,
         mut span: Option<&mut CallSpan>,
+        context: HoldContext,
     ) -> Result<RateLimitResponse, Status> {
         let req = wire::from_pb(request)
             .inspect_err(|_| self.decider.count_malformed())
@@ -44,7 +65,18 @@ impl RateLimitHandler {
         if let Some(span) = span.as_deref_mut() {
             span.request(&req);
         }
-        let decided = self.decider.decide(&req).await;
+        let place = self.holds.reserve(context.connection.as_ref());
+        let max_hold = place.as_ref().map_or(0, |_| {
+            self.holds
+                .budget(context.deadline, tokio::time::Instant::now())
+        });
+        let decided = self.decider.decide_within(&req, max_hold).await;
+        let decided = match (decided, place) {
+            (Ok(decision), Some(place)) if decision.hold.is_some() => {
+                Ok(self.hold(decision, place).await)
+            }
+            (decided, _) => decided,
+        };
         if let Some(span) = span {
             match &decided {
                 Ok(decision) => span.decided(decision),
@@ -52,6 +84,58 @@ impl RateLimitHandler {
             }
         }
         decided.map(wire::to_pb).map_err(status)
+    }
+}
+
+impl RateLimitHandler {
+    /// Holds `decision` until its slot, in `place`; refused at once with the wait left when the
+    /// server drains first.
+    async fn hold(&self, decision: Decision, place: HoldPlace) -> Decision {
+        let nanos = decision.hold.as_ref().map_or(0, |h| h.nanos);
+        let slot = tokio::time::Instant::now() + Duration::from_nanos(nanos);
+        let mut holding = Holding::new(self.decider.metrics(), place);
+        let drained = tokio::select! {
+            () = tokio::time::sleep_until(slot) => false,
+            () = self.holds.drained() => true,
+        };
+        holding.end = if drained {
+            HoldEnd::Drained
+        } else {
+            HoldEnd::Slot
+        };
+        drop(holding);
+        if drained {
+            let left = slot.saturating_duration_since(tokio::time::Instant::now());
+            let left = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
+            self.decider.refuse_held(decision, left).await
+        } else {
+            decision
+        }
+    }
+}
+
+/// A hold from its start to its end, however it ends: at its slot, at the drain, or dropped
+/// with its call (the caller went away first), which gives its place back and counts it.
+struct Holding<'m> {
+    metrics: &'m Metrics,
+    _place: HoldPlace,
+    end: HoldEnd,
+}
+
+impl<'m> Holding<'m> {
+    fn new(metrics: &'m Metrics, place: HoldPlace) -> Self {
+        metrics.hold_began();
+        Self {
+            metrics,
+            _place: place,
+            end: HoldEnd::Cancelled,
+        }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.metrics.hold_ended(self.end);
     }
 }
 

@@ -15,7 +15,8 @@ use prost::Message;
 use tonic::codegen::{Service, http};
 use tonic::{Code, Status};
 
-use super::rls::RateLimitHandler;
+use super::hold::{CallDeadline, ConnectionHolds};
+use super::rls::{HoldContext, RateLimitHandler};
 use crate::pb::RateLimitRequest;
 use crate::pb::codec::Wire;
 use crate::traces::CallTracer;
@@ -86,11 +87,20 @@ impl ShouldRateLimit {
                 headers.get(name).and_then(|v| v.to_str().ok())
             })
         });
+        let context = HoldContext {
+            deadline: req.extensions().get::<CallDeadline>().copied(),
+            connection: req.extensions().get::<ConnectionHolds>().cloned(),
+        };
         let answered = async {
             let request = read_request(req, self.max_request_bytes)
                 .await
                 .inspect_err(|_| self.handler.count_malformed())?;
-            encode(&self.handler.answer(request, span.as_deref_mut()).await?)
+            encode(
+                &self
+                    .handler
+                    .answer(request, span.as_deref_mut(), context)
+                    .await?,
+            )
         };
         let answered = answered.await;
         self.handler.called(started.elapsed());

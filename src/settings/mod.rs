@@ -207,6 +207,12 @@ pub struct GrpcLimits {
     pub max_connection_age: Option<Duration>,
     /// How long a connection past its age then has for its calls in flight before it is closed.
     pub max_connection_age_grace: Duration,
+    /// Most answers held for their slot at once, over all connections.
+    pub max_held_requests: usize,
+    /// Most answers held for their slot at once on one connection.
+    pub max_held_per_connection: usize,
+    /// How long before the caller's deadline a held answer must be given.
+    pub hold_deadline_margin: Duration,
 }
 
 /// TLS on the gRPC port: the files it is loaded from (and reloaded from when they change). The

@@ -206,6 +206,9 @@ fn grpc(g: &GrpcSection) -> Result<(GrpcLimits, Option<GrpcTls>), SettingsError>
         max_connection_age: (g.max_connection_age_ms > 0)
             .then(|| Duration::from_millis(g.max_connection_age_ms)),
         max_connection_age_grace: Duration::from_millis(g.max_connection_age_grace_ms),
+        max_held_requests: g.max_held_requests,
+        max_held_per_connection: g.max_held_per_connection,
+        hold_deadline_margin: Duration::from_millis(g.hold_deadline_margin_ms),
     };
     Ok((limits, grpc_tls(&g.tls)?))
 }

@@ -241,6 +241,15 @@ pub struct GrpcSection {
     /// How long a connection past its age is then given for the calls in flight before it is
     /// closed, in milliseconds.
     pub max_connection_age_grace_ms: u64,
+    /// Most answers held at once for their slot (a rule's `delay`), over all connections; a
+    /// request that would be held past it is refused at once with its wait. 0: none is held.
+    pub max_held_requests: usize,
+    /// Most answers held at once on one connection; past it, as past `max_held_requests`.
+    pub max_held_per_connection: usize,
+    /// How long before the caller's deadline (its `grpc-timeout`, or `request_timeout_ms`) a
+    /// held answer must be given, in milliseconds; a request whose slot falls later is refused
+    /// at once with its wait.
+    pub hold_deadline_margin_ms: u64,
     /// TLS on the gRPC port (off unless `cert_file` and `key_file` are set).
     pub tls: GrpcTlsSection,
 }
@@ -287,6 +296,9 @@ impl Default for GrpcSection {
             idle_timeout_ms: 60_000,
             max_connection_age_ms: 0,
             max_connection_age_grace_ms: 3_600_000,
+            max_held_requests: 10_000,
+            max_held_per_connection: 1_000,
+            hold_deadline_margin_ms: 5,
             tls: GrpcTlsSection::default(),
         }
     }

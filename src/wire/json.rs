@@ -249,6 +249,7 @@ mod tests {
             body: Vec::new(),
             dynamic_metadata: None,
             trace: None,
+            hold: None,
         };
         assert_eq!(render(&d), json!({"overallCode": "OK", "statuses": []}));
         d.dynamic_metadata = json!({"domain": "d", "descriptors": []})

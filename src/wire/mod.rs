@@ -165,6 +165,7 @@ mod tests {
             body: Vec::new(),
             dynamic_metadata: map.as_object().cloned(),
             trace: None,
+            hold: None,
         };
         let s = to_pb(decision).dynamic_metadata.unwrap();
         let kind = |v: &prost_types::Value| v.kind.clone().unwrap();
@@ -193,6 +194,7 @@ mod tests {
             body: Vec::new(),
             dynamic_metadata: None,
             trace: None,
+            hold: None,
         };
         assert_eq!(to_pb(off).dynamic_metadata, None);
     }

@@ -11,6 +11,10 @@
   strictly too; each route's pair of rate limits checks with hits_addend 0 and charges the
   tokens from dynamic metadata with apply_on_stream_done, and the policy in its header passes
   `sluice check` and limits the descriptor both send.
+- deploy/envoy/envoy-delay.yaml (a rule that delays instead of refusing) parses strictly too;
+  its rate-limit filter's timeout exceeds the longest delay of its policy
+  (deploy/envoy/delay/) plus sluice's hold margin, and that policy passes `sluice check
+  --strict` against that timeout (and warns against Envoy's default of 20 ms).
 - The Kubernetes manifests, Prometheus config and Compose file parse, and the ConfigMap's
   policies pass `sluice check`.
 - Every metric the Grafana dashboard queries is one sluice exposes (names from src/metrics/names.rs).
@@ -60,9 +64,38 @@ def load_yaml_docs(*parts):
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
-def sluice_check(policy_dir):
+def sluice_check(policy_dir, *args):
     sluice = os.environ.get("SLUICE", path("target", "debug", "sluice"))
-    return subprocess.run([sluice, "check", policy_dir], capture_output=True, text=True)
+    return subprocess.run([sluice, "check", *args, policy_dir], capture_output=True, text=True)
+
+
+def strict_hcm(config):
+    """The first listener's HTTP connection manager of `config`, parsed strictly."""
+    bootstrap = json_format.ParseDict(config, bootstrap_pb2.Bootstrap(), ignore_unknown_fields=False)
+    hcm = http_connection_manager_pb2.HttpConnectionManager()
+    bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    return hcm
+
+
+# sluice's default margin between a hold's end and the caller's deadline
+# (grpc.hold_deadline_margin_ms).
+HOLD_MARGIN_NS = 5_000_000
+
+
+def delay_ns(text):
+    """A policy's `delay` (`250ms`, `1s`) in nanoseconds."""
+    m = re.fullmatch(r"(\d+)(ms|s)", text)
+    assert m, text
+    return int(m.group(1)) * (1_000_000 if m.group(2) == "ms" else 1_000_000_000)
+
+
+def delays(descriptors):
+    """Every `rate_limit.delay` under a policy's descriptors, in nanoseconds."""
+    for d in descriptors or []:
+        limit = d.get("rate_limit") or {}
+        if "delay" in limit:
+            yield delay_ns(limit["delay"])
+        yield from delays(d.get("descriptors"))
 
 
 class Envoy(unittest.TestCase):
@@ -204,6 +237,47 @@ class EnvoyTokenBudget(unittest.TestCase):
         self.assertEqual(doc["domain"], "ai")
         self.assertEqual(doc["descriptors"][0]["key"], "generic_key")
         self.assertEqual(doc["descriptors"][0]["descriptors"][0]["key"], "tenant")
+
+
+class EnvoyDelay(unittest.TestCase):
+    def setUp(self):
+        (self.config,) = load_yaml_docs("deploy", "envoy", "envoy-delay.yaml")
+        (self.policy,) = load_yaml_docs("deploy", "envoy", "delay", "vendor.yaml")
+
+    def filter(self):
+        hcm = strict_hcm(self.config)
+        self.assertEqual([f.name for f in hcm.http_filters][-1], "envoy.filters.http.router")
+        rl = rate_limit_pb2.RateLimit()
+        self.assertTrue(hcm.http_filters[0].typed_config.Unpack(rl))
+        routes = [r for vh in hcm.route_config.virtual_hosts for r in vh.routes]
+        return rl, routes
+
+    def test_parses_strictly_and_points_at_sluice_with_the_policys_domain(self):
+        rl, routes = self.filter()
+        self.assertEqual(rl.domain, self.policy["domain"])
+        self.assertEqual(rl.rate_limit_service.grpc_service.envoy_grpc.cluster_name, "ratelimit")
+        self.assertTrue(rl.failure_mode_deny, "a per-call-billed API fails closed")
+        (route,) = routes
+        (limit,) = route.route.rate_limits
+        key = limit.actions[0].generic_key
+        (rule,) = self.policy["descriptors"]
+        self.assertEqual((key.descriptor_key, key.descriptor_value), (rule["key"], rule["value"]))
+
+    def test_the_filter_timeout_exceeds_the_longest_delay_and_the_margin(self):
+        rl, _ = self.filter()
+        self.assertTrue(rl.HasField("timeout"), "Envoy's default of 20 ms would cut every hold short")
+        timeout_ns = rl.timeout.seconds * 1_000_000_000 + rl.timeout.nanos
+        longest = max(delays(self.policy["descriptors"]))
+        self.assertGreater(longest, 0)
+        self.assertGreater(timeout_ns, longest + HOLD_MARGIN_NS)
+        # sluice check agrees with that timeout, and warns against Envoy's default.
+        timeout = f"{timeout_ns // 1_000_000}ms"
+        fits = sluice_check(path("deploy", "envoy", "delay"), "--strict", "--filter-timeout", timeout)
+        self.assertEqual(fits.returncode, 0, fits.stderr)
+        self.assertIn(f"checked against {timeout} (--filter-timeout): ok", fits.stdout)
+        default = sluice_check(path("deploy", "envoy", "delay"))
+        self.assertEqual(default.returncode, 0, default.stderr)
+        self.assertIn("20ms (Envoy's default)", default.stderr)
 
 
 class EnvoyQuota(unittest.TestCase):

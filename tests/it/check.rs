@@ -476,3 +476,80 @@ fn check_shows_the_bound_on_spend_reported_after_the_work() {
     let ban = check_rule("{unit: second, requests_per_unit: 0}", &[(None, &[])]);
     assert!(!ban[0].contains("spend"), "{}", ban[0]);
 }
+
+/// A delaying rule shows the smoothed rate the downstream sees, the longest wait, what a burst
+/// gets, and the filter timeout it needs; against Envoy's default 20 ms (or a `--filter-timeout`
+/// too short) it warns on stderr, and `--strict` then exits 1.
+#[test]
+fn check_states_a_delaying_rule_and_warns_when_the_filter_timeout_is_too_short() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5, delay: 250ms}\n",
+    )
+    .unwrap();
+    let policies = dir.path().to_str().unwrap();
+    let out = check(&[policies]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stdout.contains(
+            "  delay: up to 250ms for a slot; the downstream sees one every 100ms (10 per second)"
+        ) && stdout.contains("of a burst at once: 7 answered OK within 250ms (5 at once, 2 held"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "sluice: warning: d.k: delay 250ms does not fit Envoy's rate-limit filter timeout of \
+             20ms (Envoy's default): set the filter's `timeout` above 255ms"
+        ),
+        "{stderr}"
+    );
+    let strict = check(&["--strict", policies]);
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&strict.stderr)
+            .contains("--strict: 1 delaying rule(s) do not fit the filter timeout"),
+        "{strict:?}"
+    );
+    // A timeout above the delay and the margin: no warning, and --strict passes.
+    let fits = check(&["--strict", "--filter-timeout", "300ms", policies]);
+    let stderr = String::from_utf8_lossy(&fits.stderr);
+    assert_eq!(fits.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&fits.stdout)
+            .contains("checked against 300ms (--filter-timeout): ok"),
+        "{fits:?}"
+    );
+    let json = check(&["--json", "--filter-timeout", "0.2s", policies]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        doc["rules"][0]["delay"]["filter_timeout"]["ns"],
+        200_000_000
+    );
+    assert_eq!(doc["rules"][0]["delay"]["filter_timeout_too_short"], true);
+    assert_eq!(doc["timeout_warnings"].as_array().unwrap().len(), 1);
+    let bad = check(&["--filter-timeout", "20", policies]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    // The hold margin is the server's setting: 50 ms asks for a timeout above 300 ms.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let settings = elsewhere.path().join("settings.yaml");
+    std::fs::write(&settings, "grpc:\n  hold_deadline_margin_ms: 50\n").unwrap();
+    let wide = check(&[
+        "--config",
+        settings.to_str().unwrap(),
+        "--filter-timeout",
+        "300ms",
+        policies,
+    ]);
+    assert_eq!(wide.status.code(), Some(0), "{wide:?}");
+    assert!(
+        String::from_utf8_lossy(&wide.stderr)
+            .contains("set the filter's `timeout` above 300ms (the delay and sluice's 50ms hold"),
+        "{wide:?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! The client half (`--features client`) against a real server: typed answers, the deadline
 //! against a server that never answers under each failure policy, backoff above the server's
-//! wait, and the tower layer in front of an axum and a tonic service.
+//! wait, the tower layer in front of an axum and a tonic service, and `acquire` waiting for its
+//! slot (the example batch job against a delaying rule and a refusing one).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice::client::{
-    Answer, Backoff, ClientError, Descriptor, FailurePolicy, Jitter, RateLimitClient,
+    AcquireError, Answer, Backoff, ClientError, Descriptor, FailurePolicy, Jitter, RateLimitClient,
     RateLimitLayer, Refusal,
 };
 use tokio::net::TcpListener;
@@ -349,4 +350,127 @@ async fn the_layer_refuses_a_tonic_service_with_resource_exhausted() {
         .parse()
         .expect("ms");
     assert!((60_000..=90_000).contains(&pushback), "{pushback}");
+}
+
+/// Moves `server`'s clock with real time from now on (every millisecond), for tests where a
+/// client really sleeps.
+fn follow_real_time(server: &TestServer) {
+    let clock = Arc::clone(&server.clock);
+    let (origin, started) = (sluice::limiter::Clock::now(&*clock), Instant::now());
+    tokio::spawn(async move {
+        loop {
+            let elapsed = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            clock.set(origin + elapsed);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+}
+
+#[tokio::test]
+async fn acquire_stops_at_once_when_the_wait_is_past_the_longest() {
+    let server = server().await;
+    let client = client(&server);
+    let key = [Descriptor::new([("api_key", "k")])];
+    let slot = client
+        .acquire(&key, Duration::from_secs(10))
+        .await
+        .expect("the bucket is full");
+    assert_eq!((slot.refusals, slot.failed_open), (0, false));
+    // One a minute: the next slot is 60 s away, past 10 s, so no sleep at all.
+    let started = Instant::now();
+    match client.acquire(&key, Duration::from_secs(10)).await {
+        Err(AcquireError::TooLong { wait, max_wait, .. }) => {
+            assert_eq!(
+                (wait, max_wait),
+                (Duration::from_secs(60), Duration::from_secs(10))
+            );
+        }
+        other => panic!("expected TooLong, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "it did not sleep"
+    );
+}
+
+#[tokio::test]
+async fn acquire_sleeps_out_each_refusal_and_gets_its_slot() {
+    // Two a second, one at once: T = 500 ms, refused with a wait of 1 s (whole seconds up).
+    let server = TestServer::start(&[(
+        "jobs.yaml",
+        "domain: jobs\ndescriptors:\n  - key: paced\n    rate_limit: {unit: second, requests_per_unit: 2, burst: 1}\n",
+    )])
+    .await;
+    follow_real_time(&server);
+    let client = client(&server);
+    let key = [Descriptor::new([("paced", "x")])];
+    let started = Instant::now();
+    let mut refusals = Vec::new();
+    for _ in 0..3 {
+        let slot = client
+            .acquire(&key, Duration::from_secs(3))
+            .await
+            .expect("a slot within 3 s");
+        refusals.push(slot.refusals);
+        if slot.refusals > 0 {
+            assert!(slot.waited >= Duration::from_secs(1), "{slot:?}");
+        }
+    }
+    assert_eq!(refusals, [0, 1, 1]);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_secs(2)..Duration::from_millis(3_500)).contains(&took),
+        "{took:?}"
+    );
+    assert_eq!(client.failures(), 0);
+}
+
+/// The example job's rule, with or without `delay`.
+fn vendor_policy(delay: bool) -> String {
+    format!(
+        "domain: vendor\ndescriptors:\n  - key: api\n    value: geocoder\n    rate_limit: \
+         {{unit: second, requests_per_unit: {}, burst: 1{}}}\n",
+        crate::paced_batch::RATE_PER_SECOND,
+        if delay { ", delay: 1s" } else { "" }
+    )
+}
+
+/// The example job's load (40 calls, its workers, its longest wait) against a server with its
+/// rule, on real time.
+async fn batch(delay: bool) -> crate::paced_batch::Run {
+    let server = TestServer::start(&[("vendor.yaml", &vendor_policy(delay))]).await;
+    follow_real_time(&server);
+    crate::paced_batch::run(
+        &format!("http://{}", server.grpc),
+        40,
+        crate::paced_batch::WORKERS,
+        crate::paced_batch::MAX_WAIT,
+    )
+    .await
+    .expect("the job runs")
+}
+
+#[tokio::test]
+async fn the_example_job_runs_at_its_stated_rate_with_no_refusal_against_a_delaying_rule() {
+    let run = batch(true).await;
+    assert_eq!((run.billed, run.refusals, run.left), (40, 0, 0), "{run:?}");
+    let rate = run.rate();
+    let stated = f64::from(crate::paced_batch::RATE_PER_SECOND);
+    assert!(
+        (rate - stated).abs() <= stated * 0.1,
+        "{rate:.2} per second against a stated {stated}"
+    );
+}
+
+#[tokio::test]
+async fn the_same_load_without_delay_is_refused() {
+    let run = batch(false).await;
+    assert!(run.refusals > 0 && run.left > 0, "{run:?}");
+    assert_eq!(run.billed + run.left, 40, "{run:?}");
+    // No more than the rule lets through: the bucket and one every 50 ms.
+    let span = run.calls.last().copied().unwrap_or_default();
+    assert!(
+        run.billed <= 1 + span.as_millis() as u64 / 50 + 1,
+        "{run:?}"
+    );
 }

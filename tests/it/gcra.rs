@@ -205,6 +205,38 @@ proptest! {
         assert_window_bound(&q, &adm)?;
     }
 
+    /// P2 with a delay (`delay`): a request admitted at a slot still ahead counts at its slot.
+    /// Whatever the schedule, costs and delay, no hold exceeds the delay, slots never go
+    /// backwards, and the admitted cost in any window of slots is at most B + floor(W/T).
+    #[test]
+    fn p2_window_bound_counts_delayed_requests_at_their_slots(
+        q in quota(20),
+        t0 in start(),
+        raw in raw_steps(200),
+        delay_intervals in 0u64..=40,
+        extra in 0u64..1_000,
+    ) {
+        let max_delay = delay_intervals * q.interval() + extra;
+        let delayed = q.with_max_delay(max_delay);
+        let store = MemoryStore::new();
+        let out = run(&store, KEY, &delayed, &schedule(&q, t0, &raw));
+        let mut slots: Vec<(u64, u64)> = Vec::new();
+        for &(t, c, o) in &out {
+            if !o.admitted {
+                prop_assert_eq!(o.hold, 0);
+                continue;
+            }
+            prop_assert!(o.hold <= max_delay, "held {} past the delay {}", o.hold, max_delay);
+            prop_assert_eq!(o.hold, o.wait.saturating_sub(q.tolerance()));
+            let slot = t + o.hold;
+            if let Some(&(last, _)) = slots.last() {
+                prop_assert!(slot >= last, "slot {} before {}", slot, last);
+            }
+            slots.push((slot, c));
+        }
+        assert_window_bound(&q, &slots)?;
+    }
+
     /// P2 is tight (so the check above is not vacuous): B at s, then one every T, gives exactly
     /// B + k in [s, s + k·T], and the next request inside that window is denied.
     #[test]
@@ -568,7 +600,7 @@ proptest! {
 
         // The model: refunds and spend first, in order; then each charge against the TATs left
         // by them and the earlier charges of the same request.
-        let none = CounterOutcome { admitted: false, tat: 0, remaining: 0, wait: 0 };
+        let none = CounterOutcome { admitted: false, tat: 0, remaining: 0, wait: 0, hold: 0 };
         let mut expected = vec![none; ops.len()];
         let mut tats: Vec<u64> = (0..3u128).map(|k| store.tat(k)).collect();
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.unconditional()) {

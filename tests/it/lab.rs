@@ -675,3 +675,54 @@ proptest::proptest! {
         proptest::prop_assert!(!fresh.count(2, &q, t0 + span, 1).admitted);
     }
 }
+
+/// The delay scenario: the stampede's arrivals against a rule that refuses and one that delays
+/// up to 2 s, both 5,000 per minute with a burst of 100. The refusing one lets through what the
+/// stampede's chosen burst does; the delaying one admits 2 s of slots more, each at its slot,
+/// never waiting past its delay, and no more in any second: the bound holds on admission times.
+#[test]
+fn the_delay_scenario_admits_at_slots_within_the_delay_and_keeps_the_bound() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["replay", "--scenario", "delay", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rule = |name: &str| {
+        doc["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["algorithms"]["gcra_delay"]
+            .clone()
+    };
+    let (refusing, delaying) = (rule("refusing"), rule("delaying"));
+    // 100 + floor(2 s / 12 ms): as `--scenario stampede`'s chosen burst.
+    assert_eq!(refusing["admitted"], 266);
+    assert!(refusing.get("waits").is_none());
+    // 100 + floor((2 s + 2 s) / 12 ms): the stampede's two seconds and the delay.
+    assert_eq!(delaying["admitted"], 433);
+    assert_eq!(delaying["denied"], 4800 - 433);
+    // B + floor(1 s / T) = 100 + 83 in any second, with or without delay.
+    assert_eq!(refusing["worst_second"], 183);
+    assert_eq!(delaying["worst_second"], 183);
+    let waits = &delaying["waits"];
+    assert_eq!(waits["longest_ns"], 2_000_000_000_u64);
+    assert!(waits["delayed"].as_u64().unwrap() > 300, "{waits}");
+    assert!(
+        waits["mean_ns"].as_u64().unwrap() < 2_000_000_000,
+        "{waits}"
+    );
+    let text = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["replay", "--scenario", "delay"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(
+            "delay.rule_delaying (delaying): 5000 per minute, burst 100 (set), delay 2s\n"
+        ),
+        "{text}"
+    );
+}

@@ -5,6 +5,7 @@ mod client;
 mod compat;
 mod conn;
 mod counters;
+mod delay;
 mod docs;
 mod docs_examples;
 mod gcra;
@@ -18,6 +19,11 @@ mod local;
 mod memory;
 mod metadata;
 mod ops;
+// The example job, run by `client`'s tests against a real server (its `main` is not called).
+#[cfg(feature = "client")]
+#[allow(dead_code)]
+#[path = "../../examples/paced_batch.rs"]
+mod paced_batch;
 #[cfg(feature = "client")]
 mod quota_client;
 mod redis;

@@ -386,18 +386,22 @@ fn random_ops(rng: &mut Lcg, quotas: &[Quota; 5], base: u128) -> Vec<Op> {
 }
 
 /// The quotas of the parity schedules.
-/// [`quotas`] with the year-long one replaced by a week-long one: every op fits the lean script
-/// (a week's bucket and four weeks of debt stay below 2^52 ns).
+/// [`quotas`] with the year-long one replaced by a week-long one and no delay: every op fits
+/// the lean script (a week's bucket and four weeks of debt stay below 2^52 ns).
 fn lean_quotas() -> [Quota; 5] {
     let mut quotas = quotas();
+    quotas[1] = quotas[1].with_max_delay(0);
     quotas[2] = Quota::new(7 * 86_400 * SEC, 7, 7).unwrap();
     quotas
 }
 
 fn quotas() -> [Quota; 5] {
     [
-        Quota::new(SEC, 3, 3).unwrap(),                // T = 333,333,334 ns
-        Quota::new(60 * SEC, 10, 4).unwrap(),          // T = 6 s, B = 4
+        Quota::new(SEC, 3, 3).unwrap(), // T = 333,333,334 ns
+        // T = 6 s, B = 4, admitted at a slot up to 15 s ahead: the exact script.
+        Quota::new(60 * SEC, 10, 4)
+            .unwrap()
+            .with_max_delay(15 * SEC),
         Quota::new(365 * 86_400 * SEC, 7, 7).unwrap(), // a year: beyond 2^53 ns, exact script
         Quota::new(3_600 * SEC, 1_000_000, 500_000).unwrap(), // T = 3.6 ms
         Quota::ban(SEC),
@@ -478,8 +482,8 @@ fn assert_same(got: &Batch, expected: &Batch, ops: &[Op], at: &str) {
     assert_eq!(got.outcomes.len(), ops.len(), "{at}: an outcome per op");
     for (i, (g, e)) in got.outcomes.iter().zip(&expected.outcomes).enumerate() {
         assert_eq!(
-            (g.admitted, g.remaining, g.wait),
-            (e.admitted, e.remaining, e.wait),
+            (g.admitted, g.remaining, g.wait, g.hold),
+            (e.admitted, e.remaining, e.wait, e.hold),
             "{at}, op {i}: {:?}",
             ops[i]
         );

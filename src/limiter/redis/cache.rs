@@ -55,8 +55,13 @@ impl DenyCache {
                 .cost
                 .saturating_sub(1)
                 .saturating_mul(op.quota.interval());
+            let wait = (until - now).saturating_add(extra);
+            if wait <= op.quota.max_delay() {
+                // Its rule would admit it at its slot: only Redis can claim the slot.
+                return None;
+            }
             outcomes.push(CounterOutcome {
-                wait: (until - now).saturating_add(extra),
+                wait,
                 ..CounterOutcome::NONE
             });
         }

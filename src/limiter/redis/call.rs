@@ -229,12 +229,16 @@ pub(super) const EXACT_DOUBLE: u64 = 1 << 53;
 /// most debt it may carry, [`Quota::debt_cap`], and one request more) is below 2^52 ns, and its
 /// period and cost are below 2^53, so that every argument is exact as a double. The rest (a
 /// period of more than about ten days, whose four periods of debt pass 2^52 ns; a period of
-/// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`.
+/// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`, and so
+/// does a counter whose rule delays (`max_delay` above 0): only `gcra.lua` admits at a slot
+/// past the bucket, so such a counter is never leased either, and every request to it is
+/// decided on the shared TAT.
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
     ops.into_iter().all(|op| {
         (op.quota.is_ban() || op.quota.debt_cap().saturating_add(op.quota.interval()) < LEAN_LIMIT)
             && op.quota.period() < EXACT_DOUBLE
             && op.cost < EXACT_DOUBLE
+            && op.quota.max_delay() == 0
     })
 }
 
@@ -264,8 +268,8 @@ pub(super) fn lean_args<'a>(
     }
 }
 
-/// Appends one request of `ops` to `gcra.lua`'s arguments: `whole`, then six per op (T, B·T,
-/// B, cost, kind, period) in decimal.
+/// Appends one request of `ops` to `gcra.lua`'s arguments: `whole`, then seven per op (T,
+/// B·T, B, cost, kind, period, max delay) in decimal.
 pub(super) fn exact_args<'a>(
     call: &mut redis::ScriptInvocation<'_>,
     ops: impl IntoIterator<Item = &'a Op>,
@@ -278,7 +282,8 @@ pub(super) fn exact_args<'a>(
             .arg(op.quota.burst())
             .arg(op.cost)
             .arg(kind_code(op))
-            .arg(op.quota.period());
+            .arg(op.quota.period())
+            .arg(op.quota.max_delay());
     }
 }
 

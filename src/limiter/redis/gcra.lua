@@ -11,9 +11,11 @@
 -- ARGV[2]  1 when the whole request is decided here; 0 when this call is one hash-slot group of
 --          a Redis Cluster request: a denied enforced op still blocks the group, but whether all
 --          quota-mode ops are over is for the caller to judge (and to compensate by refunds)
--- then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund,
+-- then 7 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow, 2 quota; +4 refund,
 --          +8 spend recorded), period (ns, the wait reported by a ban; with B*T it gives the debt
---          cap, B*T + 4 periods and at most 2^62 ns, as Quota::debt_cap)
+--          cap, B*T + max delay + 4 periods and at most 2^62 ns, as Quota::debt_cap), max delay
+--          (ns: a charge that does not fit now is admitted at its slot when that comes within
+--          it, as gcra::decide; its wait, the debt, then passes B*T by the time to its slot)
 -- Returns { blocked, now, then per op: admitted (0/1), remaining, wait (ns, decimal string) },
 --          and after them, when the call repaired counters, how many.
 --
@@ -107,17 +109,19 @@ local whole = ARGV[2] == '1'
 
 local ops = {}
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 6
+  local a = 2 + (i - 1) * 7
   local kind = tonumber(ARGV[a + 5])
   local op = {
     key = KEYS[i], t = pair(ARGV[a + 1]), tol = pair(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     cost = tonumber(ARGV[a + 4]), mode = kind % 4, refund = kind % 8 >= 4, spent = kind >= 8,
     period = pair(ARGV[a + 6]),
   }
+  -- The most debt an admission may leave: the bucket and the delay.
+  op.reach = add(op.tol, pair(ARGV[a + 7]))
   -- Refunds and spend are applied whatever the request's outcome.
   op.uncond = op.refund or op.spent
-  -- The debt cap, B*T + 4 periods, at most 2^62 ns (a ban carries none).
-  if op.burst > 0 then op.cap = min(add(op.tol, mul(op.period, 4)), MAX_DEBT) else op.cap = ZERO end
+  -- The debt cap, B*T + max delay + 4 periods, at most 2^62 ns (a ban carries none).
+  if op.burst > 0 then op.cap = min(add(op.reach, mul(op.period, 4)), MAX_DEBT) else op.cap = ZERO end
   ops[i] = op
 end
 
@@ -135,7 +139,7 @@ local function decide(op, tat, cost)
   if cost > op.burst then return false, tat, remaining(op, base), sub(base, now) end
   local new = add(base, mul(op.t, cost))
   local debt = sub(new, now)
-  if cmp(debt, op.tol) <= 0 then return true, new, div(sub(op.tol, debt), op.t), debt end
+  if cmp(debt, op.reach) <= 0 then return true, new, div(sub(op.tol, debt), op.t), debt end
   return false, tat, remaining(op, base), sub(debt, op.tol)
 end
 

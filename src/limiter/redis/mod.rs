@@ -329,6 +329,13 @@ impl RedisStore {
     ///
     /// As [`RedisStore::count_batch`].
     pub async fn count_batch_from(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
+        // The scripts report an admitted charge's wait; its hold is read from it.
+        let (batch, source) = self.decide_from(ops).await?;
+        Ok((batch.with_holds(ops), source))
+    }
+
+    /// [`RedisStore::count_batch_from`] as the scripts answer it, holds not yet read.
+    async fn decide_from(&self, ops: &[Op]) -> Result<(Batch, Source), BackendError> {
         let local_now = self.clock.now();
         if let Some(batch) = self.cache.answer(ops, local_now) {
             self.stats.cache_hit();

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""What answers held for their slot (a rule's `delay`) cost one node: its resident set and CPU
+while HELD calls are held, the p99 of other calls (the `bench` domain, paced by loadgen) with
+and without them, and how long a SIGTERM takes to answer them all and exit.
+
+The held calls come from loadgen too: C connections of HELD / C streams each, on one counter of
+100 a second with a burst of 1 and a delay of 60 s, so each call waits for a slot up to 50 s
+ahead and is sent again when answered. The server is pinned to core 0 and the generators to
+core 1, as the load benchmark runs them.
+
+    python3 benches/load/delayed.py BIN LOADGEN [HELD]    # e.g. target/release/sluice ... 5000
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import run  # noqa: E402  (the load benchmark's helpers)
+
+HELD_POLICY = """domain: held
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 1, delay: 60s}
+"""
+
+
+def rss_kib(pid):
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
+
+
+def held_now(admin):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    m = re.search(r"^sluice_held_requests (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def loadgen(binary, grpc, *args):
+    cmd = ["taskset", "-c", "1", binary, "--addr", f"127.0.0.1:{grpc}", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def probe(binary, grpc):
+    """Other calls: 2,000 a second over 8 streams for 10 s, two descriptors over 1,000 keys."""
+    p = loadgen(binary, grpc, "-c", "2", "-m", "4", "--rate", "2000", "-D", "10",
+                "--keys", "1000", "--domain", "bench")
+    out, _ = p.communicate(timeout=60)
+    return dict(kv.split("=") for kv in out.split())
+
+
+def main():
+    binary, gen = sys.argv[1], sys.argv[2]
+    held = int(sys.argv[3]) if len(sys.argv) > 3 else 5000
+    conns = 10
+    policies = tempfile.mkdtemp()
+    bench = Path(__file__).parent / "bench.yaml"
+    Path(policies, "bench.yaml").write_text(bench.read_text())
+    Path(policies, "held.yaml").write_text(HELD_POLICY)
+    env = {"SLUICE_GRPC__REQUEST_TIMEOUT_MS": "70000", "SLUICE_GRPC__IDLE_TIMEOUT_MS": "120000"}
+    with run.serving(binary, policies, env=env) as server:
+        pid = server.proc.pid
+        time.sleep(0.5)
+        rss_idle = rss_kib(pid)
+        base = probe(gen, server.grpc)
+        print(f"without holds: p50_ms={base['p50_ms']} p99_ms={base['p99_ms']} "
+              f"rate={base['rate']} rss_kib={rss_kib(pid)} (idle {rss_idle})")
+        holder = loadgen(gen, server.grpc, "-c", str(conns), "-m", str(held // conns), "-D", "60",
+                         "--warm-up", "0", "--keys", "1", "--descriptors", "1", "--domain", "held")
+        deadline = time.time() + 30
+        while held_now(server.admin) < held * 0.98 and time.time() < deadline:
+            time.sleep(0.2)
+        cpu0, t0 = run.cpu_seconds(server.proc), time.time()
+        with_holds = probe(gen, server.grpc)
+        cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
+        print(f"with {held_now(server.admin):.0f} held: p50_ms={with_holds['p50_ms']} "
+              f"p99_ms={with_holds['p99_ms']} rate={with_holds['rate']} "
+              f"rss_kib={rss_kib(pid)} cpu={cpu * 100:.1f}% of a core")
+        # Held calls alone, no other traffic: the CPU the timers and re-sent calls take.
+        cpu0, t0 = run.cpu_seconds(server.proc), time.time()
+        time.sleep(5)
+        idle_cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
+        print(f"held alone: {held_now(server.admin):.0f} held, cpu={idle_cpu * 100:.1f}% "
+              f"of a core, rss_kib={rss_kib(pid)}")
+        before = held_now(server.admin)
+        refused = run.metrics(server.admin).get("over_limit", 0)
+        print(f"refused before the SIGTERM: {refused:.0f} (the probe's bench domain included)")
+        t0 = time.time()
+        server.proc.terminate()
+        code = server.proc.wait(timeout=30)
+        print(f"SIGTERM with {before:.0f} held: exited {code} after {time.time() - t0:.3f} s")
+        out, _ = holder.communicate(timeout=70)
+        print(f"holder: {out.strip()}")
+
+
+if __name__ == "__main__":
+    main()
