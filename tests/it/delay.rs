@@ -79,18 +79,38 @@ fn within(took: Duration, at: Duration, slack: Duration) -> bool {
     took + slack >= at && took <= at + slack
 }
 
-/// Checks that the answers after the bucket's five came at their slots: one interval apart,
-/// ±20 ms, counted from when the server had taken the burst (the last answer given at once:
-/// under a debug build and parallel tests that is tens of milliseconds after the send), and
-/// never before their slot counted from the send.
-fn at_their_slots(ok: &[Duration]) {
-    let taken = ok[4];
-    for (i, took) in ok[5..].iter().enumerate() {
-        let slot = 100 * MS * (i as u32 + 1);
-        assert!(*took >= slot, "slot {i} early: {took:?}, {ok:?}");
+/// How late a held answer may come under a loaded test run (a debug build beside parallel
+/// tests on two cores wakes timers up to about 100 ms late at times); the spacing itself is
+/// held to ±20 ms by the median gap.
+const LATE: Duration = Duration::from_millis(150);
+
+/// Checks that the answers after the bucket's five came at their slots, one interval apart:
+/// - none before its slot counted from the send (less `early`, the slack of a clock other than
+///   the test's, as Redis's);
+/// - none later than [`LATE`] past its slot counted from the first held answer, which comes
+///   within an interval of the last answer given at once;
+/// - the median gap between held answers one interval, ±20 ms.
+fn at_their_slots(ok: &[Duration], early: Duration) {
+    let held = &ok[5..];
+    assert!(held[0] <= ok[4] + 100 * MS + LATE, "slot 0 late: {ok:?}");
+    for (i, took) in held.iter().enumerate() {
+        let n = i as u32;
         assert!(
-            within(*took, taken + slot, 20 * MS),
-            "slot {i}: {took:?}, {ok:?}"
+            *took + early >= 100 * MS * (n + 1),
+            "slot {i} early: {ok:?}"
+        );
+        assert!(
+            *took <= held[0] + 100 * MS * n + LATE,
+            "slot {i} late: {ok:?}"
+        );
+    }
+    if held.len() >= 4 {
+        let mut gaps: Vec<Duration> = held.windows(2).map(|w| w[1] - w[0]).collect();
+        gaps.sort();
+        let median = gaps[gaps.len() / 2];
+        assert!(
+            within(median, 100 * MS, 20 * MS),
+            "median gap {median:?}: {ok:?}"
         );
     }
 }
@@ -101,12 +121,17 @@ async fn a_burst_is_answered_at_once_then_at_its_slots_then_refused_with_its_wai
     let answers = burst(&server, 100, "a", None).await;
     let (ok, over) = split(&answers);
     assert_eq!((ok.len(), over.len()), (15, 85), "{ok:?}");
+    // At once: before the first held answer's slot, 100 ms after the burst was taken (a debug
+    // build beside parallel tests takes tens of milliseconds, at times more, to take it).
     for took in &ok[..5] {
-        assert!(*took < 60 * MS, "the bucket's five at once: {ok:?}");
+        assert!(*took < 300 * MS, "the bucket's five at once: {ok:?}");
     }
-    at_their_slots(&ok);
+    at_their_slots(&ok, Duration::ZERO);
     for (took, reset) in &over {
-        assert!(*took < 100 * MS, "refused at once: {took:?}");
+        assert!(
+            *took < ok[5],
+            "refused at once, before the first slot: {took:?}, {ok:?}"
+        );
         // The sixteenth's slot is 1.1 s away, past the delay: a wait of 2 s, rounded up.
         assert!(*reset >= 2, "refused with its wait: {reset}");
     }
@@ -125,10 +150,10 @@ async fn a_hold_never_outlives_the_callers_grpc_timeout() {
     // Five at once, then the slots at 100 and 200 ms; the one at 300 ms is past 300 ms less
     // the 5 ms margin.
     assert_eq!((ok.len(), over.len()), (7, 13), "{ok:?}");
-    at_their_slots(&ok);
+    at_their_slots(&ok, Duration::ZERO);
     assert!(ok[6] < 300 * MS, "{ok:?}");
     for (took, reset) in &over {
-        assert!(*took < 100 * MS, "refused at once, not late: {took:?}");
+        assert!(*took < ok[5], "refused at once, not late: {took:?}, {ok:?}");
         assert!(*reset >= 1);
     }
     // A deadline before the slot (90 ms, less the margin, before the slot at 100 ms) holds
@@ -147,7 +172,7 @@ async fn a_hold_never_outlives_the_callers_grpc_timeout() {
         assert_eq!(r.overall_code, code as i32, "{value}");
         if held {
             let took = sent.elapsed();
-            assert!(took >= 100 * MS && took < 150 * MS, "{value}: {took:?}");
+            assert!(took >= 100 * MS && took < 200 * MS, "{value}: {took:?}");
         }
     }
 }
@@ -184,9 +209,9 @@ async fn past_the_bound_a_request_is_refused_at_once_and_charged_nothing() {
     let answers = burst(&server, 20, "b", None).await;
     let (ok, over) = split(&answers);
     assert_eq!((ok.len(), over.len()), (7, 13), "two held: {ok:?}");
-    at_their_slots(&ok);
+    at_their_slots(&ok, Duration::ZERO);
     for (took, reset) in &over {
-        assert!(*took < 100 * MS, "{took:?}");
+        assert!(*took < ok[5], "refused at once: {took:?}, {ok:?}");
         assert!(*reset >= 1, "with its wait");
     }
     // Nothing of the thirteen was charged: the next request takes the eighth slot, 300 ms on.
@@ -194,7 +219,7 @@ async fn past_the_bound_a_request_is_refused_at_once_and_charged_nothing() {
     let r = server.ok(single("d", "k", "b")).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     let took = sent.elapsed();
-    assert!(took >= 300 * MS && took < 350 * MS, "{took:?}");
+    assert!(took >= 300 * MS && took < 400 * MS, "{took:?}");
 }
 
 #[tokio::test]
@@ -283,8 +308,5 @@ async fn two_nodes(leases: bool) {
     assert_eq!(over.len(), 15);
     // The slots follow the one TAT: one interval apart across both nodes (Redis time, so
     // measured from the send, with the round trips' slack).
-    for (i, took) in ok[5..].iter().enumerate() {
-        let slot = 100 * MS * (i as u32 + 1);
-        assert!(within(*took, slot, 40 * MS), "slot {i}: {took:?}, {ok:?}");
-    }
+    at_their_slots(&ok, 40 * MS);
 }
