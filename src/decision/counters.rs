@@ -129,12 +129,12 @@ impl Decider {
         let domain = policies
             .domain(&req.domain)
             .ok_or_else(|| CounterError::UnknownDomain(req.domain.clone()))?;
-        let plan = plan::plan(
+        let mut plan = plan::plan(
             req,
             domain,
             (self.options.shadow_mode, self.options.quota_mode),
-            0,
         );
+        plan::cut_delays(&mut plan, || 0);
         let mut counters = Vec::with_capacity(plan.ops.len());
         for (i, planned) in plan.descriptors.iter().enumerate() {
             let plan::DescriptorPlan::Counted { start, end, .. } = *planned else {

@@ -296,14 +296,15 @@ impl Decider {
     /// [`DecideError::Backend`] when the backend fails and `on_backend_error` is `error` (or
     /// `local` on a decider without a local fallback).
     pub async fn decide(&self, req: &Request) -> Result<Decision, DecideError> {
-        self.decide_within(req, 0).await
+        self.decide_within(req, || 0).await
     }
 
-    /// As [`Decider::decide`], for a caller that can hold its answer for up to `max_hold`
+    /// As [`Decider::decide`], for a caller that can hold its answer for up to `max_hold()`
     /// nanoseconds: a rule with a `delay` admits a request that does not fit now at its slot
-    /// when that comes within both its delay and `max_hold`, and the decision says how long to
-    /// hold the answer ([`Decision::hold`]); past either, the request is refused as without a
-    /// delay. With `max_hold` 0 nothing is ever held.
+    /// when that comes within both its delay and `max_hold()`, and the decision says how long
+    /// to hold the answer ([`Decision::hold`]); past either, the request is refused as without a
+    /// delay. `max_hold` is asked at most once, and only for a request an enforced delaying rule
+    /// matched, so a caller can reserve its room for the hold there; 0 holds nothing.
     ///
     /// # Errors
     ///
@@ -311,7 +312,7 @@ impl Decider {
     pub async fn decide_within(
         &self,
         req: &Request,
-        max_hold: u64,
+        max_hold: impl FnOnce() -> u64,
     ) -> Result<Decision, DecideError> {
         let start = Instant::now();
         if let Err(e) = self.options.caps.validate(req) {
@@ -334,12 +335,12 @@ impl Decider {
             self.metrics.decided(start.elapsed());
             return Ok(decision);
         };
-        let plan = plan::plan(
+        let mut plan = plan::plan(
             req,
             domain,
             (self.options.shadow_mode, self.options.quota_mode),
-            max_hold,
         );
+        plan::cut_delays(&mut plan, max_hold);
         let waiting = self.options.traced.then(SystemTime::now);
         let mut redis_round_trip = None;
         let (batch, answered_by) = match self.backend.count_from(&plan.ops).await {
@@ -941,24 +942,24 @@ descriptors:
             Options::default(),
         );
         let user = req(&[&[("user", "u")]]);
-        let first = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let first = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!((first.overall, held(&first)), (Code::Ok, 0));
         // slow's slot is 500 ms away, fast's 100 ms: held for the later one.
-        let second = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let second = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!((second.overall, held(&second)), (Code::Ok, 500 * ms));
         // slow's next slot is 1 s away (within its delay), fast's 200 ms (within its delay).
-        let third = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let third = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!((third.overall, held(&third)), (Code::Ok, 1_000 * ms));
         // slow would wait 1.5 s: refused with its wait, and fast is charged nothing.
-        let fourth = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let fourth = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!(fourth.overall, Code::OverLimit);
         assert_eq!(fourth.statuses[0].reset_seconds, Some(2));
         assert!(fourth.hold.is_none());
         // A caller that cannot wait is refused, and charged nothing either.
         clock.advance(1_000 * ms);
-        let hasty = now(d.decide_within(&user, 100 * ms)).unwrap();
+        let hasty = now(d.decide_within(&user, || 100 * ms)).unwrap();
         assert_eq!(hasty.overall, Code::OverLimit);
-        let patient = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let patient = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!((patient.overall, held(&patient)), (Code::Ok, 500 * ms));
         // Plain `decide` never holds: a delaying rule refuses what does not fit now.
         assert_eq!(now(d.decide(&user)).unwrap().overall, Code::OverLimit);
@@ -969,7 +970,7 @@ descriptors:
         let d = decider_of(DELAYS, memory(), Options::default());
         let shadow = req(&[&[("shadow", "s")]]);
         for _ in 0..3 {
-            let r = now(d.decide_within(&shadow, u64::MAX)).unwrap();
+            let r = now(d.decide_within(&shadow, || u64::MAX)).unwrap();
             assert_eq!((r.overall, held(&r)), (Code::Ok, 0));
         }
         let global = decider_of(
@@ -982,9 +983,27 @@ descriptors:
         );
         let user = req(&[&[("user", "u")]]);
         for _ in 0..3 {
-            let r = now(global.decide_within(&user, u64::MAX)).unwrap();
+            let r = now(global.decide_within(&user, || u64::MAX)).unwrap();
             assert_eq!((r.overall, held(&r)), (Code::Ok, 0));
         }
+    }
+
+    #[test]
+    fn the_room_to_hold_is_asked_only_for_a_request_an_enforced_delaying_rule_matched() {
+        let d = decider_of(DELAYS, memory(), Options::default());
+        let asked = std::cell::Cell::new(0);
+        let room = || {
+            asked.set(asked.get() + 1);
+            u64::MAX
+        };
+        for entries in [&[("shadow", "s")][..], &[("nobody", "n")][..]] {
+            now(d.decide_within(&req(&[entries]), room)).unwrap();
+        }
+        assert_eq!(asked.get(), 0, "no enforced rule delays these");
+        // Two delaying rules on one descriptor, and a second descriptor: asked once.
+        let two = req(&[&[("user", "u")], &[("user", "v")]]);
+        now(d.decide_within(&two, room)).unwrap();
+        assert_eq!(asked.get(), 1);
     }
 
     #[test]
@@ -992,8 +1011,8 @@ descriptors:
         let ms = NANOS_PER_SEC / 1_000;
         let d = decider_of(DELAYS, memory(), Options::default());
         let user = req(&[&[("user", "u")]]);
-        now(d.decide_within(&user, u64::MAX)).unwrap();
-        let second = now(d.decide_within(&user, u64::MAX)).unwrap();
+        now(d.decide_within(&user, || u64::MAX)).unwrap();
+        let second = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!(held(&second), 500 * ms);
         let refused = now(d.refuse_held(second, 400 * ms));
         assert_eq!(refused.overall, Code::OverLimit);
@@ -1001,7 +1020,7 @@ descriptors:
         assert_eq!(refused.statuses[0].reset_seconds, Some(1));
         assert!(refused.hold.is_none());
         // The slot is free again: the next request takes it, 500 ms on, not 1 s.
-        let next = now(d.decide_within(&user, u64::MAX)).unwrap();
+        let next = now(d.decide_within(&user, || u64::MAX)).unwrap();
         assert_eq!(held(&next), 500 * ms);
     }
 

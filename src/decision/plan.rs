@@ -91,14 +91,11 @@ fn replaced(matched: &[Matched<'_>], rule: &Rule) -> bool {
 /// - `replaces`: a matched rule named in another matched rule's `replaces` is dropped (each
 ///   entry of `rate_limits` on its own);
 /// - a request's `RateLimitOverride` replaces matching when its domain is known;
-/// - a rule's `delay` is cut to `max_hold`, how long this request's answer may be held (0 when
-///   it may not be: the rule then refuses as one without a delay); a shadow-mode rule keeps its
-///   own, being evaluated as if enforced, and is never held (see [`finish`]).
+/// - a rule's `delay` is its own here; [`cut_delays`] cuts it to how long the answer may be held.
 pub(super) fn plan<'p>(
     req: &Request,
     domain: &'p Domain,
     (shadow_mode, quota_mode): (bool, bool),
-    max_hold: u64,
 ) -> Plan<'p> {
     let mut matched: Vec<Matched<'p>> = Vec::with_capacity(req.descriptors.len());
     for desc in &req.descriptors {
@@ -137,8 +134,7 @@ pub(super) fn plan<'p>(
         let resolved = match &mut matched[i] {
             Matched::None => None,
             Matched::Override(rate, key) => {
-                plan.ops
-                    .push(op(*key, *rate, hits, desc, (mode(None), max_hold)));
+                plan.ops.push(op(*key, *rate, hits, desc, mode(None)));
                 plan.applied.push(Applied {
                     rate: *rate,
                     rule: None,
@@ -175,8 +171,7 @@ pub(super) fn plan<'p>(
                     }
                 };
                 let Some(key) = key else { continue };
-                plan.ops
-                    .push(op(key, rate, cost, desc, (mode(Some(rule)), max_hold)));
+                plan.ops.push(op(key, rate, cost, desc, mode(Some(rule))));
                 plan.applied.push(Applied {
                     rate,
                     rule: Some(rule),
@@ -199,14 +194,25 @@ pub(super) fn plan<'p>(
     plan
 }
 
-fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, (mode, max_hold): (Mode, u64)) -> Op {
-    let delay = match mode {
-        Mode::Shadow => rate.max_delay_nanos,
-        Mode::Enforce | Mode::Quota => rate.max_delay_nanos.min(max_hold),
-    };
+/// Cuts each enforced rule's `delay` in `plan` to `max_hold()`, how long this request's answer
+/// may be held (0 when it may not be: the rule then refuses as one without a delay).
+/// `max_hold` is asked once, and only when an enforced rule delays. A shadow-mode rule keeps its
+/// own, being evaluated as if enforced, and is never held (see [`finish`]).
+pub(super) fn cut_delays(plan: &mut Plan<'_>, max_hold: impl FnOnce() -> u64) {
+    let delays = |op: &Op| op.mode != Mode::Shadow && op.quota.max_delay() > 0;
+    if !plan.ops.iter().any(delays) {
+        return;
+    }
+    let max_hold = max_hold();
+    for op in plan.ops.iter_mut().filter(|op| delays(op)) {
+        op.quota = op.quota.with_max_delay(op.quota.max_delay().min(max_hold));
+    }
+}
+
+fn op(key: Key, rate: Rate, cost: u64, desc: &Descriptor, mode: Mode) -> Op {
     Op {
         key,
-        quota: rate.quota.with_max_delay(delay),
+        quota: rate.quota.with_max_delay(rate.max_delay_nanos),
         cost,
         charge: charge(desc),
         mode,

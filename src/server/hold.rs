@@ -3,11 +3,11 @@
 //! and the end of every hold when the server drains. A hold is a timer in the call's own future,
 //! which runs in its connection's task (`super::streams`): no task and no stack of its own.
 //!
-//! A call reserves its place under both bounds before it is decided, so that a request is never
-//! charged for a slot it could not be held for: without a place, or without time before its
-//! deadline, the decision is asked with no hold at all, and a rule that would delay refuses
-//! instead, with its wait, charging nothing. The place is given back at once when the answer is
-//! not held.
+//! A call a delaying rule matched reserves its place under both bounds once it is planned and
+//! before it is charged, so that a request is never charged for a slot it could not be held
+//! for: without a place, or without time before its deadline, the rule that would delay refuses
+//! instead, with its wait, charging nothing. A call no delaying rule matched takes no place. The
+//! place is given back at once when the answer is not held.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

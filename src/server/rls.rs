@@ -49,9 +49,10 @@ impl RateLimitHandler {
     /// The answer to one decoded `ShouldRateLimit` request, or the status it fails with.
     /// With tracing on, what was asked and answered goes on the call's `span`.
     ///
-    /// A request a delaying rule admits at a later slot is answered at that slot: the call
-    /// reserves a place under the hold bounds first and may be held until its deadline less
-    /// the margin; without a place or that time, the rule refuses it at once with its wait.
+    /// A request a delaying rule admits at a later slot is answered at that slot: once planned,
+    /// such a request reserves a place under the hold bounds and may be held until its deadline
+    /// less the margin; without a place or that time, the rule refuses it at once with its wait.
+    /// A request no delaying rule matched takes no place.
     /// When the server drains, a held answer is given at once, refused with the wait left.
     pub(crate) async fn answer(
         &self,
@@ -65,12 +66,18 @@ impl RateLimitHandler {
         if let Some(span) = span.as_deref_mut() {
             span.request(&req);
         }
-        let place = self.holds.reserve(context.connection.as_ref());
-        let max_hold = place.as_ref().map_or(0, |_| {
-            self.holds
-                .budget(context.deadline, tokio::time::Instant::now())
-        });
-        let decided = self.decider.decide_within(&req, max_hold).await;
+        // A place is taken only for a request a delaying rule matched.
+        let mut place = None;
+        let decided = self
+            .decider
+            .decide_within(&req, || {
+                place = self.holds.reserve(context.connection.as_ref());
+                place.as_ref().map_or(0, |_| {
+                    self.holds
+                        .budget(context.deadline, tokio::time::Instant::now())
+                })
+            })
+            .await;
         let decided = match (decided, place) {
             (Ok(decision), Some(place)) if decision.hold.is_some() => {
                 Ok(self.hold(decision, place).await)
