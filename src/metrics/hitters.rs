@@ -635,6 +635,18 @@ mod tests {
         }
         // Two sketches in one half: each at its cap, the other half untouched.
         assert_eq!(h.slots(), 2 * cap);
+        // The bytes held stay those of `2 × cap` keys: a slot's string is reused, and grows
+        // only to the longest key it held ("user" and at most seven digits, here 11 bytes).
+        let held: usize = {
+            let rule = h.rules.iter().next().unwrap();
+            let state = rule.state.lock().unwrap();
+            let half = &state.halves[0];
+            (half.hits.slots.iter())
+                .chain(half.refused.slots.iter())
+                .map(|s| s.text.capacity() + s.ends.capacity() * 4)
+                .sum()
+        };
+        assert!(held <= 2 * cap * (32 + 8 * 4), "{held} bytes in the slots");
         let state = h.rules.iter().next().unwrap().state.lock().unwrap().halves[0]
             .refused
             .index
