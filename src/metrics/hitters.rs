@@ -3,19 +3,24 @@
 //! remaining each was last answered with, so that "who is being limited, by which rule" has an
 //! answer without a series per value.
 //!
-//! Each rule holds a fixed number of slots, whatever the traffic: a space-saving sketch
-//! (Metwally et al.) of `capacity` = [`CAPACITY_PER_TOP`] × `top` slots for hits and one for
-//! refusals, in each of two rotating halves of [`HALF_SECONDS`]. A new key takes the slot of the
-//! smallest count and inherits that count as its error, so a rotating attacker churns the
-//! slots' low end and never grows memory. The window is the current half and the one before it
-//! (30 to 60 s). Every reported count is within `N / capacity` of the true count, `N` being the
-//! total (hits or refusals) the rule saw in the window; [`RuleView`] carries that bound.
+//! Each rule holds a fixed number of slots, whatever the traffic: a filtered space-saving sketch
+//! (Metwally et al.; the filter of Homem and Carvalho) of `capacity` = [`CAPACITY_PER_TOP`] ×
+//! `top` slots for hits and one for refusals, in each of two rotating halves of
+//! [`HALF_SECONDS`]. Once the slots are full, a key not in them is counted in a filter cell of
+//! its hash ([`FILTER_CELLS_PER_SLOT`] × `capacity` cells, each an upper bound of the counts of
+//! the untracked keys that fall in it) and takes the smallest count's slot only when its cell
+//! and its hits pass that count, starting from its cell's count, which is also its error; the
+//! key it evicts leaves its count in its own cell. So a rotating attacker churns the filter and
+//! the slots' low end, and never grows memory. The window is the current half and the one before
+//! it (30 to 60 s). Every reported count is at least the true count and within `N / capacity` of
+//! it, `N` being the total (hits or refusals) the rule saw in the window: the slots' counts never
+//! add up past `N`, and no error exceeds the smallest of them. [`RuleView`] carries that bound.
 //!
 //! Cost on the request path: one hash of the key's entries, one map lookup for the rule, one
-//! mutex per rule, a sift in a min-heap of the slots by count (so the smallest is found without
-//! a scan), and no allocation when the key is already tracked (a new key reuses its slot's
-//! string). It reads the current counter of no key: the read side (the admin port) does
-//! that for the few keys it shows.
+//! mutex per rule, and no allocation when the key is already tracked. An untracked key is one
+//! index miss and one cell; one admitted costs a sift in a min-heap of the slots by count (so
+//! the smallest is found without a scan) and reuses its slot's string. It reads the current
+//! counter of no key: the read side (the admin port) does that for the few keys it shows.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -31,6 +36,10 @@ use crate::policy::{PolicySet, Rule};
 
 /// Slots per key shown: a rule showing the top `k` keys tracks `CAPACITY_PER_TOP × k`.
 pub const CAPACITY_PER_TOP: usize = 10;
+
+/// Filter cells per slot: an untracked key is counted in one of `FILTER_CELLS_PER_SLOT ×
+/// capacity` cells until it passes the smallest slot's count.
+pub const FILTER_CELLS_PER_SLOT: usize = 4;
 
 /// Seconds per half of the window: the window is the current half and the one before.
 pub const HALF_SECONDS: u64 = 30;
@@ -159,6 +168,9 @@ struct Sketch {
     /// The used slots' indices as a binary min-heap by count: the slot a new key takes is the
     /// root, found without a scan; a count only grows, so a hit moves its slot down.
     heap: Vec<u32>,
+    /// Each cell is at least the count of any untracked key whose hash falls in it; allocated
+    /// when the slots first fill.
+    filter: Vec<u64>,
     total: u64,
 }
 
@@ -210,14 +222,7 @@ impl Hitters {
         if self.capacity == 0 {
             return;
         }
-        let mut hasher = FixedState::with_seed(0).build_hasher();
-        for (k, v) in seen.entries.clone() {
-            hasher.write(k.as_bytes());
-            hasher.write_u8(0xff);
-            hasher.write(v.as_bytes());
-            hasher.write_u8(0xfe);
-        }
-        let hash = hasher.finish();
+        let hash = key_hash(seen.entries.clone());
         // The map's guard is held while the rule records: no await, and a shard's read lock.
         if let Some(rule) = self.rules.get(&seen.rule.id) {
             return rule.record(hash, seen, half);
@@ -278,6 +283,18 @@ impl Hitters {
             })
             .sum()
     }
+}
+
+/// The hash a key's entries are tracked by.
+fn key_hash<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    let mut hasher = FixedState::with_seed(0).build_hasher();
+    for (k, v) in entries {
+        hasher.write(k.as_bytes());
+        hasher.write_u8(0xff);
+        hasher.write(v.as_bytes());
+        hasher.write_u8(0xfe);
+    }
+    hasher.finish()
 }
 
 impl RuleHitters {
@@ -404,6 +421,7 @@ impl Sketch {
             capacity,
             used: 0,
             heap: Vec::with_capacity(capacity),
+            filter: Vec::new(),
             total: 0,
         }
     }
@@ -417,6 +435,7 @@ impl Sketch {
         // Keeps the slots' strings and the index's table: the next half reuses them.
         self.index.clear();
         self.heap.clear();
+        self.filter.fill(0);
         self.total = 0;
         self.used = 0;
     }
@@ -441,10 +460,26 @@ impl Sketch {
                 self.used += 1;
                 self.used - 1
             } else {
-                // Space-saving: the new key takes the smallest count's slot (the heap's root)
-                // and inherits that count as its error.
+                // Filtered space-saving: counted in its cell until the cell and its hits pass
+                // the smallest count (the heap's root); then it takes that slot from its cell's
+                // count, and the key it evicts leaves its count in its own cell.
+                if self.filter.is_empty() {
+                    self.filter = vec![0; self.capacity * FILTER_CELLS_PER_SLOT];
+                }
                 let min = self.heap.first().map_or(0, |&i| i as usize);
-                self.index.remove(&self.slots[min].hash);
+                let cell = self.cell(hash);
+                let from = self.filter[cell];
+                let counted = from.saturating_add(seen.hits);
+                if counted <= self.slots[min].count {
+                    self.filter[cell] = counted;
+                    return;
+                }
+                let evicted = &self.slots[min];
+                let (gone, left) = (evicted.hash, evicted.count);
+                let its = self.cell(gone);
+                self.filter[its] = self.filter[its].max(left);
+                self.index.remove(&gone);
+                self.slots[min].count = from;
                 min
             };
             let slot = &mut self.slots[at];
@@ -467,6 +502,11 @@ impl Sketch {
         } else {
             self.sift_down(place);
         }
+    }
+
+    /// The filter cell of a key's hash (the hash's high bits, scaled to the cells).
+    fn cell(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.filter.len() as u128) >> 64) as usize
     }
 
     fn count_at(&self, place: usize) -> u64 {
@@ -664,17 +704,76 @@ mod tests {
     }
 
     #[test]
+    fn every_count_bounds_the_true_count_within_n_over_capacity() {
+        use proptest::prelude::*;
+        let set = set();
+        let config = ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        };
+        // Skewed keys (the low ones far more often), costs of 1 to 4, ten slots.
+        let hits = proptest::collection::vec((0u32..60, 0u32..60, 1u64..5), 1..600);
+        proptest!(config, |(hits in hits)| {
+            let h = Hitters::new(1);
+            let mut truth: HashMap<String, u64> = HashMap::new();
+            for &(a, b, n) in &hits {
+                let key = (a.min(b)).to_string();
+                hit(&h, &set, &key, false, n, 0);
+                *truth.entry(key).or_default() += n;
+            }
+            let rule = h.rules.iter().next().unwrap();
+            let state = rule.state.lock().unwrap();
+            let sketch = &state.halves[0].hits;
+            let n: u64 = truth.values().sum();
+            prop_assert_eq!(sketch.total, n);
+            let bound = n / sketch.capacity as u64;
+            let min = sketch.live().iter().map(|s| s.count).min().unwrap_or(0);
+            let mut tracked = std::collections::HashSet::new();
+            for slot in sketch.live() {
+                let key = slot.entries()[0].1.clone();
+                let t = truth[&key];
+                prop_assert!(slot.count >= t, "{key}: {} < true {t}", slot.count);
+                prop_assert!(slot.count - slot.error <= t, "{key}: surely more than true {t}");
+                prop_assert!(slot.count - t <= bound, "{key}: {} past true {t} + {bound}", slot.count);
+                tracked.insert(key);
+            }
+            prop_assert!(sketch.live().iter().map(|s| s.count).sum::<u64>() <= n);
+            // A key not tracked has no more than the smallest count, and its cell knows it.
+            for (key, &t) in truth.iter().filter(|(k, _)| !tracked.contains(*k)) {
+                prop_assert!(t <= min, "{key}: untracked with {t} > smallest {min}");
+                let hash = key_hash([("user", key.as_str())].into_iter());
+                prop_assert!(sketch.filter[sketch.cell(hash)] >= t);
+            }
+        });
+    }
+
+    #[test]
     fn a_key_that_took_a_slot_does_not_outrank_keys_counted_from_the_start() {
         let (h, set) = (Hitters::new(1), set());
         // Ten slots, each held by a key of 4 hits counted from its first.
         for i in 0..10 {
             hit(&h, &set, &format!("k{i}"), false, 4, 0);
         }
-        // A new key takes a slot: 5 by count, but only 1 surely (an error of 4).
-        hit(&h, &set, "rotated", false, 1, 0);
+        // New keys of one hit each fill the filter's cells until one passes 4 and takes a slot:
+        // at least 5 by count, but only 1 surely (its cell's count is its error).
+        let mut admitted = None;
+        for i in 0..10_000 {
+            hit(&h, &set, &format!("r{i}"), false, 1, 0);
+            let v = &h.views_at(0, 0)[0];
+            if let Some(k) = v.top_hits.iter().chain(&v.nearest).find(|k| k.error > 0) {
+                admitted = Some(k.clone());
+                break;
+            }
+            assert_eq!(v.top_hits[0].error, 0);
+        }
+        let admitted = admitted.expect("a rotated key takes a slot");
+        assert!(
+            admitted.count >= 5 && admitted.count - admitted.error == 1,
+            "{admitted:?}"
+        );
         let v = &h.views_at(0, 0)[0];
         let top = &v.top_hits[0];
-        assert_ne!(top.entries[0].1, "rotated", "{top:?}");
+        assert!(top.entries[0].1.starts_with('k'), "{top:?}");
         assert_eq!((top.count, top.error), (4, 0));
     }
 
