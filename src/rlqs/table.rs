@@ -1743,4 +1743,49 @@ descriptors:
             assert!(sum <= capacity, "rate {rate}: {sum} held");
         }
     }
+
+    #[test]
+    fn a_reload_that_gives_a_bucket_another_rule_moves_it_to_that_rules_counter() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let mut b = table.open("d".into()).expect("b");
+        assert_eq!(rate(&a.report(0, vec![report("x", 300)])), 100.0);
+        b.report(0, vec![report("y", 300)]);
+        let counter_of = |w: &Watcher, value: &str| {
+            let bucket: BucketId = [("user".to_string(), value.to_string())].into();
+            match w.buckets.get(&bucket).map(|w| w.target) {
+                Some(Target::Shared { counter, .. }) => counter,
+                other => panic!("a shared target: {other:?}"),
+            }
+        };
+        let (before, kept) = (counter_of(&a, "x"), counter_of(&b, "y"));
+        // `x` gets a rule of its own; `y` keeps the general one, at a new rate.
+        table.policies.store(
+            policy::load_str(&[(
+                "d.yaml",
+                "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 60}
+  - key: user
+    value: x
+    rate_limit: {unit: second, requests_per_unit: 30}
+",
+            )])
+            .expect("policy"),
+        );
+        assert_eq!(rate(&a.tick(1)), 30.0);
+        assert_eq!(rate(&b.tick(1)), 60.0);
+        let after = counter_of(&a, "x");
+        assert_ne!(before, after, "another rule, another counter");
+        let holders = |counter: u128| {
+            table
+                .counters
+                .get(&counter)
+                .map_or(0, |c| lock(c.value()).holders.len())
+        };
+        assert_eq!((holders(before), holders(after)), (0, 1));
+        assert_eq!(counter_of(&b, "y"), kept, "the same rule, the same counter");
+        assert_eq!(holders(kept), 1);
+    }
 }
