@@ -12,7 +12,12 @@
 //! joins, leaves and claims that moved by more than [`CLAIM_STEP`] once they number a
 //! [`REDIVIDE_BATCH`]th of the holders or are [`SETTLE_NS`] old, so that each change costs a
 //! constant share of a division and ten thousand streams joining one counter are not divided
-//! ten thousand times. A stream's shares are freed when its [`Watcher`] is dropped.
+//! ten thousand times. A reload that keeps a rule's counter (its identity, whatever its figures)
+//! moves that counter to the new figures in place, once, as the first of its holders sees it:
+//! every holder stays, its claim made again of its demand against the new rate and its bucket
+//! in force counted until it is sent another, and the division is redone whole at the next
+//! read; a bucket the reload gives another rule leaves its counter for that rule's. A stream's
+//! shares are freed when its [`Watcher`] is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -70,7 +75,7 @@ pub struct ShareTable {
     unknown_part: AtomicU64,
 }
 
-/// The figures of a counter's rule, as its holders' last join gave them.
+/// The figures of a counter's rule, as [`Counter::refigure`] last set them.
 #[derive(Clone, Copy, Debug)]
 struct RuleFigures {
     quota: Quota,
@@ -123,6 +128,9 @@ struct Counter {
 struct Holder {
     /// Tokens a request of its bucket costs.
     cost: u64,
+    /// Its demand as last reported, in requests per second ([`PER_TOKEN`]ths): its claim is
+    /// made again of it when a reload moves the rule's rate.
+    demand: u64,
     /// Its claim ([`claim`]) as last reported.
     claim: u64,
     /// Its claim as the last division counted it.
@@ -212,8 +220,8 @@ impl Counter {
     }
 
     /// Records `holder`'s demand, in requests per second ([`PER_TOKEN`]ths), on the counter of
-    /// `target` (and the rule's figures, which a reload may have changed); a holder new to the
-    /// counter comes holding `in_force`.
+    /// `target`, whose figures [`Counter::refigure`] set; a holder new to the counter comes
+    /// holding `in_force`.
     fn join(
         &mut self,
         target: &Target,
@@ -222,19 +230,16 @@ impl Counter {
         in_force: Option<Strategy>,
         now: u64,
     ) {
-        let Target::Shared {
-            quota, cost, rate, ..
-        } = *target
-        else {
+        let Target::Shared { cost, rate, .. } = *target else {
             return;
         };
-        self.rule = Some(RuleFigures { quota, rate });
         let claim = claim(demand.saturating_mul(cost), rate);
         let Some(h) = self.holders.get_mut(&holder) else {
             self.holders.insert(
                 holder,
                 Holder {
                     cost,
+                    demand,
                     claim,
                     divided_claim: 0,
                     due: None,
@@ -251,7 +256,7 @@ impl Counter {
             return;
         };
         self.claims = self.claims - u128::from(h.claim) + u128::from(claim);
-        h.claim = claim;
+        (h.demand, h.claim) = (demand, claim);
         let moved = u128::from(claim.abs_diff(h.divided_claim)) * u128::from(CLAIM_STEP)
             > u128::from(h.divided_claim);
         if h.cost != cost {
@@ -264,6 +269,27 @@ impl Counter {
         if moved {
             self.changed(now);
         }
+    }
+
+    /// Moves the counter to its rule's figures of a reload, `quota` and `rate` ([`PER_TOKEN`]ths
+    /// of its tokens per second), once: every holder stays, its claim made again of its demand
+    /// against the new rate, its bucket in force still counted until it is sent another, and the
+    /// division is redone whole at the next read. Nothing when the figures are those it has.
+    fn refigure(&mut self, quota: Quota, rate: u64) {
+        if self
+            .rule
+            .is_some_and(|r| r.quota == quota && r.rate == rate)
+        {
+            return;
+        }
+        self.rule = Some(RuleFigures { quota, rate });
+        let mut claims = 0u128;
+        for h in self.holders.values_mut() {
+            h.claim = claim(h.demand.saturating_mul(h.cost), rate);
+            claims += u128::from(h.claim);
+        }
+        self.claims = claims;
+        (self.divided_for, self.pending) = (None, 0);
     }
 
     /// Takes `holder` off the counter at round `round`.
@@ -425,9 +451,9 @@ impl ShareTable {
         self.unknown_part.load(Ordering::Relaxed)
     }
 
-    /// Puts `holder` on the counter of `target`, holding `in_force`: the counter, for a shared
-    /// target. Joined under the map's entry, so that [`ShareTable::demands`] never drops a
-    /// counter a holder is joining.
+    /// Puts `holder` on the counter of `target`, holding `in_force`, the counter moved to the
+    /// target's figures first: the counter, for a shared target. Joined under the map's entry,
+    /// so that [`ShareTable::demands`] never drops a counter a holder is joining.
     fn enter(
         &self,
         target: &Target,
@@ -436,12 +462,22 @@ impl ShareTable {
         in_force: Option<Strategy>,
         now: u64,
     ) -> Option<Arc<Mutex<Counter>>> {
-        let Target::Shared { counter, .. } = *target else {
+        let Target::Shared {
+            counter,
+            quota,
+            rate,
+            ..
+        } = *target
+        else {
             return None;
         };
         let entry = self.counters.entry(counter).or_default();
         let c = Arc::clone(entry.value());
-        lock(&c).join(target, holder, demand, in_force, now);
+        {
+            let mut c = lock(&c);
+            c.refigure(quota, rate);
+            c.join(target, holder, demand, in_force, now);
+        }
         drop(entry);
         Some(c)
     }
@@ -832,11 +868,13 @@ impl Watcher {
         let round = table.round();
         for (bucket, w) in &mut self.buckets {
             let next = target(&self.seen, &self.domain, bucket);
-            if next == w.target {
-                // The counter takes the rule's figures of the policies now in force.
-                if let Some(c) = &w.counter {
-                    lock(c).join(&w.target, w.holder, w.demand, None, now);
-                }
+            if let (Some(c), Some((quota, rate))) = (&w.counter, same_counter(&w.target, &next)) {
+                // The rule kept its counter: the holder stays on it, and the first holder to see
+                // the reload moves the counter to the rule's new figures.
+                let mut c = lock(c);
+                c.refigure(quota, rate);
+                c.join(&next, w.holder, w.demand, None, now);
+                w.target = next;
                 continue;
             }
             if let Some(c) = w.counter.take() {
@@ -940,6 +978,22 @@ impl Watched {
 /// its next reports say what it really offers.
 fn first_demand(report: &Report, rate: u64) -> u64 {
     report.demand().unwrap_or(rate)
+}
+
+/// The figures of `next`, its quota and rate, when it divides the counter `was` divides.
+fn same_counter(was: &Target, next: &Target) -> Option<(Quota, u64)> {
+    match (was, next) {
+        (
+            Target::Shared { counter: a, .. },
+            Target::Shared {
+                counter: b,
+                quota,
+                rate,
+                ..
+            },
+        ) if a == b => Some((*quota, *rate)),
+        _ => None,
+    }
 }
 
 /// `next`, told apart by Envoy from the token bucket `in_force` (see
@@ -1591,5 +1645,147 @@ descriptors:
         // thirty-second of the holders divide about 33 n.
         assert!(c.divided <= 40 * n, "{} holders divided", c.divided);
         assert!(c.in_force <= u128::from(100 * PER_TOKEN), "{}", c.in_force);
+    }
+
+    #[test]
+    fn a_reload_that_changes_the_rate_moves_ten_thousand_holders_with_one_division() {
+        let n = 10_000;
+        let at = |rate: u64| {
+            policy::load_str(&[(
+                "d.yaml",
+                &POLICY.replace(
+                    "requests_per_unit: 100",
+                    &format!("requests_per_unit: {rate}"),
+                ),
+            )])
+            .expect("policy")
+        };
+        let table = Arc::new(ShareTable::new(
+            RlqsSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: n,
+                max_streams_per_connection: n,
+                max_streams_per_peer: n,
+            },
+            PolicyHandle::new(at(100)),
+        ));
+        let mut streams: Vec<Watcher> = (0..n)
+            .map(|_| table.open("d".into()).expect("open"))
+            .collect();
+        // What each stream's Envoy enforces, in billionths of a token per second.
+        let mut held = vec![0u64; n];
+        let mut sum = 0u128;
+        let mut now = 0;
+        for (i, s) in streams.iter_mut().enumerate() {
+            for action in s.report(now, vec![report("x", 10 + i as u64 % 50)]) {
+                if let ActionKind::Assign(Strategy::TokenBucket(b)) = action.kind {
+                    held[i] = b.held(1);
+                }
+            }
+            sum += u128::from(held[i]);
+        }
+        let counter = {
+            let entry = table.counters.iter().next().expect("one counter");
+            Arc::clone(entry.value())
+        };
+        for rate in [50u64, 200] {
+            let capacity = u128::from(rate * PER_TOKEN);
+            table.policies.store(at(rate));
+            let divided = lock(&counter).divided;
+            // Every stream wakes to the reload; then those that were short of their share
+            // (room made by the others' shrinking) are pushed it at their next tick.
+            for pass in 0..2 {
+                now += 1;
+                for (i, s) in streams.iter_mut().enumerate() {
+                    let before = sum;
+                    for action in s.tick(now) {
+                        let ActionKind::Assign(Strategy::TokenBucket(b)) = action.kind else {
+                            panic!("a token bucket: {action:?}");
+                        };
+                        sum -= u128::from(held[i]);
+                        let others = sum;
+                        let sent = u128::from(b.held(1));
+                        // What is sent takes no more than the others' buckets, the old rule's
+                        // while they are in force, leave of the new rule.
+                        assert!(
+                            sent + others <= capacity || sent == 0,
+                            "rate {rate}, pass {pass}, stream {i}: {b:?} with {others} held"
+                        );
+                        held[i] = b.held(1);
+                        sum += u128::from(held[i]);
+                    }
+                    let after = sum;
+                    assert!(
+                        after <= capacity || after <= before,
+                        "rate {rate}, pass {pass}, stream {i}: {before} then {after}"
+                    );
+                }
+            }
+            let c = lock(&counter);
+            assert_eq!(c.holders.len(), n);
+            // One whole division for the reload, not one per batch of holders moving.
+            assert!(
+                c.divided - divided <= n,
+                "{} holders divided over a reload of {n}",
+                c.divided - divided
+            );
+            drop(c);
+            // Each asks for more than its fair part of the new rule: each holds that part.
+            let fair = rate * PER_TOKEN / n as u64;
+            for (i, h) in held.iter().enumerate() {
+                assert!(
+                    (fair - fair / 100..=fair).contains(h),
+                    "rate {rate}, stream {i}: {h} held, {fair} fair"
+                );
+            }
+            assert_eq!(sum, held.iter().map(|h| u128::from(*h)).sum::<u128>());
+            assert!(sum <= capacity, "rate {rate}: {sum} held");
+        }
+    }
+
+    #[test]
+    fn a_reload_that_gives_a_bucket_another_rule_moves_it_to_that_rules_counter() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let mut b = table.open("d".into()).expect("b");
+        assert_eq!(rate(&a.report(0, vec![report("x", 300)])), 100.0);
+        b.report(0, vec![report("y", 300)]);
+        let counter_of = |w: &Watcher, value: &str| {
+            let bucket: BucketId = [("user".to_string(), value.to_string())].into();
+            match w.buckets.get(&bucket).map(|w| w.target) {
+                Some(Target::Shared { counter, .. }) => counter,
+                other => panic!("a shared target: {other:?}"),
+            }
+        };
+        let (before, kept) = (counter_of(&a, "x"), counter_of(&b, "y"));
+        // `x` gets a rule of its own; `y` keeps the general one, at a new rate.
+        table.policies.store(
+            policy::load_str(&[(
+                "d.yaml",
+                "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 60}
+  - key: user
+    value: x
+    rate_limit: {unit: second, requests_per_unit: 30}
+",
+            )])
+            .expect("policy"),
+        );
+        assert_eq!(rate(&a.tick(1)), 30.0);
+        assert_eq!(rate(&b.tick(1)), 60.0);
+        let after = counter_of(&a, "x");
+        assert_ne!(before, after, "another rule, another counter");
+        let holders = |counter: u128| {
+            table
+                .counters
+                .get(&counter)
+                .map_or(0, |c| lock(c.value()).holders.len())
+        };
+        assert_eq!((holders(before), holders(after)), (0, 1));
+        assert_eq!(counter_of(&b, "y"), kept, "the same rule, the same counter");
+        assert_eq!(holders(kept), 1);
     }
 }

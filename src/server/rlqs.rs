@@ -104,8 +104,9 @@ impl RlqsService {
     }
 }
 
-/// How often [`RlqsService::watch_reloads`] looks for a reload.
-const RELOAD_POLL: Duration = Duration::from_millis(100);
+/// How often [`RlqsService::watch_reloads`] looks for a reload: a look is one load of the
+/// policies' pointer.
+const RELOAD_POLL: Duration = Duration::from_millis(20);
 
 /// Runs `fleet`'s rounds every tick until `stop`, then gives up every rule it holds.
 pub(crate) async fn run_fleet(fleet: Fleet, stop: CancellationToken) {
