@@ -9,6 +9,12 @@ ahead and is sent again when answered. The server is pinned to core 0 and the ge
 core 1, as the load benchmark runs them.
 
     python3 benches/load/delayed.py BIN LOADGEN [HELD]    # e.g. target/release/sluice ... 5000
+
+With --redis, the node counts in a redis-server the script starts on a free loopback port (on
+core 1, beside the generators): each held call's slot is claimed on the shared TAT by the exact
+script, and the figures add Redis's round trips and the CPU redis-server spent.
+
+    python3 benches/load/delayed.py --redis BIN LOADGEN [HELD]
 """
 
 import os
@@ -54,16 +60,55 @@ def probe(binary, grpc):
     return dict(kv.split("=") for kv in out.split())
 
 
+def redis_server(work):
+    """A redis-server on a free loopback port, on the generators' core."""
+    port = run.free_port()
+    proc = subprocess.Popen(["taskset", "-c", "1", "redis-server", "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", work],
+                            stdout=subprocess.DEVNULL)
+    for _ in range(50):
+        if subprocess.run(["redis-cli", "-p", str(port), "PING"], capture_output=True,
+                          text=True).stdout.strip() == "PONG":
+            return proc, port
+        time.sleep(0.1)
+    sys.exit("delayed: redis-server did not start")
+
+
+def redis_figures(port):
+    """Redis's commands processed and CPU seconds (user and system) so far."""
+    info = subprocess.run(["redis-cli", "-p", str(port), "INFO"], capture_output=True,
+                          text=True, check=True).stdout
+    field = lambda name: float(re.search(rf"^{name}:(\S+)", info, re.M).group(1))
+    return field("total_commands_processed"), field("used_cpu_sys") + field("used_cpu_user")
+
+
 def main():
-    binary, gen = sys.argv[1], sys.argv[2]
-    held = int(sys.argv[3]) if len(sys.argv) > 3 else 5000
+    args = sys.argv[1:]
+    redis = "--redis" in args
+    args = [a for a in args if a != "--redis"]
+    binary, gen = args[0], args[1]
+    held = int(args[2]) if len(args) > 2 else 5000
     conns = 10
     policies = tempfile.mkdtemp()
+    if redis:
+        redis_proc, port = redis_server(policies)
+        extra = ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"]
+    else:
+        redis_proc, extra = None, []
+    try:
+        measure(binary, gen, held, conns, policies, extra, port if redis else None)
+    finally:
+        if redis_proc:
+            redis_proc.terminate()
+            redis_proc.wait()
+
+
+def measure(binary, gen, held, conns, policies, extra, redis_port):
     bench = Path(__file__).parent / "bench.yaml"
     Path(policies, "bench.yaml").write_text(bench.read_text())
     Path(policies, "held.yaml").write_text(HELD_POLICY)
     env = {"SLUICE_GRPC__REQUEST_TIMEOUT_MS": "70000", "SLUICE_GRPC__IDLE_TIMEOUT_MS": "120000"}
-    with run.serving(binary, policies, env=env) as server:
+    with run.serving(binary, policies, extra, env=env) as server:
         pid = server.proc.pid
         time.sleep(0.5)
         rss_idle = rss_kib(pid)
@@ -83,10 +128,21 @@ def main():
               f"rss_kib={rss_kib(pid)} cpu={cpu * 100:.1f}% of a core")
         # Held calls alone, no other traffic: the CPU the timers and re-sent calls take.
         cpu0, t0 = run.cpu_seconds(server.proc), time.time()
+        decided0 = run.metrics(server.admin)
+        redis0 = redis_figures(redis_port) if redis_port else None
         time.sleep(5)
         idle_cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
         print(f"held alone: {held_now(server.admin):.0f} held, cpu={idle_cpu * 100:.1f}% "
               f"of a core, rss_kib={rss_kib(pid)}")
+        if redis0:
+            decided1, redis1 = run.metrics(server.admin), redis_figures(redis_port)
+            calls = sum(decided1.get(k, 0) - decided0.get(k, 0) for k in ("ok", "over_limit"))
+            trips = decided1.get("sluice_redis_round_trips_total", 0) - decided0.get(
+                "sluice_redis_round_trips_total", 0)
+            commands, redis_cpu = redis1[0] - redis0[0], redis1[1] - redis0[1]
+            print(f"held alone, Redis: {calls:.0f} decisions in 5 s, {trips:.0f} round trips, "
+                  f"{commands:.0f} commands, redis-server cpu {redis_cpu * 1e6 / max(calls, 1):.1f} "
+                  f"us per decision")
         before = held_now(server.admin)
         refused = run.metrics(server.admin).get("over_limit", 0)
         print(f"refused before the SIGTERM: {refused:.0f} (the probe's bench domain included)")
