@@ -20,7 +20,7 @@ use crate::metrics::{LoadResult, LoadTrigger, Metrics};
 use crate::policy::{self, LoadOptions, PolicyError, PolicyHandle, PolicySet, Summary};
 
 /// Quiet time after the last change before reloading: editors and the kubelet write in bursts.
-pub const DEBOUNCE: Duration = Duration::from_millis(250);
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The longest a burst of changes can postpone a reload.
 const MAX_DELAY: Duration = Duration::from_secs(2);
