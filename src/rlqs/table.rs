@@ -30,6 +30,7 @@ use super::{
     Strategy, Target, TokenBucket, claim, divide, mul_div, rate_over, target,
 };
 use crate::limiter::gcra::Quota;
+use crate::limiter::key::KeyHash;
 use crate::policy::{PolicyHandle, PolicySet};
 
 /// A claim that moves by more than its last divided figure over this (5 %) asks for a new
@@ -61,7 +62,7 @@ pub struct ShareTable {
     settings: RlqsSettings,
     policies: PolicyHandle,
     /// The limited counters watched, and those whose part is kept for a while without holders.
-    counters: DashMap<u128, Arc<Mutex<Counter>>>,
+    counters: DashMap<u128, Arc<Mutex<Counter>>, KeyHash>,
     // The atomics below are counts and settings read on their own, publishing no other memory:
     // relaxed ordering is enough for each.
     streams: AtomicUsize,
@@ -98,7 +99,8 @@ struct FleetPart {
 #[derive(Debug, Default)]
 struct Counter {
     rule: Option<RuleFigures>,
-    holders: HashMap<u64, Holder>,
+    /// By holder id; the ids are the table's own, so the hash needs no key.
+    holders: HashMap<u64, Holder, foldhash::fast::FixedState>,
     part: Option<FleetPart>,
     /// Whether a renewal of the part failed since it was last told: its entry in Redis then
     /// lapses a TTL after that, so no assignment of the rule is sent, lest it outlive the part.
@@ -413,7 +415,7 @@ impl ShareTable {
         Self {
             settings,
             policies,
-            counters: DashMap::new(),
+            counters: DashMap::default(),
             streams: AtomicUsize::new(0),
             watched: AtomicUsize::new(0),
             next_holder: AtomicU64::new(0),
@@ -573,7 +575,7 @@ impl ShareTable {
             table: Arc::clone(self),
             domain,
             seen: self.policies.load(),
-            buckets: HashMap::new(),
+            buckets: HashMap::default(),
             warned: false,
         })
     }
@@ -641,7 +643,7 @@ pub struct Watcher {
     domain: String,
     /// The policies its targets were resolved against.
     seen: Arc<PolicySet>,
-    buckets: HashMap<BucketId, Watched>,
+    buckets: HashMap<BucketId, Watched, foldhash::fast::RandomState>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
 }
