@@ -126,7 +126,7 @@ async fn limited(State(s): State<LimitedState>) -> Response {
         "capacity_per_rule": hitters.top() * CAPACITY_PER_TOP,
         "slots_held": hitters.slots(),
         "window": format!("the current {HALF_SECONDS} s and the {HALF_SECONDS} s before"),
-        "error_bound": "every count is within N / capacity of the true count, N being the rule's hits (or refusals) in the window",
+        "error_bound": "every count is at least the true count and within N / capacity of it, N being the rule's hits (or refusals) in the window",
         "policy": {
             "version": version.version,
             "reloads": version.version.saturating_sub(1),
