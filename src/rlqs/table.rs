@@ -1049,6 +1049,20 @@ descriptors:
         ))
     }
 
+    /// A table of `n` streams at most, matching against `set`.
+    fn crowd(n: usize, set: PolicySet) -> Arc<ShareTable> {
+        Arc::new(ShareTable::new(
+            RlqsSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: n,
+                max_streams_per_connection: n,
+                max_streams_per_peer: n,
+            },
+            PolicyHandle::new(set),
+        ))
+    }
+
     fn report(value: &str, per_second: u64) -> Report {
         Report {
             bucket: [("user".to_string(), value.to_string())].into(),
@@ -1622,17 +1636,7 @@ descriptors:
     #[test]
     fn ten_thousand_streams_joining_one_bucket_are_divided_in_batches() {
         let n = 10_000;
-        let set = policy::load_str(&[("d.yaml", POLICY)]).expect("policy");
-        let table = Arc::new(ShareTable::new(
-            RlqsSettings {
-                assignment_ttl: Duration::from_secs(10),
-                max_buckets_per_stream: 10,
-                max_streams: n,
-                max_streams_per_connection: n,
-                max_streams_per_peer: n,
-            },
-            PolicyHandle::new(set),
-        ));
+        let table = crowd(n, policy::load_str(&[("d.yaml", POLICY)]).expect("policy"));
         let mut streams: Vec<Watcher> = (0..n)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
@@ -1662,16 +1666,7 @@ descriptors:
             )])
             .expect("policy")
         };
-        let table = Arc::new(ShareTable::new(
-            RlqsSettings {
-                assignment_ttl: Duration::from_secs(10),
-                max_buckets_per_stream: 10,
-                max_streams: n,
-                max_streams_per_connection: n,
-                max_streams_per_peer: n,
-            },
-            PolicyHandle::new(at(100)),
-        ));
+        let table = crowd(n, at(100));
         let mut streams: Vec<Watcher> = (0..n)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
