@@ -146,13 +146,18 @@ impl Held {
         let charged = |(op, o): &(&Op, &crate::limiter::CounterOutcome)| {
             op.charge == Charge::Ask && o.admitted && op.cost > 0
         };
+        // A refund's debt cap keeps the rule's whole delay, not the part this request could
+        // wait, so that giving one slot back never cuts the later slots others hold.
         let refunds = plan
             .ops
             .iter()
+            .zip(&plan.applied)
             .zip(&batch.outcomes)
-            .filter(charged)
-            .map(|(op, _)| Op {
+            .map(|((op, applied), o)| (op, applied, o))
+            .filter(|(op, _, o)| charged(&(op, o)))
+            .map(|(op, applied, _)| Op {
                 charge: Charge::Refund,
+                quota: op.quota.with_max_delay(applied.rate.max_delay_nanos),
                 ..*op
             })
             .collect();
@@ -928,6 +933,14 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10, burst: 1, delay: 1s}
 ";
 
+    /// A delay of ten seconds: more than four periods of debt past the bucket.
+    const LONG_DELAY: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 1, delay: 10s}
+";
+
     fn held(d: &Decision) -> u64 {
         d.hold.as_ref().map_or(0, |h| h.nanos)
     }
@@ -1004,6 +1017,54 @@ descriptors:
         let two = req(&[&[("user", "u")], &[("user", "v")]]);
         now(d.decide_within(&two, room)).unwrap();
         assert_eq!(asked.get(), 1);
+    }
+
+    #[test]
+    fn spend_recorded_on_a_delaying_rule_never_gives_away_the_held_slots() {
+        let ms = NANOS_PER_SEC / 1_000;
+        let d = decider_of(LONG_DELAY, memory(), Options::default());
+        let user = req(&[&[("user", "u")]]);
+        // One at once, then slots every 100 ms up to 10 s ahead, well past four periods.
+        let mut last = 0;
+        for _ in 0..100 {
+            let r = now(d.decide_within(&user, || u64::MAX)).unwrap();
+            assert_eq!(r.overall, Code::Ok);
+            last = held(&r);
+        }
+        assert_eq!(last, 9_900 * ms);
+        // Spend reported after the work, and a refund, by callers that cannot be held.
+        now(d.decide(&costed(&[("user", "u", 1)]))).unwrap();
+        let mut refund = req(&[&[("user", "u")]]);
+        refund.descriptors[0].is_negative_hits = true;
+        now(d.decide(&refund)).unwrap();
+        // The spend and the refund cancel: the next slot comes after every one already
+        // claimed, 100 ms after the last, not within four periods of now.
+        let next = now(d.decide_within(&user, || u64::MAX)).unwrap();
+        assert_eq!((next.overall, held(&next)), (Code::Ok, 10_000 * ms));
+        let past = now(d.decide_within(&user, || u64::MAX)).unwrap();
+        assert_eq!(
+            past.overall,
+            Code::OverLimit,
+            "10.1 s ahead: past the delay"
+        );
+    }
+
+    #[test]
+    fn a_slot_given_back_at_the_drain_never_cuts_the_later_slots_held() {
+        let ms = NANOS_PER_SEC / 1_000;
+        let d = decider_of(LONG_DELAY, memory(), Options::default());
+        let user = req(&[&[("user", "u")]]);
+        now(d.decide_within(&user, || u64::MAX)).unwrap();
+        // Held 100 ms by a caller that could wait 200 ms; then others claim slots to 9.9 s.
+        let short = now(d.decide_within(&user, || 200 * ms)).unwrap();
+        assert_eq!(held(&short), 100 * ms);
+        for _ in 0..98 {
+            now(d.decide_within(&user, || u64::MAX)).unwrap();
+        }
+        now(d.refuse_held(short, 50 * ms));
+        // One slot came back: the next is 9.9 s ahead, not within four periods of now.
+        let next = now(d.decide_within(&user, || u64::MAX)).unwrap();
+        assert_eq!((next.overall, held(&next)), (Code::Ok, 9_900 * ms));
     }
 
     #[test]

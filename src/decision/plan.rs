@@ -197,9 +197,12 @@ pub(super) fn plan<'p>(
 /// Cuts each enforced rule's `delay` in `plan` to `max_hold()`, how long this request's answer
 /// may be held (0 when it may not be: the rule then refuses as one without a delay).
 /// `max_hold` is asked once, and only when an enforced rule delays. A shadow-mode rule keeps its
-/// own, being evaluated as if enforced, and is never held (see [`finish`]).
+/// own, being evaluated as if enforced, and is never held (see [`finish`]). So do spend recorded
+/// and refunds, which are never held: their debt cap keeps the rule's delay, so that they never
+/// cut back the slots held requests have claimed.
 pub(super) fn cut_delays(plan: &mut Plan<'_>, max_hold: impl FnOnce() -> u64) {
-    let delays = |op: &Op| op.mode != Mode::Shadow && op.quota.max_delay() > 0;
+    let delays =
+        |op: &Op| op.mode != Mode::Shadow && op.charge == Charge::Ask && op.quota.max_delay() > 0;
     if !plan.ops.iter().any(delays) {
         return;
     }
