@@ -1,7 +1,8 @@
 //! A rule that delays (`delay`), on the wire: a request that does not fit now but whose slot
 //! comes within the delay is answered OK at its slot; one past it is refused with its wait. The
 //! hold never outlives the caller's `grpc-timeout`, is bounded in all, ends at shutdown with a
-//! refusal, and in Redis mode follows the TAT two nodes share.
+//! refusal, and in Redis mode follows the TAT two nodes share, which spend recorded by a caller
+//! that cannot wait never cuts back.
 //!
 //! The memory servers decide at a hand-driven clock that the tests leave still, so every request
 //! is decided at one instant and the slots are exact; the holds themselves are real time, and
@@ -309,4 +310,73 @@ async fn two_nodes(leases: bool) {
     // The slots follow the one TAT: one interval apart across both nodes (Redis time, so
     // measured from the send, with the round trips' slack).
     at_their_slots(&ok, 40 * MS);
+}
+
+/// 10 a second, a bucket of 1, and slots up to 10 s ahead: more debt than the four periods a
+/// counter may carry past its bucket and its delay.
+const LONG: &str = r"
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 1, delay: 10s}
+";
+
+/// Spend reported after the work by a caller that cannot wait for a slot is recorded on the
+/// shared TAT without cutting the slots held requests claimed: the next request still waits
+/// for the last of them.
+#[tokio::test]
+async fn on_redis_spend_from_a_caller_that_cannot_wait_keeps_the_slots_held() {
+    if redis_missing("on_redis_spend_from_a_caller_that_cannot_wait_keeps_the_slots_held") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let url = redis.url();
+    let server = TestServer::start_with(&[("p.yaml", LONG)], move |w: &mut Written| {
+        w.backend = BackendKind::Redis;
+        w.redis.url = url;
+        w.redis.timeout_ms = 2_000;
+        w.redis.connect_timeout_ms = 500;
+        w.grpc.request_timeout_ms = 15_000;
+    })
+    .await;
+    let connected = eventually(Duration::from_secs(5), || async {
+        server.call(single("d", "k", "warm")).await.is_ok()
+    })
+    .await;
+    assert!(connected, "Redis answers");
+    let call = |req: RateLimitRequest, timeout: Duration| {
+        let mut client = server.client.clone();
+        let mut req = tonic::Request::new(req);
+        req.set_timeout(timeout);
+        async move { client.should_rate_limit(req).await }
+    };
+    // One at once, and 99 held for slots up to 9.9 s ahead, left waiting.
+    let held: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(call(single("d", "k", "r"), Duration::from_secs(14))))
+        .collect();
+    let decided = eventually(Duration::from_secs(10), || async {
+        let m = crate::helpers::http_get(server.admin, "/metrics").await.1;
+        m.lines().any(|l| l == "sluice_held_requests 99")
+    })
+    .await;
+    assert!(decided, "99 answers held");
+    // Spend reported after the work, by a caller with 30 ms to wait: recorded, never held.
+    let mut spend = single("d", "k", "r");
+    spend.descriptors[0].hits_addend = Some(1);
+    call(spend, 30 * MS).await.expect("the spend is answered");
+    // The next caller that cannot wait is refused with the wait to the last slot (about 10 s
+    // from the burst), not to four periods past the bucket.
+    let next = call(single("d", "k", "r"), 30 * MS)
+        .await
+        .expect("answered at once")
+        .into_inner();
+    assert_eq!(next.overall_code, Code::OverLimit as i32);
+    let reset = next.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds);
+    assert!(reset >= 8, "refused with {reset} s to wait: {next:?}");
+    for h in held {
+        h.abort();
+    }
 }
