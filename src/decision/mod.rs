@@ -143,9 +143,6 @@ pub struct Held {
 impl Held {
     /// The hold of an admitted `plan`, `nanos` long.
     fn of(plan: &Plan<'_>, batch: &Batch, nanos: u64) -> Self {
-        let charged = |(op, o): &(&Op, &crate::limiter::CounterOutcome)| {
-            op.charge == Charge::Ask && o.admitted && op.cost > 0
-        };
         // A refund's debt cap keeps the rule's whole delay, not the part this request could
         // wait, so that giving one slot back never cuts the later slots others hold.
         let refunds = plan
@@ -153,9 +150,8 @@ impl Held {
             .iter()
             .zip(&plan.applied)
             .zip(&batch.outcomes)
-            .map(|((op, applied), o)| (op, applied, o))
-            .filter(|(op, _, o)| charged(&(op, o)))
-            .map(|(op, applied, _)| Op {
+            .filter(|((op, _), o)| op.charge == Charge::Ask && o.admitted && op.cost > 0)
+            .map(|((op, applied), _)| Op {
                 charge: Charge::Refund,
                 quota: op.quota.with_max_delay(applied.rate.max_delay_nanos),
                 ..*op

@@ -272,25 +272,32 @@ async fn with_leases_a_delaying_counter_holds_for_the_shared_slots() {
     two_nodes(true).await;
 }
 
+/// Settings counting in the Redis at `url`, leasing or not.
+fn on_redis(url: String, leases: bool) -> impl FnOnce(&mut Written) {
+    move |w: &mut Written| {
+        w.backend = BackendKind::Redis;
+        w.redis.url = url;
+        w.redis.timeout_ms = 2_000;
+        w.redis.connect_timeout_ms = 500;
+        w.redis.lease.enabled = leases;
+    }
+}
+
+/// Waits until `server` has a Redis that answers.
+async fn connected(server: &TestServer) {
+    let answered = eventually(Duration::from_secs(5), || async {
+        server.call(single("d", "k", "warm")).await.is_ok()
+    })
+    .await;
+    assert!(answered, "Redis answers");
+}
+
 async fn two_nodes(leases: bool) {
     let redis = RedisProcess::start();
-    let on_redis = |url: String| {
-        move |w: &mut Written| {
-            w.backend = BackendKind::Redis;
-            w.redis.url = url;
-            w.redis.timeout_ms = 2_000;
-            w.redis.connect_timeout_ms = 500;
-            w.redis.lease.enabled = leases;
-        }
-    };
-    let a = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url())).await;
-    let b = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url())).await;
+    let a = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url(), leases)).await;
+    let b = TestServer::start_with(&[("p.yaml", POLICY)], on_redis(redis.url(), leases)).await;
     for server in [&a, &b] {
-        let connected = eventually(Duration::from_secs(5), || async {
-            server.call(single("d", "k", "warm")).await.is_ok()
-        })
-        .await;
-        assert!(connected, "Redis answers");
+        connected(server).await;
     }
     let sent = Instant::now();
     let send = |server: &TestServer| {
@@ -330,20 +337,13 @@ async fn on_redis_spend_from_a_caller_that_cannot_wait_keeps_the_slots_held() {
         return;
     }
     let redis = RedisProcess::start();
-    let url = redis.url();
+    let redis_settings = on_redis(redis.url(), false);
     let server = TestServer::start_with(&[("p.yaml", LONG)], move |w: &mut Written| {
-        w.backend = BackendKind::Redis;
-        w.redis.url = url;
-        w.redis.timeout_ms = 2_000;
-        w.redis.connect_timeout_ms = 500;
+        redis_settings(w);
         w.grpc.request_timeout_ms = 15_000;
     })
     .await;
-    let connected = eventually(Duration::from_secs(5), || async {
-        server.call(single("d", "k", "warm")).await.is_ok()
-    })
-    .await;
-    assert!(connected, "Redis answers");
+    connected(&server).await;
     let call = |req: RateLimitRequest, timeout: Duration| {
         let mut client = server.client.clone();
         let mut req = tonic::Request::new(req);
