@@ -139,7 +139,7 @@ impl Demand {
 /// What a node was granted of one counter at its last renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// The counter's quota, as the rule gives it.
+    /// The counter's quota, as the rule gives it, without its `delay`.
     pub quota: Quota,
     /// This node's part of it: rate r_i and burst b_i.
     pub share: Quota,
@@ -175,13 +175,14 @@ impl ShareBook {
     }
 
     /// The share held of counter `key` under `quota`: `None` without one, or when the rule
-    /// changed since it was granted.
+    /// changed since it was granted. A share is granted for the rate; it keeps the `delay` of
+    /// `quota`, which is the request's.
     #[must_use]
     pub fn share(&self, key: Key, quota: &Quota) -> Option<Quota> {
         self.held()
             .get(&key)
-            .filter(|g| g.quota == *quota)
-            .map(|g| g.share)
+            .filter(|g| g.quota == quota.with_max_delay(0))
+            .map(|g| g.share.with_max_delay(quota.max_delay()))
     }
 
     /// Keeps only the shares of the counters `keep` says yes to.
@@ -279,6 +280,12 @@ mod tests {
         let share = q.portion(500_000, 100);
         book.hold(7, Grant { quota: q, share });
         assert_eq!(book.share(7, &q), Some(share));
+        let waits = q.with_max_delay(NANOS_PER_SEC);
+        assert_eq!(
+            book.share(7, &waits),
+            Some(share.with_max_delay(NANOS_PER_SEC)),
+            "a request that may wait keeps its wait on the share"
+        );
         let reloaded = Quota::new(NANOS_PER_SEC, 100, 100).unwrap();
         assert_eq!(book.share(7, &reloaded), None);
         assert_eq!(book.len(), 1);

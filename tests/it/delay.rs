@@ -262,8 +262,9 @@ async fn two_nodes_on_one_redis_hold_for_the_shared_slots() {
     two_nodes(false).await;
 }
 
-/// The same with leases on: a counter whose rule delays is never leased, so its holds follow
-/// the shared TAT as without leases.
+/// The same with leases on, the burst too short-lived to make the counter hot on either node
+/// (15 hits each, under `min_rate`): it stays on the exact path, and its holds follow the
+/// shared TAT as without leases. Holds from a lease are tested in `lease.rs`.
 #[tokio::test]
 async fn with_leases_a_delaying_counter_holds_for_the_shared_slots() {
     if redis_missing("with_leases_a_delaying_counter_holds_for_the_shared_slots") {

@@ -134,11 +134,51 @@ async fn leased_nodes_keep_the_stated_bound_and_do_not_starve() {
     }
 }
 
+/// A rule that delays, on leased nodes over the rate (100 a second, burst 20, delay 50 ms):
+/// requests are held from the tokens their lease has due within the delay, for no longer than
+/// it, mostly without a round trip; admitted at their slots, the fleet keeps the leased bound
+/// in every window and admits at least 95 % of the exact count.
+#[tokio::test]
+async fn leased_nodes_hold_a_delaying_rule_from_their_leases_within_the_bound() {
+    if redis_missing("leased_nodes_hold_a_delaying_rule_from_their_leases_within_the_bound") {
+        return;
+    }
+    let redis = RedisProcess::start();
+    let delay = 50 * MS;
+    let quota = Quota::new(NANOS_PER_SEC, 100, 20)
+        .unwrap()
+        .with_max_delay(delay);
+    for (run, seed) in seeds("LEASE_SEED").into_iter().enumerate() {
+        let over = schedule_of(&redis.url(), seed, 0xde1a + run as u128, 4 * MS, quota).await;
+        over.check_bound(seed);
+        let (got, exact) = (over.admitted.len() as u64, over.exact());
+        assert!(
+            got * 100 >= exact * 95,
+            "seed {seed}: {got} admitted, under 95 % of the exact {exact}"
+        );
+        let longest = over.held_by_lease.iter().max().copied().unwrap_or(0);
+        assert!(
+            over.held_by_lease.len() > 100 && longest <= delay,
+            "seed {seed}: {} answers held from a lease, the longest {longest} ns",
+            over.held_by_lease.len()
+        );
+        assert!(
+            over.by_lease > 4 * over.by_redis,
+            "seed {seed}: mostly answered from leases ({} from leases, {} by Redis)",
+            over.by_lease,
+            over.by_redis
+        );
+    }
+}
+
 /// What one schedule admitted.
 struct Run {
     quota: Quota,
     lease: LeaseConfig,
+    /// One instant per token, sorted: a held answer's at its slot.
     admitted: Vec<u64>,
+    /// The hold of each answer held from a lease.
+    held_by_lease: Vec<u64>,
     start: u64,
     end: u64,
     by_lease: u64,
@@ -190,9 +230,20 @@ pub(crate) fn check_windows(
 }
 
 /// Five seconds of requests on counter `key` from three nodes, gaps uniform in 0..=`max_gap`,
-/// mostly of cost 1, some of cost 2.
+/// mostly of cost 1, some of cost 2 (as one descriptor or two).
 async fn schedule(url: &str, seed: u64, key: u128, max_gap: u64) -> Run {
-    let quota = Quota::new(NANOS_PER_SEC, 100, 20).unwrap();
+    schedule_of(
+        url,
+        seed,
+        key,
+        max_gap,
+        Quota::new(NANOS_PER_SEC, 100, 20).unwrap(),
+    )
+    .await
+}
+
+/// [`schedule`] for a counter of `quota`.
+async fn schedule_of(url: &str, seed: u64, key: u128, max_gap: u64, quota: Quota) -> Run {
     let lease = LeaseConfig {
         max_age: Duration::from_millis(200),
         min_rate: 5,
@@ -208,13 +259,25 @@ async fn schedule(url: &str, seed: u64, key: u128, max_gap: u64) -> Run {
     let mut rng = Lcg(seed ^ key as u64);
     let start = clock.now();
     let mut admitted: Vec<u64> = Vec::new();
+    let mut held_by_lease = Vec::new();
     while clock.now() - start < 5 * NANOS_PER_SEC {
         clock.advance(rng.next(max_gap + 1));
         let n = &nodes[rng.next(3) as usize];
         let cost = if rng.next(10) == 0 { 2 } else { 1 };
-        let b = decide(n, &[op(key, quota, cost)]).await;
+        // Half the requests of cost 2 are two descriptors on the counter, one token each.
+        let ops = if cost == 2 && rng.next(2) == 0 {
+            vec![op(key, quota, 1); 2]
+        } else {
+            vec![op(key, quota, cost)]
+        };
+        let from_leases = n.figures().by_lease;
+        let b = decide(n, &ops).await;
         if !b.blocked {
-            admitted.extend(std::iter::repeat_n(clock.now(), cost as usize));
+            let hold = b.outcomes.iter().map(|o| o.hold).max().unwrap_or(0);
+            admitted.extend(std::iter::repeat_n(clock.now() + hold, cost as usize));
+            if hold > 0 && n.figures().by_lease > from_leases {
+                held_by_lease.push(hold);
+            }
         }
         // The maintenance loop's work, about as often as it runs (every L / 4).
         if rng.next(10) == 0 {
@@ -229,10 +292,12 @@ async fn schedule(url: &str, seed: u64, key: u128, max_gap: u64) -> Run {
     for n in &nodes {
         n.close().await;
     }
+    admitted.sort_unstable();
     Run {
         quota,
         lease,
         admitted,
+        held_by_lease,
         start,
         end,
         by_lease,

@@ -230,9 +230,9 @@ pub(super) const EXACT_DOUBLE: u64 = 1 << 53;
 /// period and cost are below 2^53, so that every argument is exact as a double. The rest (a
 /// period of more than about ten days, whose four periods of debt pass 2^52 ns; a period of
 /// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`, and so
-/// does a counter whose rule delays (`max_delay` above 0): only `gcra.lua` admits at a slot
-/// past the bucket, so such a counter is never leased either, and every request to it is
-/// decided on the shared TAT.
+/// does a request that may wait for its slot (`max_delay` above 0): only `gcra.lua` admits at
+/// a slot past the bucket. Leases are of the rate alone, and hold such a request from their
+/// own tokens (`lease::decide`).
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
     ops.into_iter().all(|op| {
         (op.quota.is_ban() || op.quota.debt_cap().saturating_add(op.quota.interval()) < LEAN_LIMIT)

@@ -1,6 +1,7 @@
 //! The local decision: a request answered from this node's leases alone, all of it or none of
 //! it. The request's counters are found and their leases locked in key order; refunds are
-//! weighed, then charges, before any lease changes; a request that fits is applied, and its
+//! weighed, then charges, before any lease changes (a rule that delays holds a request for the
+//! tokens its lease has due within the wait); a request that fits is applied, and its
 //! leases topped up (a take for one running low, a renewal for a share that is due). A request
 //! the leases cannot answer whole goes the exact path, after takes are started for its hot
 //! counters. No call is sent from here: the takes and renewals run in the background.
@@ -134,9 +135,14 @@ impl LeasedStore {
 }
 
 /// Whether this counter's quota can be leased: not a ban, and exact in `lease.lua`'s plain
-/// numbers.
+/// numbers. A rule's `delay` does not count: a lease is of the rate, and a request that may
+/// wait is held from the tokens its lease has due within the wait (`charges`).
 fn leasable(op: &Op) -> bool {
-    !op.quota.is_ban() && fits_lean([op])
+    let rate = Op {
+        quota: op.quota.with_max_delay(0),
+        ..*op
+    };
+    !op.quota.is_ban() && fits_lean([&rate])
 }
 
 /// Where the counter `key` stands among a request's `counters`, and its lease among the guards.
@@ -202,8 +208,9 @@ fn refunds(
 }
 
 /// Weighs the charges against the tokens each lease has due after the refunds and the charges
-/// before: admitted when they are there, refused here when the lease knows the wait. False when
-/// a charge cannot be decided here.
+/// before: admitted when they are there; for a rule that delays, admitted and held when the
+/// tokens come due within the request's delay; refused here when the lease knows the wait is
+/// longer. False when a charge cannot be decided here.
 fn charges(
     ops: &[Op],
     counters: &[RequestCounter],
@@ -217,7 +224,8 @@ fn charges(
         }
         let i = index(counters, op.key);
         let l = &guards[i];
-        let avail = l.available(now) + t.refunded[i] - t.charged[i];
+        // Charges held for tokens not yet due may pass what is due now.
+        let avail = (l.available(now) + t.refunded[i]).saturating_sub(t.charged[i]);
         t.found[k] = avail;
         if op.cost > op.quota.burst() {
             return false;
@@ -228,6 +236,18 @@ fn charges(
             continue;
         }
         let needed = (t.charged[i] + op.cost).saturating_sub(t.refunded[i]);
+        let delay = op.quota.max_delay();
+        if delay > 0 {
+            if t.refunded[i] > 0 {
+                // Refunded tokens go back newest first, ahead of any claim: Redis decides.
+                return false;
+            }
+            if let Some(at) = l.claim_at(needed, now).filter(|&at| at - now <= delay) {
+                t.charged[i] += op.cost;
+                *out = held(l, &op.quota, at - now, now);
+                continue;
+            }
+        }
         match refusal(l, op, (avail, needed), now) {
             Some(refused) => *out = refused,
             None => return false,
@@ -236,23 +256,38 @@ fn charges(
     true
 }
 
+/// A charge admitted at a slot `hold` ahead, the tokens claimed from its lease: the answer is
+/// held until the last of them is due, when the exact path would have admitted it.
+fn held(lease: &Lease, quota: &Quota, hold: u64, now: u64) -> CounterOutcome {
+    CounterOutcome {
+        hold,
+        wait: wait(lease, quota, 0, now).max(quota.tolerance().saturating_add(hold)),
+        ..admitted(lease, quota, 0, now)
+    }
+}
+
 /// The refusal of a charge of `op` the lease cannot cover with the `avail` tokens due now
 /// (`needed` counting the request's charges before it), with the wait the lease knows: until
 /// its reserved tokens are due, until the instant Redis reported when the last take got none,
-/// or until the share's next renewal. `None` when only Redis can decide.
+/// or until the share's next renewal. `None` when only Redis can decide; for a rule that
+/// delays, also unless the slot the lease knows of (a wait no longer than the exact path's:
+/// the first two, or the shared slot at the debt a share last reported) is further than the
+/// request may wait.
 fn refusal(l: &Lease, op: &Op, (avail, needed): (u64, u64), now: u64) -> Option<CounterOutcome> {
-    let wait = if let Some(at) = l.due_at(needed, now) {
+    let (wait, slot) = if let Some(at) = l.due_at(needed, now) {
         // Reserved tokens not due yet: the shared bucket has none before them.
-        at - now
+        (at - now, at - now)
     } else if avail == 0 && l.denied_until > now {
         let extra = (op.cost - 1).saturating_mul(op.quota.interval());
-        (l.denied_until - now).saturating_add(extra)
+        let wait = (l.denied_until - now).saturating_add(extra);
+        (wait, wait)
     } else {
         // This node's share is spent until its next renewal, and the bucket holds nothing
         // past the shares (else the request takes the exact path).
-        l.share_wait(op.cost, now)?
+        (l.share_wait(op.cost, now)?, l.share_slot(op.cost)?)
     };
-    Some(CounterOutcome {
+    let delay = op.quota.max_delay();
+    (delay == 0 || slot > delay).then_some(CounterOutcome {
         wait,
         ..CounterOutcome::NONE
     })
@@ -277,7 +312,7 @@ fn apply(
     for (i, g) in guards.iter_mut().enumerate() {
         g.unconsume(refunded[i]);
         if !blocked {
-            g.consume(charged[i], now);
+            g.claim(charged[i], now);
         }
     }
     if blocked {
@@ -285,6 +320,7 @@ fn apply(
             if !op.is_refund() && out.admitted {
                 out.remaining = *avail;
                 out.wait = wait(&guards[index(counters, op.key)], &op.quota, *avail, now);
+                out.hold = 0;
             }
         }
     }

@@ -75,6 +75,8 @@ pub(super) struct Share {
 /// One counter's lease on this node.
 #[derive(Debug)]
 pub(super) struct Lease {
+    /// The counter's rate, without the rule's `delay`: what a caller may wait for is the
+    /// request's, not the lease's ([`Lease::claim_at`]).
     pub(super) quota: Quota,
     /// Oldest first.
     pub(super) slices: VecDeque<Slice>,
@@ -104,7 +106,7 @@ pub(super) struct Lease {
 impl Lease {
     pub(super) fn new(quota: Quota) -> Self {
         Self {
-            quota,
+            quota: quota.with_max_delay(0),
             slices: VecDeque::new(),
             spent: 0,
             to_return: 0,
@@ -180,6 +182,51 @@ impl Lease {
             need -= s.size - due;
         }
         None
+    }
+
+    /// The instant by which all of `n` unused tokens taken as [`Lease::claim`] takes them are
+    /// due: `now` when `n` are due now; else every token due now and the first of those not
+    /// due yet, oldest slice first, each due when the exact path would have admitted it. `None`
+    /// when the lease holds fewer than `n` unused.
+    pub(super) fn claim_at(&self, n: u64, now: u64) -> Option<u64> {
+        let t = self.quota.interval();
+        let Some(mut ahead) = n.checked_sub(self.available(now)).filter(|&a| a > 0) else {
+            return Some(now);
+        };
+        let mut last = now;
+        for s in self.live().filter(|s| !s.spent()) {
+            let due = s.due_by(now, t).max(s.used);
+            let k = ahead.min(s.size - due);
+            if k > 0 {
+                last = last.max(s.due_at(due + k, t));
+                ahead -= k;
+            }
+            if ahead == 0 {
+                return Some(last);
+            }
+        }
+        None
+    }
+
+    /// Uses `n` unused tokens, those due at `now` first, then those not due yet, oldest slice
+    /// first: a request held until [`Lease::claim_at`] says the last of them is due. The
+    /// caller checked that the lease holds `n`.
+    pub(super) fn claim(&mut self, n: u64, now: u64) {
+        let ready = n.min(self.available(now));
+        self.consume(ready, now);
+        let mut ahead = n - ready;
+        let from = self.first_live();
+        for s in self.slices.range_mut(from..) {
+            if ahead == 0 {
+                break;
+            }
+            let k = ahead.min(s.size - s.used);
+            s.used += k;
+            ahead -= k;
+        }
+        while self.slices.get(self.spent).is_some_and(Slice::spent) {
+            self.spent += 1;
+        }
     }
 
     pub(super) fn used(&self) -> u64 {
@@ -267,9 +314,22 @@ impl Lease {
         Some(s.next.saturating_sub(now).max(share_t))
     }
 
+    /// While a share is held: how long a request of `cost` would wait for its slot on the
+    /// shared TAT, at the debt Redis last reported (which, the shares taking the refill, does
+    /// not fall with time). `None` without a share.
+    pub(super) fn share_slot(&self, cost: u64) -> Option<u64> {
+        let s = self.share.as_ref()?;
+        Some(
+            s.debt
+                .saturating_add(cost.saturating_mul(self.quota.interval()))
+                .saturating_sub(self.quota.tolerance()),
+        )
+    }
+
     /// Moves the lease to `quota` when the rule changed (a reload): its slices, of the old rate,
     /// end at once and their tokens are to go back. Whether the rule changed.
     pub(super) fn follow_rule(&mut self, quota: Quota, now: u64) -> bool {
+        let quota = quota.with_max_delay(0);
         if self.quota == quota {
             return false;
         }
@@ -416,7 +476,7 @@ impl Lease {
     /// shared under the same rule, so that its requests overflow to the exact path only while
     /// the bucket has room.
     pub(super) fn learn_debt(&mut self, op: &Op, out: &CounterOutcome) {
-        if self.quota != op.quota {
+        if self.quota != op.quota.with_max_delay(0) {
             return;
         }
         let Some(share) = self.share.as_mut() else {
@@ -562,6 +622,86 @@ mod tests {
                 l.slices.iter().map(|s| s.size - s.used).sum::<u64>()
             );
         }
+    }
+
+    proptest::proptest! {
+        /// A claim uses exactly the tokens `claim_at` counted: `n` more are used, the last of
+        /// them due at the instant it gave and none after it (the instant is that of a token
+        /// claimed, or now), and it gives `None` exactly when the lease holds fewer than `n`.
+        #[test]
+        fn a_claim_uses_the_tokens_claim_at_counted(
+            slices in proptest::collection::vec(
+                (1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000),
+                0..8,
+            ),
+            now in 0u64..4_000,
+            n in 1u64..60,
+        ) {
+            let q = Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap();
+            let t = q.interval();
+            let now = now * 1_000;
+            let mut l = Lease::new(q);
+            for &(size, used, received, lead) in &slices {
+                l.slices.push_back(Slice {
+                    size,
+                    used: used.min(size),
+                    taken_at: received * 1_000,
+                    received: received * 1_000,
+                    lead: lead * 10,
+                });
+            }
+            let at = l.claim_at(n, now);
+            proptest::prop_assert_eq!(at.is_none(), n > l.unused());
+            let Some(at) = at else { return Ok(()) };
+            let before: Vec<u64> = l.slices.iter().map(|s| s.used).collect();
+            let (used, available) = (l.used(), l.available(now));
+            l.claim(n, now);
+            proptest::prop_assert_eq!(l.used(), used + n);
+            proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
+            let mut last = now;
+            for (s, &was) in l.slices.iter().zip(&before) {
+                proptest::prop_assert!(s.used <= s.size);
+                if s.used > was {
+                    last = last.max(s.due_at(s.used, t));
+                }
+            }
+            proptest::prop_assert_eq!(last, at);
+            if n <= available {
+                proptest::prop_assert_eq!(at, now, "due tokens are never held");
+            }
+        }
+    }
+
+    #[test]
+    fn a_claim_holds_for_reserved_tokens_one_interval_apart() {
+        // T = 10 ms, B = 10: a take of 5 on a debt of 80 ms holds 2 tokens due now and 3
+        // reserved, due 10, 20 and 30 ms later.
+        let q = quota();
+        let t = q.interval();
+        let at = 1_000 * MS;
+        let mut l = Lease::new(q.with_max_delay(500 * MS));
+        assert_eq!(l.quota, q, "a lease is of the rate alone");
+        l.slices.push_back(Slice {
+            size: 5,
+            used: 0,
+            taken_at: at - MS,
+            received: at,
+            lead: signed(q.tolerance()) - signed(80 * MS),
+        });
+        assert_eq!(l.claim_at(2, at), Some(at), "due now: not held");
+        assert_eq!(l.claim_at(4, at), Some(at + 2 * t));
+        assert_eq!(l.claim_at(6, at), None, "more than the lease holds");
+        l.claim(3, at);
+        assert_eq!((l.slices[0].used, l.available(at + t)), (3, 0));
+        assert_eq!(
+            l.claim_at(1, at),
+            Some(at + 2 * t),
+            "the next slot is after the claimed one"
+        );
+        assert!(
+            !l.follow_rule(q.with_max_delay(MS), at),
+            "a request's wait is not a new rule"
+        );
     }
 
     #[test]
