@@ -15,6 +15,12 @@ core 1, beside the generators): each held call's slot is claimed on the shared T
 script, and the figures add Redis's round trips and the CPU redis-server spent.
 
     python3 benches/load/delayed.py --redis BIN LOADGEN [HELD]
+
+With --leased as well, the node leases hot counters (`redis.lease.enabled`), so the held
+counter is answered from its lease where the lease has the slot, and the figures say how many
+decisions the leases answered.
+
+    python3 benches/load/delayed.py --redis --leased BIN LOADGEN [HELD]
 """
 
 import os
@@ -84,8 +90,8 @@ def redis_figures(port):
 
 def main():
     args = sys.argv[1:]
-    redis = "--redis" in args
-    args = [a for a in args if a != "--redis"]
+    redis, leased = "--redis" in args, "--leased" in args
+    args = [a for a in args if a not in ("--redis", "--leased")]
     binary, gen = args[0], args[1]
     held = int(args[2]) if len(args) > 2 else 5000
     conns = 10
@@ -95,19 +101,22 @@ def main():
         extra = ["--backend", "redis", "--redis-url", f"redis://127.0.0.1:{port}"]
     else:
         redis_proc, extra = None, []
+    env = {"SLUICE_REDIS__LEASE__ENABLED": "true"} if redis and leased else {}
     try:
-        measure(binary, gen, held, conns, policies, extra, port if redis else None)
+        measure(binary, gen, held, conns, policies, (extra, env), port if redis else None)
     finally:
         if redis_proc:
             redis_proc.terminate()
             redis_proc.wait()
 
 
-def measure(binary, gen, held, conns, policies, extra, redis_port):
+def measure(binary, gen, held, conns, policies, server_args, redis_port):
+    extra, lease_env = server_args
     bench = Path(__file__).parent / "bench.yaml"
     Path(policies, "bench.yaml").write_text(bench.read_text())
     Path(policies, "held.yaml").write_text(HELD_POLICY)
-    env = {"SLUICE_GRPC__REQUEST_TIMEOUT_MS": "70000", "SLUICE_GRPC__IDLE_TIMEOUT_MS": "120000"}
+    env = {"SLUICE_GRPC__REQUEST_TIMEOUT_MS": "70000", "SLUICE_GRPC__IDLE_TIMEOUT_MS": "120000",
+           **lease_env}
     with run.serving(binary, policies, extra, env=env) as server:
         pid = server.proc.pid
         time.sleep(0.5)
@@ -140,9 +149,10 @@ def measure(binary, gen, held, conns, policies, extra, redis_port):
             trips = decided1.get("sluice_redis_round_trips_total", 0) - decided0.get(
                 "sluice_redis_round_trips_total", 0)
             commands, redis_cpu = redis1[0] - redis0[0], redis1[1] - redis0[1]
+            by = {k: decided1.get(k, 0) - decided0.get(k, 0) for k in ("by_lease", "by_redis")}
             print(f"held alone, Redis: {calls:.0f} decisions in 5 s, {trips:.0f} round trips, "
                   f"{commands:.0f} commands, redis-server cpu {redis_cpu * 1e6 / max(calls, 1):.1f} "
-                  f"us per decision")
+                  f"us per decision; by lease {by['by_lease']:.0f}, by Redis {by['by_redis']:.0f}")
         before = held_now(server.admin)
         refused = run.metrics(server.admin).get("over_limit", 0)
         print(f"refused before the SIGTERM: {refused:.0f} (the probe's bench domain included)")
