@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // prost's encoding; requests that do not decode are INVALID_ARGUMENT (src/pb/codec.rs).
         .codec_path("crate::pb::codec::RlsCodec")
+        // A quota bucket's id is kept ordered (`rlqs::BucketId`): decoded as one, sent as one.
+        .btree_map(".envoy.service.rate_limit_quota.v3.BucketId.bucket")
         .build_server(true)
         .build_client(true)
         .compile_fds(files)?;

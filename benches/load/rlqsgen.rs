@@ -36,7 +36,7 @@
 //! One thread (tokio's current-thread runtime): `quota.py` pins it to one core, and the state
 //! behind its mutexes is only ever contended by the thread that reads stdin.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -184,7 +184,7 @@ fn reports(domain: &str, names: &[String], interval: f64) -> RateLimitQuotaUsage
             .iter()
             .map(|name| BucketQuotaUsage {
                 bucket_id: Some(BucketId {
-                    bucket: HashMap::from([("tenant".to_string(), name.clone())]),
+                    bucket: BTreeMap::from([("tenant".to_string(), name.clone())]),
                 }),
                 time_elapsed: Some(prost_types::Duration {
                     seconds: nanos / 1_000_000_000,

@@ -409,7 +409,7 @@ fn reports(
                     Status::invalid_argument("a usage report's time_elapsed must not be negative")
                 })?;
             Ok(Report {
-                bucket: bucket.into_iter().collect(),
+                bucket,
                 elapsed_ns: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
                 requests: usage
                     .num_requests_allowed
@@ -422,11 +422,7 @@ fn reports(
 /// `INVALID_ARGUMENT` naming what is too large when the bucket id of usage report `i` is past
 /// `caps`: a bucket id is kept for as long as its stream watches it, so it is held to the same
 /// caps as a `ShouldRateLimit` descriptor. A key past its cap is not echoed.
-fn within_caps(
-    i: usize,
-    bucket: &std::collections::HashMap<String, String>,
-    caps: &Caps,
-) -> Result<(), Status> {
+fn within_caps(i: usize, bucket: &crate::rlqs::BucketId, caps: &Caps) -> Result<(), Status> {
     let refuse =
         |what: String| Status::invalid_argument(format!("bucket_quota_usages[{i}].{what}"));
     if bucket.len() > caps.max_entries {
@@ -459,7 +455,7 @@ fn within_caps(
 /// One action on the wire.
 fn to_pb(action: Action, ttl: Duration) -> BucketAction {
     let bucket_id = Some(BucketId {
-        bucket: action.bucket.into_iter().collect(),
+        bucket: action.bucket,
     });
     let bucket_action = match action.kind {
         ActionKind::Abandon => bucket_action::BucketAction::AbandonAction(AbandonAction {}),

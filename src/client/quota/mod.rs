@@ -109,12 +109,14 @@ impl Bucket {
 
     fn to_pb(&self) -> BucketId {
         BucketId {
-            bucket: self
-                .entries
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            bucket: self.entries.clone(),
         }
+    }
+}
+
+impl From<BTreeMap<String, String>> for Bucket {
+    fn from(entries: BTreeMap<String, String>) -> Self {
+        Self { entries }
     }
 }
 
