@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use metrics::Counter;
+use metrics::{Counter, Gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::histogram::LatencyHistogram;
@@ -62,11 +62,19 @@ impl QuotaRefusal {
     }
 }
 
+/// The `strategy` labels of `sluice_rlqs_actions_total`.
+const ACTION_STRATEGIES: [&str; 4] = ["allow_all", "deny_all", "token_bucket", "abandon"];
+
 /// The Rate Limit Quota Service's figures, recorded through the global recorder. Labels are
 /// fixed names, never request values.
 #[derive(Clone, Debug)]
 pub struct RlqsFigures {
     reports: Counter,
+    /// `sluice_rlqs_actions_total`, one per strategy of [`ACTION_STRATEGIES`], registered once:
+    /// a reload sends an action for every bucket watched.
+    actions: [Counter; 4],
+    streams: Gauge,
+    buckets: Gauge,
     /// Held while the gauges' figures are read and set, so that of two streams closing at once
     /// the later reading is the one left, not an earlier one written last.
     gauges: Arc<Mutex<()>>,
@@ -84,6 +92,9 @@ impl RlqsFigures {
     pub fn new() -> Self {
         Self {
             reports: metrics::counter!(RLQS_REPORTS),
+            actions: ACTION_STRATEGIES.map(|s| metrics::counter!(RLQS_ACTIONS, "strategy" => s)),
+            streams: metrics::gauge!(RLQS_STREAMS),
+            buckets: metrics::gauge!(RLQS_BUCKETS),
             gauges: Arc::default(),
         }
     }
@@ -96,7 +107,10 @@ impl RlqsFigures {
     /// Counts one action sent, of `strategy` (`allow_all`, `deny_all`, `token_bucket`,
     /// `abandon`).
     pub fn sent(&self, strategy: &'static str) {
-        metrics::counter!(RLQS_ACTIONS, "strategy" => strategy).increment(1);
+        match ACTION_STRATEGIES.iter().position(|s| *s == strategy) {
+            Some(i) => self.actions[i].increment(1),
+            None => metrics::counter!(RLQS_ACTIONS, "strategy" => strategy).increment(1),
+        }
     }
 
     /// Counts one stream refused.
@@ -108,8 +122,8 @@ impl RlqsFigures {
     pub fn gauges(&self, read: impl FnOnce() -> (usize, usize)) {
         let _serial = self.gauges.lock().unwrap_or_else(PoisonError::into_inner);
         let (streams, buckets) = read();
-        metrics::gauge!(RLQS_STREAMS).set(streams as f64);
-        metrics::gauge!(RLQS_BUCKETS).set(buckets as f64);
+        self.streams.set(streams as f64);
+        self.buckets.set(buckets as f64);
     }
 }
 
