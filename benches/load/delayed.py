@@ -13,9 +13,9 @@ core 1, as the load benchmark runs them.
 With --redis, the node counts in a redis-server the script starts on a free loopback port (on
 core 1, beside the generators): each held call's slot is claimed on the shared TAT by the exact
 script, and the figures add Redis's round trips and the CPU redis-server spent. The held calls
-open all at once, and a counter whose rule delays is decided by `gcra.lua` in a call of its own
-per request (not coalesced), so their first round takes Redis well past the default 10 ms
-`redis.timeout_ms`: the node runs with 1,000 ms.
+open all at once, 5,000 of them in the first few milliseconds, past the 1,024 requests that may
+queue for Redis and the default 10 ms `redis.timeout_ms`: the node runs with 1,000 ms, and a
+call refused at the queue is sent again by the generator.
 
     python3 benches/load/delayed.py --redis BIN LOADGEN [HELD]
 

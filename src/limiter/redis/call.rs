@@ -229,26 +229,25 @@ pub(super) const EXACT_DOUBLE: u64 = 1 << 53;
 /// most debt it may carry, [`Quota::debt_cap`], and one request more) is below 2^52 ns, and its
 /// period and cost are below 2^53, so that every argument is exact as a double. The rest (a
 /// period of more than about ten days, whose four periods of debt pass 2^52 ns; a period of
-/// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`, and so
-/// does a request that may wait for its slot (`max_delay` above 0): only `gcra.lua` admits at
-/// a slot past the bucket. Leases are of the rate alone, and hold such a request from their
-/// own tokens (`lease::decide`).
+/// over 104 days for a ban; a cost of 2^53) go to the pair arithmetic of `gcra.lua`. A request
+/// that may wait for its slot (`max_delay` above 0, at most a minute) is admitted at it by
+/// either script; its delay is part of the debt cap.
 pub fn fits_lean<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
     ops.into_iter().all(|op| {
         (op.quota.is_ban() || op.quota.debt_cap().saturating_add(op.quota.interval()) < LEAN_LIMIT)
             && op.quota.period() < EXACT_DOUBLE
             && op.cost < EXACT_DOUBLE
-            && op.quota.max_delay() == 0
     })
 }
 
 /// The bytes of a request of `n` ops in [`lean_args`].
 pub(super) const fn lean_len(n: usize) -> usize {
-    8 * (2 + 6 * n)
+    8 * (2 + 7 * n)
 }
 
 /// Appends one request of `ops` to the lean script's arguments (its `ARGV[3]`): `whole`, the
-/// op count, then six per op (T, B·T, B, cost, kind, period), each a little-endian double.
+/// op count, then seven per op (T, B·T, B, cost, kind, period, max delay), each a
+/// little-endian double.
 /// Every value is an integer below 2^53 for ops that [`fits_lean`], so each converts exactly.
 pub(super) fn lean_args<'a>(
     out: &mut Vec<u8>,
@@ -265,6 +264,7 @@ pub(super) fn lean_args<'a>(
         put(op.cost);
         put(kind_code(op));
         put(op.quota.period());
+        put(op.quota.max_delay());
     }
 }
 
@@ -548,6 +548,14 @@ mod tests {
             op(60 * SEC, 3, 2, Mode::Quota, true),
             op(3_600 * SEC, 5, 0, Mode::Shadow, false),
         ];
+        let ops = [
+            ops[0],
+            Op {
+                quota: ops[1].quota.with_max_delay(15 * SEC),
+                ..ops[1]
+            },
+            ops[2],
+        ];
         assert!(fits_lean(&ops));
         let mut out = Vec::new();
         lean_args(&mut out, [&ops[2], &ops[1]].into_iter(), false);
@@ -566,12 +574,14 @@ mod tests {
             0,
             1,
             a.period(),
+            0,
             b.interval(),
             b.tolerance(),
             3,
             2,
             2 + 4,
             b.period(),
+            15 * SEC,
         ]
         .iter()
         .map(|v| *v as f64)
@@ -612,6 +622,12 @@ mod tests {
         assert!(fits(op(SEC, 10, (1 << 53) - 1, Mode::Enforce, false)));
         // A tolerance of 60 days, its period below 2^53: the pair arithmetic all the same.
         assert!(!fits(op(60 * 86_400 * SEC, 10, 1, Mode::Enforce, false)));
+        // A delay of a minute is part of the debt cap, well within the bound.
+        let waits = op(SEC, 10, 1, Mode::Enforce, false);
+        assert!(fits(Op {
+            quota: waits.quota.with_max_delay(60 * SEC),
+            ..waits
+        }));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 -- sluice: GCRA for a batch of requests, each all or nothing, inside Redis: the lean form, after
 -- prelude.lua. The same decisions as gcra.lua and the in-memory store, to the nanosecond, for
--- requests whose every counter has a debt cap (B*T + 4 periods, as Quota::debt_cap) plus T below
--- 2^52 ns (the caller sends the others to gcra.lua): every quantity is a debt relative to now,
+-- requests whose every counter has a debt cap (B*T + delay + 4 periods, as Quota::debt_cap) plus
+-- T below 2^52 ns (the caller sends the others to gcra.lua): every quantity is a debt relative to now,
 -- an integer a Lua double holds exactly. A product cost*T past that is formed only to be cut to
 -- the cap, and a double's rounding never takes a product across it.
 --
@@ -20,10 +20,12 @@
 -- ARGV[3]  the requests, as little-endian doubles (every value an integer below 2^53, so each is
 --          exact): per request whole (1 when the whole request is decided here, 0 for one
 --          hash-slot group of a cluster request, whose quota-mode verdict is the caller's) and its
---          number of ops, then 6 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
+--          number of ops, then 7 per op: T (ns), B*T (ns), B, cost, kind (0 enforce, 1 shadow,
 --          2 quota; +4 refund, +8 spend recorded), period (ns: the wait reported by a ban, and
---          the debt cap B*T + 4 periods). Binary, so that no argument goes through a decimal
---          parse.
+--          the debt cap B*T + delay + 4 periods), and the delay (ns): how far past B*T a charge
+--          may be admitted at its slot (0 for none). Binary, so that no argument goes through a
+--          decimal parse. A charge admitted past B*T reports that debt as its wait, and the
+--          caller holds its answer until the slot.
 -- Returns, per request: blocked, then per op: admitted (0/1), remaining, wait (ns); as one string
 --          of little-endian doubles: one bulk reply, not an integer reply per value. When the call
 --          repaired counters, one more double follows: how many.
@@ -39,9 +41,9 @@ local args = argv[3]
 -- One request of one charge (Envoy's usual request): straight-line, nothing allocated but the
 -- reply. A denial writes nothing, so deciding it is the whole plan, as in the store's one-op
 -- path. Its TAT write is the batch's (at the end of this script), written out again here.
-local w1, n1, mode, burst, period, T, tol, c
+local w1, n1, mode, burst, period, T, tol, c, delay
 if argv[2] == '1' and nk == 1 then
-  w1, n1, T, tol, burst, c, mode, period = unpack_args('<dddddddd', args)
+  w1, n1, T, tol, burst, c, mode, period, delay = unpack_args('<ddddddddd', args)
 end
 if mode and mode < 4 then
   local whole = w1 == 1
@@ -55,11 +57,11 @@ if mode and mode < 4 then
   if one then
     d = one
     -- The debt cap: spend recorded may leave a debt past the bucket, up to it.
-    local cap = tol + 4 * period
+    local cap = tol + delay + 4 * period
     if d > cap then d = cap elseif d < 0 then d = 0 end
   end
   local new = d + c * T
-  if c > burst or new > tol then
+  if c > burst or new > tol + delay then
     local q = 0
     if d < tol then
       q = (tol - d) / T
@@ -86,9 +88,12 @@ if mode and mode < 4 then
       call('SET', key, tat, 'PX', format('%d', (new - new % 1000000) / 1000000 + 2))
     end
   end
-  local q = (tol - new) / T
-  q = q - q % 1
-  if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
+  local q = 0
+  if new < tol then
+    q = (tol - new) / T
+    q = q - q % 1
+    if q * T > tol - new then q = q - 1 elseif (q + 1) * T <= tol - new then q = q + 1 end
+  end
   local answer = pack('<dddd', 0, 1, q, new)
   if repaired > 0 then return answer .. pack('<d', repaired) end
   return answer
@@ -99,15 +104,15 @@ end
 -- tables, closures and batch loop a coalesced call needs. A request of any other kind goes on to the batch path, which then
 -- reads its counters again: nothing is written before every op is known to be plain.
 if argv[2] == '1' and nk >= 2 and nk <= 16 then
-  -- p[1] whole (one request is whole), p[2] the op count, then op i's six values from p[6i - 3];
-  -- `out` packs the reply's 1 + 3 * nk values.
+  -- p[1] whole (one request is whole), p[2] the op count, then op i's seven values from
+  -- p[7i - 4]; `out` packs the reply's 1 + 3 * nk values.
   local layout, out
   if nk == 2 then
-    layout, out = '<dddddddddddddd', '<ddddddd'
+    layout, out = '<dddddddddddddddd', '<ddddddd'
   elseif nk == 3 then
-    layout, out = '<dddddddddddddddddddd', '<dddddddddd'
+    layout, out = '<ddddddddddddddddddddddd', '<dddddddddd'
   else
-    layout, out = '<dd' .. string.rep('dddddd', nk), '<' .. string.rep('d', 1 + 3 * nk)
+    layout, out = '<dd' .. string.rep('ddddddd', nk), '<' .. string.rep('d', 1 + 3 * nk)
   end
   local p = { unpack_args(layout, args) }
   -- The counters as read, then each op's debt found; false once the request is known not to be
@@ -120,7 +125,7 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
   local reply = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   local blocked = false
   for i = 1, nk do
-    local o = 6 * i - 3
+    local o = 7 * i - 4
     local T, tol, b, c = p[o], p[o + 1], p[o + 2], p[o + 3]
     if not stored or p[o + 4] ~= 0 or c < 1 or b == 0 then
       stored = false
@@ -145,7 +150,7 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
         call('DEL', keys[i])
         d, repaired = 0, repaired + 1
       else
-        local cap = tol + 4 * p[o + 5]
+        local cap = tol + p[o + 6] + 4 * p[o + 5]
         if d > cap then d = cap elseif d < 0 then d = 0 end
       end
     else
@@ -156,7 +161,7 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
     stored[i] = d
     local debt = d + c * T
     local r = 3 * i - 1
-    if c > b or debt > tol then
+    if c > b or debt > tol + p[o + 6] then
       blocked = true
       local a = tol - d
       local q = 0
@@ -169,9 +174,12 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
       reply[r], reply[r + 1], reply[r + 2] = 0, q, debt
     else
       local a = tol - debt
-      local q = a / T
-      q = q - q % 1
-      if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      local q = 0
+      if a > 0 then
+        q = a / T
+        q = q - q % 1
+        if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      end
       reply[r], reply[r + 1], reply[r + 2] = 1, q, debt
     end
   end
@@ -182,13 +190,16 @@ if argv[2] == '1' and nk >= 2 and nk <= 16 then
       for i = 1, nk do
         local r = 3 * i - 1
         if reply[r] == 1 then
-          local o = 6 * i - 3
-          -- An op that fit found a debt within the bucket.
+          local o = 7 * i - 4
+          -- An op that fit found a debt within the bucket and its delay.
           local T, d = p[o], stored[i]
           local a = p[o + 1] - d
-          local q = a / T
-          q = q - q % 1
-          if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+          local q = 0
+          if a > 0 then
+            q = a / T
+            q = q - q % 1
+            if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+          end
           reply[r + 1], reply[r + 2] = q, d
         end
       end
@@ -280,14 +291,14 @@ local reply = {}
 local k = 0 -- keys before this request's
 local pos = 1 -- this request's first byte in args
 -- One charge of a batch: the straight path above, on the batch's view of its counter.
-local function one(whole, T, tol, burst, c, mode, period, key)
+local function one(whole, T, tol, burst, c, mode, period, delay, key)
   local blocked = (mode == 0 or (mode == 2 and whole)) and 1 or 0
   if burst == 0 then return blocked, 0, 0, period end
   local d = cur[key]
-  local cap = tol + 4 * period
+  local cap = tol + delay + 4 * period
   if d > cap then d = cap elseif d < 0 then d = 0 end
   local new = d + c * T
-  if c > burst or new > tol then
+  if c > burst or new > tol + delay then
     local w = new - tol
     if c > burst then w = d end
     return blocked, 0, quot(tol - d, T), w
@@ -300,10 +311,10 @@ end
 -- usual multi-descriptor request: the general path below without its tables. Every charge is
 -- decided against the counter as it is; if one does not fit, nothing is written and each that
 -- fit reports the state it found; else every charge is written. Returns false, leaving the reply
--- untouched, when the request is not of that kind. `p` holds the request's ops, 6 values each.
+-- untouched, when the request is not of that kind. `p` holds the request's ops, 7 values each.
 local function plain(n, p, k)
   for i = 1, n do
-    local oi = (i - 1) * 6
+    local oi = (i - 1) * 7
     if p[oi + 5] ~= 0 or p[oi + 4] < 1 or p[oi + 3] == 0 then
       return false
     end
@@ -315,14 +326,14 @@ local function plain(n, p, k)
   reply[at] = 0
   local blocked = false
   for i = 1, n do
-    local oi = (i - 1) * 6
+    local oi = (i - 1) * 7
     local T, tol, burst, c = p[oi + 1], p[oi + 2], p[oi + 3], p[oi + 4]
     local d = cur[keys[k + i]]
-    local cap = tol + 4 * p[oi + 6]
+    local cap = tol + p[oi + 7] + 4 * p[oi + 6]
     if d > cap then d = cap elseif d < 0 then d = 0 end
     local debt = d + c * T
     local r = at + 1 + (i - 1) * 3
-    if c > burst or debt > tol then
+    if c > burst or debt > tol + p[oi + 7] then
       blocked = true
       reply[r], reply[r + 1] = 0, quot(tol - d, T)
       if c > burst then reply[r + 2] = d else reply[r + 2] = debt - tol end
@@ -330,9 +341,12 @@ local function plain(n, p, k)
       -- An admitted op's wait is its new debt, the value to write. Its remaining is quot()
       -- inlined: this is the hot loop of a multi-descriptor request.
       local a = tol - debt
-      local q = a / T
-      q = q - q % 1
-      if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      local q = 0
+      if a > 0 then
+        q = a / T
+        q = q - q % 1
+        if q * T > a then q = q - 1 elseif (q + 1) * T <= a then q = q + 1 end
+      end
       reply[r], reply[r + 1], reply[r + 2] = 1, q, debt
     end
   end
@@ -341,10 +355,10 @@ local function plain(n, p, k)
     -- Nothing is charged: an op that fit reports the state it found (a check of cost 0).
     for i = 1, n do
       if reply[at + 1 + (i - 1) * 3] == 1 then
-        local oi = (i - 1) * 6
+        local oi = (i - 1) * 7
         local T, tol = p[oi + 1], p[oi + 2]
         local d = cur[keys[k + i]]
-        -- It fit, so the debt it found is within the bucket.
+        -- It fit, so the debt it found is within the bucket and its delay.
         if d < 0 then d = 0 end
         local r = at + 1 + (i - 1) * 3
         reply[r + 1], reply[r + 2] = quot(tol - d, T), d
@@ -364,32 +378,33 @@ for _ = 1, tonumber(argv[2]) do
   local whole = w == 1
   local p
   if n == 1 then
-    local T1, tol1, burst1, c1, mode1, period1
-    T1, tol1, burst1, c1, mode1, period1, pos = unpack_args('<dddddd', args, pos)
+    local T1, tol1, burst1, c1, mode1, period1, delay1
+    T1, tol1, burst1, c1, mode1, period1, delay1, pos = unpack_args('<ddddddd', args, pos)
     if mode1 < 4 then
       local at = #reply
       reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-        one(whole, T1, tol1, burst1, c1, mode1, period1, keys[k + 1])
+        one(whole, T1, tol1, burst1, c1, mode1, period1, delay1, keys[k + 1])
       k = k + 1
     else
-      p = { T1, tol1, burst1, c1, mode1, period1 }
+      p = { T1, tol1, burst1, c1, mode1, period1, delay1 }
     end
   else
     if n <= 256 then
-      -- All 6n values at once, into a table made at its size.
+      -- All 7n values at once, into a table made at its size.
       local layout = layouts[n]
       if not layout then
-        layout = '<' .. string.rep('d', 6 * n)
+        layout = '<' .. string.rep('d', 7 * n)
         layouts[n] = layout
       end
       p = { unpack_args(layout, args, pos) }
-      pos = p[6 * n + 1]
+      pos = p[7 * n + 1]
     else
       -- Op by op: one unpack of thousands of values would pass the Lua stack's limit
       -- (about 8,000); past 256 ops, well before it, the values are taken one op at a time.
       p = {}
-      for o = 0, 6 * (n - 1), 6 do
-        p[o + 1], p[o + 2], p[o + 3], p[o + 4], p[o + 5], p[o + 6], pos = unpack_args('<dddddd', args, pos)
+      for o = 0, 7 * (n - 1), 7 do
+        p[o + 1], p[o + 2], p[o + 3], p[o + 4], p[o + 5], p[o + 6], p[o + 7], pos =
+          unpack_args('<ddddddd', args, pos)
       end
     end
     if plain(n, p, k) then
@@ -399,17 +414,20 @@ for _ = 1, tonumber(argv[2]) do
   end
   if p then
   local T, tol, burst, cost, mode, refund, period, key = {}, {}, {}, {}, {}, {}, {}, {}
+  -- delay[i]: how far past the bucket a charge may be admitted at its slot.
+  local delay = {}
   -- spent[i]: spend recorded; uncond[i]: a refund or spend, applied whatever the outcome;
   -- cap[i]: the debt cap.
   local spent, uncond, cap = {}, {}, {}
   for i = 1, n do
-    local o = (i - 1) * 6
+    local o = (i - 1) * 7
     local kind = p[o + 5]
     T[i], tol[i], burst[i] = p[o + 1], p[o + 2], p[o + 3]
     cost[i], mode[i], refund[i], period[i] = p[o + 4], kind % 4, kind % 8 >= 4, p[o + 6]
     spent[i] = kind >= 8
     uncond[i] = refund[i] or spent[i]
-    cap[i] = tol[i] + 4 * period[i]
+    delay[i] = p[o + 7]
+    cap[i] = tol[i] + delay[i] + 4 * period[i]
     key[i] = keys[k + i]
   end
   k = k + n
@@ -422,7 +440,7 @@ for _ = 1, tonumber(argv[2]) do
     if base < 0 then base = 0 end
     if c > burst[i] then return false, d, quot(tol[i] - base, T[i]), base end
     local new = base + c * T[i]
-    if new <= tol[i] then return true, new, quot(tol[i] - new, T[i]), new end
+    if new <= tol[i] + delay[i] then return true, new, quot(tol[i] - new, T[i]), new end
     return false, d, quot(tol[i] - base, T[i]), new - tol[i]
   end
 
