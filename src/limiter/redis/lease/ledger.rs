@@ -571,33 +571,40 @@ mod tests {
         (available, None)
     }
 
+    /// Up to eight slices as (size, used, received in µs, lead in units of 10 ns).
+    fn any_slices() -> impl proptest::strategy::Strategy<Value = Vec<(u64, u64, u64, i64)>> {
+        proptest::collection::vec((1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000), 0..8)
+    }
+
+    /// A lease of 10,000 a second (T = 100 µs), burst 100, holding `slices` ([`any_slices`]).
+    fn lease_of(slices: &[(u64, u64, u64, i64)]) -> Lease {
+        let mut l = Lease::new(Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap());
+        for &(size, used, received, lead) in slices {
+            l.slices.push_back(Slice {
+                size,
+                used: used.min(size),
+                taken_at: received * 1_000,
+                received: received * 1_000,
+                lead: lead * 10,
+            });
+        }
+        l
+    }
+
     proptest::proptest! {
         /// Starting past the spent slices and skipping the others changes no answer:
         /// `available`, `due_at` and `consume` give what walks over every slice give, before
         /// and after tokens are used and refunded, and every slice before the index is spent.
         #[test]
         fn spent_slices_are_skipped_without_changing_an_answer(
-            slices in proptest::collection::vec(
-                (1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000),
-                0..8,
-            ),
+            slices in any_slices(),
             now in 0u64..4_000,
             n in 0u64..60,
             refund in 0u64..60,
         ) {
-            let q = Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap();
-            let t = q.interval();
+            let mut l = lease_of(&slices);
+            let t = l.quota.interval();
             let now = now * 1_000;
-            let mut l = Lease::new(q);
-            for &(size, used, received, lead) in &slices {
-                l.slices.push_back(Slice {
-                    size,
-                    used: used.min(size),
-                    taken_at: received * 1_000,
-                    received: received * 1_000,
-                    lead: lead * 10,
-                });
-            }
             let (available, due_at) = walked(&l, n, now);
             proptest::prop_assert_eq!((l.available(now), l.due_at(n, now)), (available, due_at));
             // `consume` as a walk over every slice.
@@ -630,26 +637,13 @@ mod tests {
         /// claimed, or now), and it gives `None` exactly when the lease holds fewer than `n`.
         #[test]
         fn a_claim_uses_the_tokens_claim_at_counted(
-            slices in proptest::collection::vec(
-                (1u64..20, 0u64..=20, 0u64..2_000, -30_000i64..30_000),
-                0..8,
-            ),
+            slices in any_slices(),
             now in 0u64..4_000,
             n in 1u64..60,
         ) {
-            let q = Quota::new(NANOS_PER_SEC, 10_000, 100).unwrap();
-            let t = q.interval();
+            let mut l = lease_of(&slices);
+            let t = l.quota.interval();
             let now = now * 1_000;
-            let mut l = Lease::new(q);
-            for &(size, used, received, lead) in &slices {
-                l.slices.push_back(Slice {
-                    size,
-                    used: used.min(size),
-                    taken_at: received * 1_000,
-                    received: received * 1_000,
-                    lead: lead * 10,
-                });
-            }
             let at = l.claim_at(n, now);
             proptest::prop_assert_eq!(at.is_none(), n > l.unused());
             let Some(at) = at else { return Ok(()) };
