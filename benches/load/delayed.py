@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What answers held for their slot (a rule's `delay`) cost one node: its resident set and CPU
 while HELD calls are held, the p99 of other calls (the `bench` domain, paced by loadgen) with
-and without them, and how long a SIGTERM takes to answer them all and exit.
+and without them (twice without, for the spread between two probes), and how long a SIGTERM
+takes to answer them all and exit.
 
 The held calls come from loadgen too: C connections of HELD / C streams each, on one counter of
 100 a second with a burst of 1 and a delay of 60 s, so each call waits for a slot up to 50 s
@@ -126,9 +127,12 @@ def measure(binary, gen, held, conns, policies, server_args, redis_port):
         pid = server.proc.pid
         time.sleep(0.5)
         rss_idle = rss_kib(pid)
-        base = probe(gen, server.grpc)
-        print(f"without holds: p50_ms={base['p50_ms']} p99_ms={base['p99_ms']} "
-              f"rate={base['rate']} rss_kib={rss_kib(pid)} (idle {rss_idle})")
+        # Twice without holds: the spread of two probes with nothing changed beside them is
+        # what a difference with holds is read against.
+        for label in ("without holds", "without holds, again"):
+            base = probe(gen, server.grpc)
+            print(f"{label}: p50_ms={base['p50_ms']} p99_ms={base['p99_ms']} "
+                  f"rate={base['rate']} rss_kib={rss_kib(pid)} (idle {rss_idle})")
         holder = loadgen(gen, server.grpc, "-c", str(conns), "-m", str(held // conns), "-D", "60",
                          "--warm-up", "0", "--keys", "1", "--descriptors", "1", "--domain", "held")
         deadline = time.time() + 30
