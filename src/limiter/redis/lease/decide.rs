@@ -224,6 +224,10 @@ fn charges(
         }
         let i = index(counters, op.key);
         let l = &guards[i];
+        if t.refunded[i] > 0 && l.claimed_ahead(now) {
+            // The refunds may give back tokens claimed ahead, not due now: Redis decides.
+            return false;
+        }
         // Charges held for tokens not yet due may pass what is due now.
         let avail = (l.available(now) + t.refunded[i]).saturating_sub(t.charged[i]);
         t.found[k] = avail;
@@ -345,4 +349,102 @@ fn wait(lease: &Lease, quota: &Quota, remaining: u64, now: u64) -> u64 {
         .saturating_sub(remaining)
         .saturating_mul(quota.interval());
     lease.full_at.saturating_sub(now).max(missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::batch::Mode;
+    use crate::limiter::gcra::NANOS_PER_SEC;
+    use crate::limiter::redis::lease::ledger::{Slice, signed};
+
+    const MS: u64 = 1_000_000;
+
+    /// A lease of 100 a second, burst 10 (T = 10 ms), whose one slice of 5 was taken on a debt
+    /// of 80 ms at `at`: 2 tokens due at once, 3 reserved, due 10, 20 and 30 ms later.
+    fn counter(at: u64) -> [RequestCounter; 1] {
+        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
+        let mut lease = Lease::new(q);
+        lease.slices.push_back(Slice {
+            size: 5,
+            used: 0,
+            taken_at: at - MS,
+            received: at,
+            lead: signed(q.tolerance()) - signed(80 * MS),
+        });
+        [RequestCounter {
+            key: 1,
+            rate: 100,
+            lease: Some(Arc::new(Mutex::new(lease))),
+        }]
+    }
+
+    /// A request of `ops` decided on `counters` at `now`: its batch, or `None` for Redis.
+    fn decide(ops: &[Op], counters: &[RequestCounter], now: u64) -> Option<Batch> {
+        let mut guards: SmallVec<[MutexGuard<'_, Lease>; 4]> = counters
+            .iter()
+            .filter_map(|c| c.lease.as_deref())
+            .map(lock)
+            .collect();
+        let tally = weigh(ops, counters, &mut guards, now)?;
+        Some(apply(ops, counters, &mut guards, tally, now))
+    }
+
+    fn op(cost: u64, charge: Charge) -> Op {
+        Op {
+            key: 1,
+            quota: Quota::new(NANOS_PER_SEC, 100, 10)
+                .unwrap()
+                .with_max_delay(500 * MS),
+            cost,
+            charge,
+            mode: Mode::Enforce,
+        }
+    }
+
+    #[test]
+    fn a_request_is_held_for_the_tokens_it_claims_and_never_less() {
+        let at = 1_000 * MS;
+        let counters = counter(at);
+        let held = decide(&[op(3, Charge::Ask)], &counters, at).expect("from the lease");
+        assert!(!held.blocked);
+        assert_eq!(
+            held.outcomes[0].hold,
+            10 * MS,
+            "the third token is due 10 ms on"
+        );
+        let next = decide(&[op(2, Charge::Ask)], &counters, at).expect("from the lease");
+        assert_eq!(
+            next.outcomes[0].hold,
+            30 * MS,
+            "after the tokens already claimed"
+        );
+        let short = Op {
+            quota: op(1, Charge::Ask).quota.with_max_delay(5 * MS),
+            ..op(1, Charge::Ask)
+        };
+        let refused = decide(&[short], &counters, at);
+        assert!(
+            refused.as_ref().is_none_or(|b| b.blocked),
+            "nothing left within a 5 ms wait: {refused:?}"
+        );
+    }
+
+    /// A refund in the same request gives back, newest first, a token claimed ahead (due in
+    /// 30 ms): the charge beside it must not use that token now.
+    #[test]
+    fn a_refund_beside_a_charge_never_lets_the_charge_use_a_token_before_it_is_due() {
+        let at = 1_000 * MS;
+        let counters = counter(at);
+        let all = decide(&[op(5, Charge::Ask)], &counters, at).expect("from the lease");
+        assert_eq!(all.outcomes[0].hold, 30 * MS);
+        let both = [op(1, Charge::Refund), op(1, Charge::Ask)];
+        if let Some(b) = decide(&both, &counters, at) {
+            assert!(
+                b.blocked || b.outcomes[1].hold >= 30 * MS,
+                "the charge was admitted {} ns before its token is due",
+                30 * MS - b.outcomes[1].hold
+            );
+        }
+    }
 }

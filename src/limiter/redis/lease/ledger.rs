@@ -229,6 +229,14 @@ impl Lease {
         }
     }
 
+    /// Whether some token is used before it is due: claimed by a request held for it. A refund
+    /// may then give back such a token ([`Lease::unconsume`] goes newest first), which is not
+    /// due now. Every slice is read, spent ones included: a claim may have spent them.
+    pub(super) fn claimed_ahead(&self, now: u64) -> bool {
+        let t = self.quota.interval();
+        self.slices.iter().any(|s| s.used > s.due_by(now, t))
+    }
+
     pub(super) fn used(&self) -> u64 {
         self.slices.iter().map(|s| s.used).sum()
     }
