@@ -356,22 +356,14 @@ mod tests {
     use super::*;
     use crate::limiter::batch::Mode;
     use crate::limiter::gcra::NANOS_PER_SEC;
-    use crate::limiter::redis::lease::ledger::{Slice, signed};
+    use crate::limiter::redis::lease::ledger::reserving;
 
     const MS: u64 = 1_000_000;
 
     /// A lease of 100 a second, burst 10 (T = 10 ms), whose one slice of 5 was taken on a debt
     /// of 80 ms at `at`: 2 tokens due at once, 3 reserved, due 10, 20 and 30 ms later.
     fn counter(at: u64) -> [RequestCounter; 1] {
-        let q = Quota::new(NANOS_PER_SEC, 100, 10).unwrap();
-        let mut lease = Lease::new(q);
-        lease.slices.push_back(Slice {
-            size: 5,
-            used: 0,
-            taken_at: at - MS,
-            received: at,
-            lead: signed(q.tolerance()) - signed(80 * MS),
-        });
+        let lease = reserving(Quota::new(NANOS_PER_SEC, 100, 10).unwrap(), at);
         [RequestCounter {
             key: 1,
             rate: 100,

@@ -505,6 +505,23 @@ impl Lease {
     }
 }
 
+/// A lease of `quota` whose one slice of 5 was taken on a debt of `B·T − 2T` (80 ms for 100 a
+/// second, burst 10) and received at `at`: 2 tokens due at once, 3 reserved, due T, 2T and 3T
+/// later. The tests' worked example.
+#[cfg(test)]
+pub(super) fn reserving(quota: Quota, at: u64) -> Lease {
+    let t = quota.interval();
+    let mut lease = Lease::new(quota);
+    lease.slices.push_back(Slice {
+        size: 5,
+        used: 0,
+        taken_at: at - t / 10,
+        received: at,
+        lead: signed(2 * t),
+    });
+    lease
+}
+
 /// A leased quantity (below 2^53 ns) as a signed one.
 pub(super) fn signed(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -641,8 +658,8 @@ mod tests {
 
     proptest::proptest! {
         /// A claim uses exactly the tokens `claim_at` counted: `n` more are used, the last of
-        /// them due at the instant it gave and none after it (the instant is that of a token
-        /// claimed, or now), and it gives `None` exactly when the lease holds fewer than `n`.
+        /// them not due now is due at the instant it gave (now when all are due), and it gives
+        /// `None` exactly when the lease holds fewer than `n`.
         #[test]
         fn a_claim_uses_the_tokens_claim_at_counted(
             slices in any_slices(),
@@ -660,10 +677,12 @@ mod tests {
             l.claim(n, now);
             proptest::prop_assert_eq!(l.used(), used + n);
             proptest::prop_assert!(l.slices.iter().take(l.spent).all(Slice::spent));
+            // The last token claimed that was not due at `now` (a token within `due_by` is due
+            // now, even one counted due from a reply dated after `now`).
             let mut last = now;
             for (s, &was) in l.slices.iter().zip(&before) {
                 proptest::prop_assert!(s.used <= s.size);
-                if s.used > was {
+                if s.used > was && s.used > s.due_by(now, t) {
                     last = last.max(s.due_at(s.used, t));
                 }
             }
@@ -681,15 +700,8 @@ mod tests {
         let q = quota();
         let t = q.interval();
         let at = 1_000 * MS;
-        let mut l = Lease::new(q.with_max_delay(500 * MS));
+        let mut l = reserving(q.with_max_delay(500 * MS), at);
         assert_eq!(l.quota, q, "a lease is of the rate alone");
-        l.slices.push_back(Slice {
-            size: 5,
-            used: 0,
-            taken_at: at - MS,
-            received: at,
-            lead: signed(q.tolerance()) - signed(80 * MS),
-        });
         assert_eq!(l.claim_at(2, at), Some(at), "due now: not held");
         assert_eq!(l.claim_at(4, at), Some(at + 2 * t));
         assert_eq!(l.claim_at(6, at), None, "more than the lease holds");
