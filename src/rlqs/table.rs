@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
+use indexmap::IndexMap;
 
 use super::{
     Action, ActionKind, BucketId, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings,
@@ -120,9 +121,16 @@ struct Counter {
     pending: usize,
     /// When the first of them came (the streams' clock, ns).
     pending_since: u64,
+    /// Counts the changes to anything a share is figured from (a claim moved, a holder come or
+    /// gone, a bucket in force, the figures), so that a tick can tell that none came since a
+    /// holder's share was last figured: a division follows one of them, or a new capacity.
+    revision: u64,
     /// Holders divided so far, over all divisions: the work the batching bounds.
     #[cfg(test)]
     divided: usize,
+    /// Shares figured so far: the work a tick spares when nothing moved.
+    #[cfg(test)]
+    figured: usize,
 }
 
 /// One holder of a counter: a stream's watched bucket.
@@ -215,6 +223,7 @@ impl Counter {
 
     /// Counts a change of the division's inputs at `now`.
     fn changed(&mut self, now: u64) {
+        self.revision += 1;
         if self.pending == 0 {
             self.pending_since = now;
         }
@@ -285,6 +294,7 @@ impl Counter {
             return;
         }
         self.rule = Some(RuleFigures { quota, rate });
+        self.revision += 1;
         let mut claims = 0u128;
         for h in self.holders.values_mut() {
             h.claim = claim(h.demand.saturating_mul(h.cost), rate);
@@ -314,16 +324,21 @@ impl Counter {
         let Some(h) = self.holders.get_mut(&holder) else {
             return;
         };
-        h.bucket = match strategy {
+        let bucket = match strategy {
             Strategy::TokenBucket(b) => Some(b),
             Strategy::AllowAll | Strategy::DenyAll => None,
         };
-        let held = h.bucket.map_or(0, |b| b.held(h.cost));
+        let held = bucket.map_or(0, |b| b.held(h.cost));
+        let moved = bucket != h.bucket || held != h.in_force;
+        h.bucket = bucket;
         self.in_force = self.in_force - u128::from(h.in_force) + u128::from(held);
         h.in_force = held;
         let was = h.wanting;
         h.wanting = wanting(h);
         self.wanting = self.wanting - usize::from(was) + usize::from(h.wanting);
+        if moved || was != h.wanting {
+            self.revision += 1;
+        }
     }
 
     /// Divides `capacity` again when its inputs changed enough since the last division.
@@ -357,6 +372,10 @@ impl Counter {
     /// part.
     fn share(&mut self, holder: u64, capacity: u64, now: u64) -> Share {
         self.settle(capacity, now);
+        #[cfg(test)]
+        {
+            self.figured += 1;
+        }
         let Some(h) = self.holders.get(&holder) else {
             return Share {
                 tokens: 0,
@@ -575,7 +594,7 @@ impl ShareTable {
             table: Arc::clone(self),
             domain,
             seen: self.policies.load(),
-            buckets: HashMap::default(),
+            buckets: IndexMap::default(),
             warned: false,
         })
     }
@@ -634,6 +653,26 @@ struct Watched {
     /// unknown), and when.
     in_force: Option<Strategy>,
     assigned_at: u64,
+    /// What its share was last figured from, when nothing could move it since but a change.
+    figured: Option<Figured>,
+}
+
+/// What a holder's share was last figured from: its counter's [`Counter::revision`] and the
+/// capacity divided. With both unchanged, the share is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Figured {
+    revision: u64,
+    capacity: u64,
+}
+
+/// Whether [`Watched::assign`] figures a share its counter has not moved since it was last
+/// figured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refigure {
+    /// Always: a report, a reload, a renewal due, or nothing in force yet.
+    Always,
+    /// Only when its counter changed since: a tick's look for moved shares.
+    IfMoved,
 }
 
 /// One RLQS stream: its domain and the buckets it watches. Dropping it frees its shares.
@@ -643,7 +682,8 @@ pub struct Watcher {
     domain: String,
     /// The policies its targets were resolved against.
     seen: Arc<PolicySet>,
-    buckets: HashMap<BucketId, Watched, foldhash::fast::RandomState>,
+    /// In the order they came, so that a report finds each once and its answers by place.
+    buckets: IndexMap<BucketId, Watched, foldhash::fast::RandomState>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
 }
@@ -736,12 +776,12 @@ impl Watcher {
         let table = Arc::clone(&self.table);
         let mut touched = Vec::with_capacity(reports.len());
         for report in reports {
-            if let Some(w) = self.buckets.get_mut(&report.bucket) {
+            if let Some((place, _, w)) = self.buckets.get_full_mut(&report.bucket) {
                 w.observe(now, &report);
                 if let Some(c) = &w.counter {
                     lock(c).join(&w.target, w.holder, w.demand, None, now);
                 }
-                touched.push((report.bucket, Arrival::Again));
+                touched.push((report.bucket, place, Arrival::Again));
                 continue;
             }
             if self.buckets.len() >= table.settings.max_buckets_per_stream {
@@ -777,7 +817,7 @@ impl Watcher {
             let holder = table.next_holder.fetch_add(1, Ordering::Relaxed);
             table.watched.fetch_add(1, Ordering::Relaxed);
             let counter = table.enter(&target, holder, demand, None, now);
-            self.buckets.insert(
+            let (place, _) = self.buckets.insert_full(
                 report.bucket.clone(),
                 Watched {
                     holder,
@@ -788,16 +828,18 @@ impl Watcher {
                     span,
                     in_force: None,
                     assigned_at: now,
+                    figured: None,
                 },
             );
-            touched.push((report.bucket, Arrival::New));
+            touched.push((report.bucket, place, Arrival::New));
         }
         let unknown = table.unknown_part();
-        for (bucket, arrival) in touched {
-            let Some(w) = self.buckets.get_mut(&bucket) else {
+        // Nothing is taken out of `buckets` in between: each place is still its bucket's.
+        for (bucket, place, arrival) in touched {
+            let Some((_, w)) = self.buckets.get_index_mut(place) else {
                 continue;
             };
-            let send = w.assign(unknown, now, |in_force, next| {
+            let send = w.assign(unknown, now, Refigure::Always, |in_force, next| {
                 (arrival == Arrival::New
                     || refreshed
                     || in_force.is_none_or(|f| replaces(&f, &next)))
@@ -816,8 +858,15 @@ impl Watcher {
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
     /// an assignment whose share moved by more than 10 % (another stream came, left or changed
     /// its demand) or whose policies a reload replaced, and renews every other assignment, as
-    /// in force, once half its TTL has passed.
+    /// in force, once half its TTL has passed. A share whose counter did not change since it
+    /// was last figured is not figured again.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
+        self.duties(now, Refigure::IfMoved)
+    }
+
+    /// [`Watcher::tick`], figuring the shares of buckets neither renewed nor refreshed as
+    /// `refigure` says.
+    fn duties(&mut self, now: u64, refigure: Refigure) -> Vec<Action> {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let ttl = u64::try_from(table.settings.assignment_ttl.as_nanos()).unwrap_or(u64::MAX);
@@ -829,7 +878,7 @@ impl Watcher {
             .map(|(b, _)| b.clone())
             .collect();
         for bucket in stale {
-            if let Some(w) = self.buckets.remove(&bucket) {
+            if let Some(w) = self.buckets.swap_remove(&bucket) {
                 w.forget(&table, now);
             }
             actions.push(Action {
@@ -840,11 +889,17 @@ impl Watcher {
         let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
             let assigned_at = w.assigned_at;
-            let send = w.assign(unknown, now, |in_force, next| match in_force {
+            let renewal_due = now.saturating_sub(assigned_at) >= ttl / 2;
+            let refigure = if refreshed || renewal_due || w.in_force.is_none() {
+                Refigure::Always
+            } else {
+                refigure
+            };
+            let send = w.assign(unknown, now, refigure, |in_force, next| match in_force {
                 Some(f) if !refreshed && !replaces(&f, &next) => {
                     // A renewal repeats the strategy in force, so that Envoy extends the active
                     // assignment instead of replacing it (and refilling its token bucket).
-                    (now.saturating_sub(assigned_at) >= ttl / 2).then_some(f)
+                    renewal_due.then_some(f)
                 }
                 _ => Some(told_apart(next.strategy, in_force)),
             });
@@ -869,6 +924,7 @@ impl Watcher {
         let table = Arc::clone(&self.table);
         let round = table.round();
         for (bucket, w) in &mut self.buckets {
+            w.figured = None;
             let next = target(&self.seen, &self.domain, bucket);
             if let (Some(c), Some((quota, rate))) = (&w.counter, same_counter(&w.target, &next)) {
                 // The rule kept its counter: the holder stays on it, and the first holder to see
@@ -940,6 +996,7 @@ impl Watched {
         &mut self,
         unknown: u64,
         now: u64,
+        refigure: Refigure,
         decide: impl FnOnce(Option<Strategy>, Assigned) -> Option<Strategy>,
     ) -> Option<Strategy> {
         let Some(counter) = self.counter.clone() else {
@@ -953,7 +1010,20 @@ impl Watched {
         };
         let mut c = lock(&counter);
         let capacity = c.capacity(unknown)?;
+        let unmoved = self.figured
+            == Some(Figured {
+                revision: c.revision,
+                capacity,
+            });
+        if refigure == Refigure::IfMoved && unmoved {
+            return None;
+        }
         let share = c.share(self.holder, capacity, now);
+        // A change still pending may be divided once it is old enough, with no other change.
+        self.figured = (c.pending == 0).then_some(Figured {
+            revision: c.revision,
+            capacity,
+        });
         let next = Assigned {
             strategy: self.target.strategy(share.tokens),
             room: share.room,
@@ -1105,6 +1175,37 @@ descriptors:
         drop(a);
         assert_eq!(table.figures(), (1, 1));
         assert!(rate(&b.tick(2)) >= 99.0);
+    }
+
+    /// Shares figured so far on every counter of `table`.
+    fn figured(table: &ShareTable) -> usize {
+        table.counters.iter().map(|c| lock(c.value()).figured).sum()
+    }
+
+    #[test]
+    fn a_tick_figures_no_share_whose_counter_did_not_move() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let mut b = table.open("d".into()).expect("b");
+        assert_eq!(rate(&a.report(0, vec![report("x", 80)])), 100.0);
+        assert!(rate(&b.report(0, vec![report("x", 80)])) < 1e-9);
+        // `a` shrinks to its half at its tick; that frees room, and `b`'s tick takes it.
+        assert_eq!(rate(&a.tick(1)), 50.0);
+        assert_eq!(rate(&b.tick(1)), 50.0);
+        // `b`'s new bucket moved the counter: `a` figures its share once more, and keeps it.
+        assert!(a.tick(2).is_empty() && b.tick(2).is_empty());
+        let settled = figured(&table);
+        assert!(a.tick(3).is_empty() && b.tick(3).is_empty());
+        assert_eq!(figured(&table), settled, "nothing moved: no share figured");
+        assert!(a.report(3, vec![report("x", 80)]).is_empty());
+        assert_eq!(figured(&table), settled + 1, "a report figures its share");
+        // `b` asks for a quarter as much: `a`'s share grows, and its next tick pushes it.
+        assert_eq!(rate(&b.report(4, vec![report("x", 20)])), 25.0);
+        assert_eq!(rate(&a.tick(5)), 75.0);
+        assert!(a.tick(6).is_empty() && b.tick(6).is_empty());
+        // `b` leaves: its share is `a`'s at its next tick.
+        drop(b);
+        assert_eq!(rate(&a.tick(7)), 100.0);
     }
 
     #[test]
@@ -1469,14 +1570,15 @@ descriptors:
         Wait(u64),
     }
 
-    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    /// A step of up to `streams` streams (at most four).
+    fn step(streams: usize) -> impl proptest::strategy::Strategy<Value = Step> {
         use proptest::prelude::*;
         prop_oneof![
-            (0..4usize).prop_map(Step::Open),
-            (0..4usize).prop_map(Step::Close),
-            (0..4usize, 0..2usize, 0..2_000u64, any::<bool>())
+            (0..streams).prop_map(Step::Open),
+            (0..streams).prop_map(Step::Close),
+            (0..streams, 0..2usize, 0..2_000u64, any::<bool>())
                 .prop_map(|(s, b, n, stated)| Step::Report(s, b, n, stated)),
-            (0..4usize).prop_map(Step::Tick),
+            (0..streams).prop_map(Step::Tick),
             prop_oneof![
                 (0..=1_000_000u64).prop_map(|m| m as f64 / 1e6),
                 Just(f64::NAN),
@@ -1495,6 +1597,20 @@ descriptors:
             ]
             .prop_map(Step::Wait),
         ]
+    }
+
+    /// A table of four streams at most, matching against `policies`.
+    fn four_streams(policies: PolicyHandle) -> Arc<ShareTable> {
+        Arc::new(ShareTable::new(
+            RlqsSettings {
+                assignment_ttl: Duration::from_secs(10),
+                max_buckets_per_stream: 10,
+                max_streams: 4,
+                max_streams_per_connection: 100,
+                max_streams_per_peer: 100,
+            },
+            policies,
+        ))
     }
 
     const COSTLY: &str = "domain: d
@@ -1527,18 +1643,9 @@ descriptors:
             cases: 200,
             ..ProptestConfig::default()
         };
-        proptest!(config, |(steps in proptest::collection::vec(step(), 1..120))| {
+        proptest!(config, |(steps in proptest::collection::vec(step(4), 1..120))| {
             let policies = PolicyHandle::new(costly(100));
-            let table = Arc::new(ShareTable::new(
-                RlqsSettings {
-                    assignment_ttl: Duration::from_secs(10),
-                    max_buckets_per_stream: 10,
-                    max_streams: 4,
-                    max_streams_per_connection: 100,
-                    max_streams_per_peer: 100,
-                },
-                policies.clone(),
-            ));
+            let table = four_streams(policies.clone());
             let Target::Shared { counter, .. } = target(&policies.load(), "d", &buckets[0]) else {
                 panic!("a shared rule");
             };
@@ -1629,6 +1736,92 @@ descriptors:
                 if let Some(capacity) = capacity {
                     prop_assert!(after <= capacity || after <= before, "{} then {} of {}", before, after, capacity);
                 }
+            }
+        });
+    }
+
+    #[test]
+    fn a_tick_that_skips_unmoved_shares_sends_what_figuring_every_share_sends() {
+        use proptest::prelude::*;
+        let policies = |rate: u32| {
+            policy::load_str(&[("d.yaml", &COSTLY.replace("RATE", &rate.to_string()))])
+                .expect("policy")
+        };
+        // One bucket a stream, so that a tick's order over its buckets cannot tell them apart.
+        let buckets: [BucketId; 2] = [
+            [("user".to_string(), "a".to_string())].into(),
+            [
+                ("user".to_string(), "a".to_string()),
+                ("route".to_string(), "search".to_string()),
+            ]
+            .into(),
+        ];
+        let config = ProptestConfig {
+            cases: 1_000,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(steps in proptest::collection::vec(step(2), 1..120))| {
+            // The same steps on two tables, ticked one skipping and one figuring every share.
+            let sides: [(PolicyHandle, Arc<ShareTable>); 2] = std::array::from_fn(|_| {
+                let handle = PolicyHandle::new(policies(100));
+                (handle.clone(), four_streams(handle))
+            });
+            let Target::Shared { counter, .. } = target(&sides[0].0.load(), "d", &buckets[0]) else {
+                panic!("a shared rule");
+            };
+            let mut streams: [Vec<Option<Watcher>>; 2] =
+                std::array::from_fn(|_| (0..4).map(|_| None).collect());
+            let mut now = 0u64;
+            for step in steps {
+                let mut sent: [Vec<Action>; 2] = [Vec::new(), Vec::new()];
+                for (side, (handle, table)) in sides.iter().enumerate() {
+                    let streams = &mut streams[side];
+                    sent[side] = match step {
+                        Step::Open(i) => {
+                            if streams[i].is_none() {
+                                streams[i] = Some(table.open("d".into()).expect("open"));
+                            }
+                            continue;
+                        }
+                        Step::Close(i) => {
+                            streams[i] = None;
+                            continue;
+                        }
+                        Step::Part(p) => {
+                            table.set_part(counter, millionths(p), 0);
+                            continue;
+                        }
+                        Step::Unknown(p) => {
+                            table.set_unknown_part(p);
+                            continue;
+                        }
+                        Step::Reload(r) => {
+                            handle.store(policies(r));
+                            continue;
+                        }
+                        Step::Wait(dt) => {
+                            if side == 0 {
+                                now += dt;
+                            }
+                            continue;
+                        }
+                        Step::Report(i, _, requests, stated) => {
+                            let Some(s) = streams[i].as_mut() else { continue };
+                            let report = Report {
+                                bucket: buckets[i % 2].clone(),
+                                elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
+                                requests,
+                            };
+                            s.report(now, vec![report])
+                        }
+                        Step::Tick(i) => {
+                            let Some(s) = streams[i].as_mut() else { continue };
+                            let refigure = [Refigure::IfMoved, Refigure::Always][side];
+                            s.duties(now, refigure)
+                        }
+                    };
+                }
+                prop_assert_eq!(&sent[0], &sent[1], "{:?}", step);
             }
         });
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
 use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -266,17 +266,20 @@ impl StreamTask {
         if !self.send(actions).await {
             return self.close();
         }
+        // The waits other than the next message are kept across messages, so that a message
+        // neither joins nor leaves the shared wait lists of the shutdown and the reloads.
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        let peer = self.tx.clone();
+        let gone = peer.closed();
+        tokio::pin!(gone);
+        let mut reloaded = ReusableBoxFuture::new(reload(self.reloads.clone()));
         let mut watching = true;
         loop {
             let outcome = tokio::select! {
-                () = stop.cancelled() => Err(Status::unavailable("the server is shutting down")),
-                () = self.tx.closed() => break,
-                _ = tick.tick() => Ok(self.stream.tick(self.now())),
-                changed = self.reloads.changed(), if watching => {
-                    // The service is going away when its sender is; the tick still runs.
-                    watching = changed.is_ok();
-                    Ok(self.stream.tick(self.now()))
-                }
+                // Messages first: the stream's buffer is bounded by its flow-control window, so
+                // the other waits are looked at once it is drained.
+                biased;
                 message = inbound.message() => match message {
                     Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter(), &self.caps) {
                         Ok(r) => {
@@ -288,6 +291,15 @@ impl StreamTask {
                     Ok(None) => break,
                     Err(status) => Err(exhausted(status)),
                 },
+                () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
+                () = &mut gone => break,
+                _ = tick.tick() => Ok(self.stream.tick(self.now())),
+                (changed, reloads) = &mut reloaded, if watching => {
+                    // The service is going away when its sender is; the tick still runs.
+                    watching = changed.is_ok();
+                    reloaded.set(reload(reloads));
+                    Ok(self.stream.tick(self.now()))
+                }
             };
             match outcome {
                 Ok(actions) => {
@@ -355,6 +367,14 @@ impl StreamTask {
         drop(self.stream);
         self.figures.gauges(|| table.figures());
     }
+}
+
+/// The next reload `reloads` is marked with, and the receiver to wait for the one after.
+async fn reload(
+    mut reloads: watch::Receiver<()>,
+) -> (Result<(), watch::error::RecvError>, watch::Receiver<()>) {
+    let changed = reloads.changed().await;
+    (changed, reloads)
 }
 
 /// tonic's decoder refuses an oversized message with `OUT_OF_RANGE`; gRPC's code for it, as the
