@@ -25,7 +25,16 @@ counter is answered from its lease where the lease has the slot, and the figures
 decisions the leases answered.
 
     python3 benches/load/delayed.py --redis --leased BIN LOADGEN [HELD]
+
+With --rounds N, the probes alternate N times, one without holds and one beside them, each
+round's held calls on a counter of their own and sent away (their holds cancelled) before the
+next round's probe without; the p99 beside the holds is read as the median of its N probes
+against the median of the N without, and the spread of those N is printed beside it.
+
+    python3 benches/load/delayed.py --rounds 5 BIN LOADGEN [HELD]
 """
+
+import statistics
 
 import os
 import re
@@ -95,6 +104,11 @@ def redis_figures(port):
 def main():
     args = sys.argv[1:]
     redis, leased = "--redis" in args, "--leased" in args
+    rounds = 1
+    if "--rounds" in args:
+        at = args.index("--rounds")
+        rounds = int(args[at + 1])
+        del args[at:at + 2]
     args = [a for a in args if a not in ("--redis", "--leased")]
     binary, gen = args[0], args[1]
     held = int(args[2]) if len(args) > 2 else 5000
@@ -109,14 +123,52 @@ def main():
     if redis and leased:
         env["SLUICE_REDIS__LEASE__ENABLED"] = "true"
     try:
-        measure(binary, gen, held, conns, policies, (extra, env), port if redis else None)
+        measure(binary, gen, (held, conns, rounds), policies, (extra, env),
+                port if redis else None)
     finally:
         if redis_proc:
             redis_proc.terminate()
             redis_proc.wait()
 
 
-def measure(binary, gen, held, conns, policies, server_args, redis_port):
+def hold(gen, server, held, conns, round_):
+    """HELD calls on the held counter of `round_`, once they are held (or after 30 s)."""
+    holder = loadgen(gen, server.grpc, "-c", str(conns), "-m", str(held // conns), "-D", "60",
+                     "--warm-up", "0", "--keys", "1", "--key-offset", str(round_),
+                     "--descriptors", "1", "--domain", "held")
+    deadline = time.time() + 30
+    while held_now(server.admin) < held * 0.98 and time.time() < deadline:
+        time.sleep(0.2)
+    return holder
+
+
+def alternate(gen, server, held, conns, rounds):
+    """`rounds` probes without holds and beside them, in turn; the last round's holds kept."""
+    without, beside = [], []
+    for r in range(rounds):
+        base = probe(gen, server.grpc)
+        holder = hold(gen, server, held, conns, r)
+        with_holds = probe(gen, server.grpc)
+        without.append(float(base["p99_ms"]))
+        beside.append(float(with_holds["p99_ms"]))
+        print(f"round {r + 1}: p99_ms without={base['p99_ms']} beside "
+              f"{held_now(server.admin):.0f} held={with_holds['p99_ms']}; p50_ms "
+              f"{base['p50_ms']}, {with_holds['p50_ms']}")
+        if r + 1 < rounds:
+            holder.terminate()
+            holder.communicate(timeout=70)
+            deadline = time.time() + 30
+            while held_now(server.admin) > 0 and time.time() < deadline:
+                time.sleep(0.2)
+    a, b = statistics.median(without), statistics.median(beside)
+    print(f"p99 over {rounds} rounds: median without {a:.3f} ms (from {min(without):.3f} to "
+          f"{max(without):.3f}), beside the holds {b:.3f} ms (from {min(beside):.3f} to "
+          f"{max(beside):.3f}): {b / a:.2f}x")
+    return holder
+
+
+def measure(binary, gen, load, policies, server_args, redis_port):
+    held, conns, rounds = load
     extra, lease_env = server_args
     bench = Path(__file__).parent / "bench.yaml"
     Path(policies, "bench.yaml").write_text(bench.read_text())
@@ -127,50 +179,56 @@ def measure(binary, gen, held, conns, policies, server_args, redis_port):
         pid = server.proc.pid
         time.sleep(0.5)
         rss_idle = rss_kib(pid)
+        if rounds > 1:
+            holder = alternate(gen, server, held, conns, rounds)
+            measure_held(server, holder, redis_port)
+            return
         # Twice without holds: the spread of two probes with nothing changed beside them is
         # what a difference with holds is read against.
         for label in ("without holds", "without holds, again"):
             base = probe(gen, server.grpc)
             print(f"{label}: p50_ms={base['p50_ms']} p99_ms={base['p99_ms']} "
                   f"rate={base['rate']} rss_kib={rss_kib(pid)} (idle {rss_idle})")
-        holder = loadgen(gen, server.grpc, "-c", str(conns), "-m", str(held // conns), "-D", "60",
-                         "--warm-up", "0", "--keys", "1", "--descriptors", "1", "--domain", "held")
-        deadline = time.time() + 30
-        while held_now(server.admin) < held * 0.98 and time.time() < deadline:
-            time.sleep(0.2)
+        holder = hold(gen, server, held, conns, 0)
         cpu0, t0 = run.cpu_seconds(server.proc), time.time()
         with_holds = probe(gen, server.grpc)
         cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
         print(f"with {held_now(server.admin):.0f} held: p50_ms={with_holds['p50_ms']} "
               f"p99_ms={with_holds['p99_ms']} rate={with_holds['rate']} "
               f"rss_kib={rss_kib(pid)} cpu={cpu * 100:.1f}% of a core")
-        # Held calls alone, no other traffic: the CPU the timers and re-sent calls take.
-        cpu0, t0 = run.cpu_seconds(server.proc), time.time()
-        decided0 = run.metrics(server.admin)
-        redis0 = redis_figures(redis_port) if redis_port else None
-        time.sleep(5)
-        idle_cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
-        print(f"held alone: {held_now(server.admin):.0f} held, cpu={idle_cpu * 100:.1f}% "
-              f"of a core, rss_kib={rss_kib(pid)}")
-        if redis0:
-            decided1, redis1 = run.metrics(server.admin), redis_figures(redis_port)
-            calls = sum(decided1.get(k, 0) - decided0.get(k, 0) for k in ("ok", "over_limit"))
-            trips = decided1.get("sluice_redis_round_trips_total", 0) - decided0.get(
-                "sluice_redis_round_trips_total", 0)
-            commands, redis_cpu = redis1[0] - redis0[0], redis1[1] - redis0[1]
-            by = {k: decided1.get(k, 0) - decided0.get(k, 0) for k in ("by_lease", "by_redis")}
-            print(f"held alone, Redis: {calls:.0f} decisions in 5 s, {trips:.0f} round trips, "
-                  f"{commands:.0f} commands, redis-server cpu {redis_cpu * 1e6 / max(calls, 1):.1f} "
-                  f"us per decision; by lease {by['by_lease']:.0f}, by Redis {by['by_redis']:.0f}")
-        before = held_now(server.admin)
-        refused = run.metrics(server.admin).get("over_limit", 0)
-        print(f"refused before the SIGTERM: {refused:.0f} (the probe's bench domain included)")
-        t0 = time.time()
-        server.proc.terminate()
-        code = server.proc.wait(timeout=30)
-        print(f"SIGTERM with {before:.0f} held: exited {code} after {time.time() - t0:.3f} s")
-        out, _ = holder.communicate(timeout=70)
-        print(f"holder: {out.strip()}")
+        measure_held(server, holder, redis_port)
+
+
+def measure_held(server, holder, redis_port):
+    """The held calls' CPU alone, their Redis figures, and the drain at SIGTERM."""
+    pid = server.proc.pid
+    # Held calls alone, no other traffic: the CPU the timers and re-sent calls take.
+    cpu0, t0 = run.cpu_seconds(server.proc), time.time()
+    decided0 = run.metrics(server.admin)
+    redis0 = redis_figures(redis_port) if redis_port else None
+    time.sleep(5)
+    idle_cpu = (run.cpu_seconds(server.proc) - cpu0) / (time.time() - t0)
+    print(f"held alone: {held_now(server.admin):.0f} held, cpu={idle_cpu * 100:.1f}% "
+          f"of a core, rss_kib={rss_kib(pid)}")
+    if redis0:
+        decided1, redis1 = run.metrics(server.admin), redis_figures(redis_port)
+        calls = sum(decided1.get(k, 0) - decided0.get(k, 0) for k in ("ok", "over_limit"))
+        trips = decided1.get("sluice_redis_round_trips_total", 0) - decided0.get(
+            "sluice_redis_round_trips_total", 0)
+        commands, redis_cpu = redis1[0] - redis0[0], redis1[1] - redis0[1]
+        by = {k: decided1.get(k, 0) - decided0.get(k, 0) for k in ("by_lease", "by_redis")}
+        print(f"held alone, Redis: {calls:.0f} decisions in 5 s, {trips:.0f} round trips, "
+              f"{commands:.0f} commands, redis-server cpu {redis_cpu * 1e6 / max(calls, 1):.1f} "
+              f"us per decision; by lease {by['by_lease']:.0f}, by Redis {by['by_redis']:.0f}")
+    before = held_now(server.admin)
+    refused = run.metrics(server.admin).get("over_limit", 0)
+    print(f"refused before the SIGTERM: {refused:.0f} (the probe's bench domain included)")
+    t0 = time.time()
+    server.proc.terminate()
+    code = server.proc.wait(timeout=30)
+    print(f"SIGTERM with {before:.0f} held: exited {code} after {time.time() - t0:.3f} s")
+    out, _ = holder.communicate(timeout=70)
+    print(f"holder: {out.strip()}")
 
 
 if __name__ == "__main__":
