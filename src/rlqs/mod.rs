@@ -20,6 +20,7 @@
 //! bucket in force), and parts are in millionths of the rule, as the fleet tells them.
 
 pub mod fleet;
+mod key;
 pub mod places;
 mod table;
 
@@ -337,15 +338,20 @@ impl Target {
 /// `b + r·W ≤ bᵢ + rᵢ·W` for every rule i and any span W. A cost node's bucket counts requests,
 /// each of its cost in tokens. Rules in shadow mode deny nothing, so they are passed over.
 pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target {
-    let allow = Target::Fixed(Strategy::AllowAll);
-    let Some(domain) = set.domain(domain) else {
-        return allow;
-    };
     let entries: Vec<(&str, &str)> = bucket
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let Some(ordered) = domain.order(&entries) else {
+    target_of(set, domain, &entries)
+}
+
+/// [`target`] of a bucket given by its entries.
+pub(crate) fn target_of(set: &PolicySet, domain: &str, entries: &[(&str, &str)]) -> Target {
+    let allow = Target::Fixed(Strategy::AllowAll);
+    let Some(domain) = set.domain(domain) else {
+        return allow;
+    };
+    let Some(ordered) = domain.order(entries) else {
         return allow;
     };
     let Some(resolved) = domain.resolve(ordered.iter().copied()) else {

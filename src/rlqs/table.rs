@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use dashmap::DashMap;
 use indexmap::IndexMap;
 
+use super::key::{self, Flat};
 use super::{
     Action, ActionKind, BucketId, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings,
-    Strategy, Target, TokenBucket, claim, divide, mul_div, rate_over, target,
+    Strategy, Target, TokenBucket, claim, divide, mul_div, rate_over, target, target_of,
 };
 use crate::limiter::gcra::Quota;
 use crate::limiter::key::KeyHash;
@@ -595,6 +596,7 @@ impl ShareTable {
             domain,
             seen: self.policies.load(),
             buckets: IndexMap::default(),
+            key: Vec::new(),
             warned: false,
         })
     }
@@ -682,8 +684,11 @@ pub struct Watcher {
     domain: String,
     /// The policies its targets were resolved against.
     seen: Arc<PolicySet>,
-    /// In the order they came, so that a report finds each once and its answers by place.
-    buckets: IndexMap<BucketId, Watched, foldhash::fast::RandomState>,
+    /// By their ids' bytes ([`key`]), in the order they came, so that a report finds each once
+    /// and its answers by place.
+    buckets: IndexMap<Flat, Watched, foldhash::fast::RandomState>,
+    /// The bytes of the id a report looks for, kept between reports.
+    key: Vec<u8>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
 }
@@ -726,9 +731,14 @@ impl Watcher {
             .max_buckets_per_stream
             .saturating_sub(self.buckets.len());
         let mut out: Vec<RuleDemand> = Vec::new();
+        let mut key = Vec::new();
+        let watched = |bucket: &BucketId, key: &mut Vec<u8>| {
+            key::flatten(bucket, key);
+            self.buckets.contains_key(key.as_slice())
+        };
         for report in reports
             .iter()
-            .filter(|r| !self.buckets.contains_key(&r.bucket))
+            .filter(|r| !watched(&r.bucket, &mut key))
             .take(room)
         {
             let Target::Shared {
@@ -775,8 +785,10 @@ impl Watcher {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let mut touched = Vec::with_capacity(reports.len());
+        let mut key = std::mem::take(&mut self.key);
         for report in reports {
-            if let Some((place, _, w)) = self.buckets.get_full_mut(&report.bucket) {
+            key::flatten(&report.bucket, &mut key);
+            if let Some((place, _, w)) = self.buckets.get_full_mut(key.as_slice()) {
                 w.observe(now, &report);
                 if let Some(c) = &w.counter {
                     lock(c).join(&w.target, w.holder, w.demand, None, now);
@@ -818,7 +830,7 @@ impl Watcher {
             table.watched.fetch_add(1, Ordering::Relaxed);
             let counter = table.enter(&target, holder, demand, None, now);
             let (place, _) = self.buckets.insert_full(
-                report.bucket.clone(),
+                Flat::from(key.as_slice()),
                 Watched {
                     holder,
                     target,
@@ -833,6 +845,7 @@ impl Watcher {
             );
             touched.push((report.bucket, place, Arrival::New));
         }
+        self.key = key;
         let unknown = table.unknown_part();
         // Nothing is taken out of `buckets` in between: each place is still its bucket's.
         for (bucket, place, arrival) in touched {
@@ -871,21 +884,17 @@ impl Watcher {
         let table = Arc::clone(&self.table);
         let ttl = u64::try_from(table.settings.assignment_ttl.as_nanos()).unwrap_or(u64::MAX);
         let mut actions = Vec::new();
-        let stale: Vec<BucketId> = self
-            .buckets
-            .iter()
-            .filter(|(_, w)| now.saturating_sub(w.reported_at) >= ttl)
-            .map(|(b, _)| b.clone())
-            .collect();
-        for bucket in stale {
-            if let Some(w) = self.buckets.swap_remove(&bucket) {
+        self.buckets.retain(|bucket, w| {
+            let stale = now.saturating_sub(w.reported_at) >= ttl;
+            if stale {
                 w.forget(&table, now);
+                actions.push(Action {
+                    bucket: key::bucket_id(bucket),
+                    kind: ActionKind::Abandon,
+                });
             }
-            actions.push(Action {
-                bucket,
-                kind: ActionKind::Abandon,
-            });
-        }
+            !stale
+        });
         let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
             let assigned_at = w.assigned_at;
@@ -905,7 +914,7 @@ impl Watcher {
             });
             if let Some(strategy) = send {
                 actions.push(Action {
-                    bucket: bucket.clone(),
+                    bucket: key::bucket_id(bucket),
                     kind: ActionKind::Assign(strategy),
                 });
             }
@@ -925,7 +934,7 @@ impl Watcher {
         let round = table.round();
         for (bucket, w) in &mut self.buckets {
             w.figured = None;
-            let next = target(&self.seen, &self.domain, bucket);
+            let next = target_of(&self.seen, &self.domain, &key::entries(bucket));
             if let (Some(c), Some((quota, rate))) = (&w.counter, same_counter(&w.target, &next)) {
                 // The rule kept its counter: the holder stays on it, and the first holder to see
                 // the reload moves the counter to the rule's new figures.
@@ -1943,7 +1952,9 @@ descriptors:
         b.report(0, vec![report("y", 300)]);
         let counter_of = |w: &Watcher, value: &str| {
             let bucket: BucketId = [("user".to_string(), value.to_string())].into();
-            match w.buckets.get(&bucket).map(|w| w.target) {
+            let mut flat = Vec::new();
+            key::flatten(&bucket, &mut flat);
+            match w.buckets.get(flat.as_slice()).map(|w| w.target) {
                 Some(Target::Shared { counter, .. }) => counter,
                 other => panic!("a shared target: {other:?}"),
             }
