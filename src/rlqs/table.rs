@@ -123,8 +123,8 @@ struct Counter {
     /// When the first of them came (the streams' clock, ns).
     pending_since: u64,
     /// Counts the changes to anything a share is figured from (a claim moved, a holder come or
-    /// gone, a bucket in force, the figures), so that a tick can tell that none came since a
-    /// holder's share was last figured: a division follows one of them, or a new capacity.
+    /// gone, a bucket in force, the figures, a division), so that a tick can tell that none
+    /// came since a holder's share was last figured.
     revision: u64,
     /// Holders divided so far, over all divisions: the work the batching bounds.
     #[cfg(test)]
@@ -361,6 +361,8 @@ impl Counter {
             self.wanting += usize::from(h.wanting);
         }
         (self.divided_for, self.pending) = (Some(capacity), 0);
+        // A division at another capacity moves shares at this one too, once it comes back.
+        self.revision += 1;
         #[cfg(test)]
         {
             self.divided += self.holders.len();
@@ -1769,7 +1771,7 @@ descriptors:
             cases: 1_000,
             ..ProptestConfig::default()
         };
-        proptest!(config, |(steps in proptest::collection::vec(step(2), 1..120))| {
+        proptest!(config, |(steps in proptest::collection::vec(step(4), 1..120))| {
             // The same steps on two tables, ticked one skipping and one figuring every share.
             let sides: [(PolicyHandle, Arc<ShareTable>); 2] = std::array::from_fn(|_| {
                 let handle = PolicyHandle::new(policies(100));
@@ -1797,7 +1799,9 @@ descriptors:
                             continue;
                         }
                         Step::Part(p) => {
-                            table.set_part(counter, millionths(p), 0);
+                            // A few parts, so that a capacity comes back to one figured before.
+                            let part = [900_000, 910_000, PER_RULE][millionths(p) as usize % 3];
+                            table.set_part(counter, part, 0);
                             continue;
                         }
                         Step::Unknown(p) => {
@@ -1833,6 +1837,52 @@ descriptors:
                 prop_assert_eq!(&sent[0], &sent[1], "{:?}", step);
             }
         });
+    }
+
+    /// Four streams on one bucket of a rule of 1,000 a second, this node's part 0.9, and what
+    /// each step sent, a tick figuring shares as `refigure` says.
+    fn a_part_that_comes_back(refigure: Refigure) -> Vec<Vec<Action>> {
+        let set = policy::load_str(&[(
+            "d.yaml",
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
+        )])
+        .expect("policy");
+        let table = crowd(4, set);
+        let mut streams: Vec<Watcher> = (0..4)
+            .map(|_| table.open("d".into()).expect("open"))
+            .collect();
+        let Target::Shared { counter, .. } = target(&table.policies(), "d", &report("x", 0).bucket)
+        else {
+            panic!("a shared rule");
+        };
+        table.set_part(counter, 900_000, 0);
+        let mut sent = Vec::new();
+        for (i, s) in streams.iter_mut().enumerate() {
+            sent.push(s.report(0, vec![report("x", if i == 0 { 1_000 } else { 170 })]));
+        }
+        for now in 1..4 {
+            for s in &mut streams {
+                sent.push(s.duties(now, refigure));
+            }
+        }
+        // Claims moved by less than a step: no change counted, and nothing sent.
+        for s in &mut streams[1..] {
+            sent.push(s.report(4, vec![report("x", 178)]));
+        }
+        // Another stream divides at another part, and the part comes back.
+        table.set_part(counter, 910_000, 0);
+        sent.push(streams[1].duties(5, refigure));
+        table.set_part(counter, 900_000, 0);
+        sent.push(streams[0].duties(6, refigure));
+        sent
+    }
+
+    #[test]
+    fn a_share_divided_at_another_capacity_is_figured_again_when_it_comes_back() {
+        let skipping = a_part_that_comes_back(Refigure::IfMoved);
+        assert_eq!(skipping, a_part_that_comes_back(Refigure::Always));
+        // The first stream's share shrank by more than a move, and its tick pushed it.
+        assert!(rate(skipping.last().expect("the last tick")) < 240.0);
     }
 
     #[test]

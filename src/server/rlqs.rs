@@ -277,9 +277,6 @@ impl StreamTask {
         let mut watching = true;
         loop {
             let outcome = tokio::select! {
-                // Messages first: the stream's buffer is bounded by its flow-control window, so
-                // the other waits are looked at once it is drained.
-                biased;
                 message = inbound.message() => match message {
                     Ok(Some(message)) => match reports(message.bucket_quota_usages.into_iter(), &self.caps) {
                         Ok(r) => {
