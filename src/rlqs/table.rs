@@ -1634,21 +1634,27 @@ descriptors:
         cost: 3
 ";
 
-    #[test]
-    fn the_buckets_sent_never_take_more_than_the_others_leave_of_the_part() {
-        use proptest::prelude::*;
-        let costly = |rate: u32| {
-            policy::load_str(&[("d.yaml", &COSTLY.replace("RATE", &rate.to_string()))])
-                .expect("policy")
-        };
-        let buckets: [BucketId; 2] = [
+    /// [`COSTLY`] at `rate` a second.
+    fn costly(rate: u32) -> PolicySet {
+        policy::load_str(&[("d.yaml", &COSTLY.replace("RATE", &rate.to_string()))]).expect("policy")
+    }
+
+    /// A bucket of [`COSTLY`]'s plain rule, and one of its cost node.
+    fn costly_buckets() -> [BucketId; 2] {
+        [
             [("user".to_string(), "a".to_string())].into(),
             [
                 ("user".to_string(), "a".to_string()),
                 ("route".to_string(), "search".to_string()),
             ]
             .into(),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_buckets_sent_never_take_more_than_the_others_leave_of_the_part() {
+        use proptest::prelude::*;
+        let buckets = costly_buckets();
         let costs = [1u64, 3];
         let config = ProptestConfig {
             cases: 200,
@@ -1754,19 +1760,8 @@ descriptors:
     #[test]
     fn a_tick_that_skips_unmoved_shares_sends_what_figuring_every_share_sends() {
         use proptest::prelude::*;
-        let policies = |rate: u32| {
-            policy::load_str(&[("d.yaml", &COSTLY.replace("RATE", &rate.to_string()))])
-                .expect("policy")
-        };
         // One bucket a stream, so that a tick's order over its buckets cannot tell them apart.
-        let buckets: [BucketId; 2] = [
-            [("user".to_string(), "a".to_string())].into(),
-            [
-                ("user".to_string(), "a".to_string()),
-                ("route".to_string(), "search".to_string()),
-            ]
-            .into(),
-        ];
+        let buckets = costly_buckets();
         let config = ProptestConfig {
             cases: 1_000,
             ..ProptestConfig::default()
@@ -1774,7 +1769,7 @@ descriptors:
         proptest!(config, |(steps in proptest::collection::vec(step(4), 1..120))| {
             // The same steps on two tables, ticked one skipping and one figuring every share.
             let sides: [(PolicyHandle, Arc<ShareTable>); 2] = std::array::from_fn(|_| {
-                let handle = PolicyHandle::new(policies(100));
+                let handle = PolicyHandle::new(costly(100));
                 (handle.clone(), four_streams(handle))
             });
             let Target::Shared { counter, .. } = target(&sides[0].0.load(), "d", &buckets[0]) else {
@@ -1809,7 +1804,7 @@ descriptors:
                             continue;
                         }
                         Step::Reload(r) => {
-                            handle.store(policies(r));
+                            handle.store(costly(r));
                             continue;
                         }
                         Step::Wait(dt) => {
