@@ -30,8 +30,10 @@ With --rounds N, the probes alternate N times, one without holds and one beside 
 round's held calls on a counter of their own and sent away (their holds cancelled) before the
 next round's probe without; the p99 beside the holds is read as the median of its N probes
 against the median of the N without, and the spread of those N is printed beside it.
+--probe-seconds S makes each probe S seconds (10 by default; the held calls are sent for 60 s,
+so S + the wait for them to be held + 5 must stay under that).
 
-    python3 benches/load/delayed.py --rounds 5 BIN LOADGEN [HELD]
+    python3 benches/load/delayed.py --rounds 5 [--probe-seconds 30] BIN LOADGEN [HELD]
 """
 
 import statistics
@@ -71,11 +73,11 @@ def loadgen(binary, grpc, *args):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
-def probe(binary, grpc):
-    """Other calls: 2,000 a second over 8 streams for 10 s, two descriptors over 1,000 keys."""
-    p = loadgen(binary, grpc, "-c", "2", "-m", "4", "--rate", "2000", "-D", "10",
+def probe(binary, grpc, seconds=10):
+    """Other calls: 2,000 a second over 8 streams for `seconds`, two descriptors over 1,000 keys."""
+    p = loadgen(binary, grpc, "-c", "2", "-m", "4", "--rate", "2000", "-D", str(seconds),
                 "--keys", "1000", "--domain", "bench")
-    out, _ = p.communicate(timeout=60)
+    out, _ = p.communicate(timeout=seconds + 50)
     return dict(kv.split("=") for kv in out.split())
 
 
@@ -104,11 +106,15 @@ def redis_figures(port):
 def main():
     args = sys.argv[1:]
     redis, leased = "--redis" in args, "--leased" in args
-    rounds = 1
-    if "--rounds" in args:
-        at = args.index("--rounds")
-        rounds = int(args[at + 1])
-        del args[at:at + 2]
+    rounds, seconds = 1, 10
+    for flag in ("--rounds", "--probe-seconds"):
+        if flag in args:
+            at = args.index(flag)
+            if flag == "--rounds":
+                rounds = int(args[at + 1])
+            else:
+                seconds = int(args[at + 1])
+            del args[at:at + 2]
     args = [a for a in args if a not in ("--redis", "--leased")]
     binary, gen = args[0], args[1]
     held = int(args[2]) if len(args) > 2 else 5000
@@ -123,7 +129,7 @@ def main():
     if redis and leased:
         env["SLUICE_REDIS__LEASE__ENABLED"] = "true"
     try:
-        measure(binary, gen, (held, conns, rounds), policies, (extra, env),
+        measure(binary, gen, (held, conns, rounds, seconds), policies, (extra, env),
                 port if redis else None)
     finally:
         if redis_proc:
@@ -142,13 +148,14 @@ def hold(gen, server, held, conns, round_):
     return holder
 
 
-def alternate(gen, server, held, conns, rounds):
+def alternate(gen, server, load):
     """`rounds` probes without holds and beside them, in turn; the last round's holds kept."""
+    held, conns, rounds, seconds = load
     without, beside = [], []
     for r in range(rounds):
-        base = probe(gen, server.grpc)
+        base = probe(gen, server.grpc, seconds)
         holder = hold(gen, server, held, conns, r)
-        with_holds = probe(gen, server.grpc)
+        with_holds = probe(gen, server.grpc, seconds)
         without.append(float(base["p99_ms"]))
         beside.append(float(with_holds["p99_ms"]))
         print(f"round {r + 1}: p99_ms without={base['p99_ms']} beside "
@@ -168,7 +175,7 @@ def alternate(gen, server, held, conns, rounds):
 
 
 def measure(binary, gen, load, policies, server_args, redis_port):
-    held, conns, rounds = load
+    held, conns, rounds, _ = load
     extra, lease_env = server_args
     bench = Path(__file__).parent / "bench.yaml"
     Path(policies, "bench.yaml").write_text(bench.read_text())
@@ -180,7 +187,7 @@ def measure(binary, gen, load, policies, server_args, redis_port):
         time.sleep(0.5)
         rss_idle = rss_kib(pid)
         if rounds > 1:
-            holder = alternate(gen, server, held, conns, rounds)
+            holder = alternate(gen, server, load)
             measure_held(server, holder, redis_port)
             return
         # Twice without holds: the spread of two probes with nothing changed beside them is
