@@ -16,8 +16,9 @@
 //! moves that counter to the new figures in place, once, as the first of its holders sees it:
 //! every holder stays, its claim made again of its demand against the new rate and its bucket
 //! in force counted until it is sent another, and the division is redone whole at the next
-//! read; a bucket the reload gives another rule leaves its counter for that rule's. A stream's
-//! shares are freed when its [`Watcher`] is dropped.
+//! read; a bucket the reload gives another rule leaves its counter for that rule's. A counter
+//! counts its changes, so that a stream's tick figures again only the shares whose counter or
+//! capacity moved since. A stream's shares are freed when its [`Watcher`] is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
