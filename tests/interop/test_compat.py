@@ -91,7 +91,11 @@ class ReferenceEnvironment(unittest.TestCase):
         self.addCleanup(self.redis.close)
         self.addCleanup(self.dir.cleanup)
         current = os.path.join(root, "current")
+        # Decisions are compared, not Redis's latency: on a loaded machine an answer may come
+        # past the default 10 ms, which both servers would answer UNAVAILABLE.
+        patience = {"SLUICE_REDIS__TIMEOUT_MS": "1000"}
         self.reference = Sluice({
+            **patience,
             "SLUICE_COMPAT": "envoy-ratelimit",
             "HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0",
             "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0", "PROMETHEUS_ADDR": "127.0.0.1:0",
@@ -106,6 +110,7 @@ class ReferenceEnvironment(unittest.TestCase):
         })
         self.addCleanup(self.reference.close)
         self.native = Sluice({
+            **patience,
             "SLUICE_GRPC_ADDR": "127.0.0.1:0", "SLUICE_ADMIN_ADDR": "127.0.0.1:0",
             "SLUICE_LOG_FORMAT": "json",
             "SLUICE_POLICIES": os.path.join(current, "ratelimit", "config"),
