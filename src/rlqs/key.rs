@@ -9,8 +9,8 @@ use super::BucketId;
 pub(crate) type Flat = Box<[u8]>;
 
 /// Writes `bucket` into `into`, cleared first. Two ids are equal exactly when their bytes are:
-/// every key and value is told by its length. A string is at most a request's size, held far
-/// below `u32::MAX` by `requests.max_key_bytes` and `requests.max_value_bytes`.
+/// every key and value is told by its length. A string is at most a gRPC message's size, whose
+/// length is itself four bytes, so no length reaches `u32::MAX`.
 pub(crate) fn flatten(bucket: &BucketId, into: &mut Vec<u8>) {
     into.clear();
     for (key, value) in bucket {
