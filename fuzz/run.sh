@@ -35,7 +35,8 @@ echo "fuzz: built in $((SECONDS - build_start)) s"
 
 # What went wrong, from a libFuzzer log: the input, the panic and its message, the verdict.
 explain() {
-    grep -E '^Running: ' "$1" | tail -n 1
+    # A fuzzing run's log names no input it ran (only a replay's does): no match is no failure.
+    { grep -E '^Running: ' "$1" || true; } | tail -n 1
     grep -E -A 1 'panicked at' "$1" || true
     grep -E 'ERROR: libFuzzer|SUMMARY|Test unit written' "$1" || tail -n 30 "$1"
 }

@@ -304,9 +304,9 @@ impl RuleHitters {
     {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if seen.denied {
-            state.refused += seen.hits;
+            state.refused = state.refused.saturating_add(seen.hits);
         } else {
-            state.admitted += seen.hits;
+            state.admitted = state.admitted.saturating_add(seen.hits);
         }
         let h = &mut state.halves[(half % 2) as usize];
         if h.number != half {
@@ -360,13 +360,15 @@ impl RuleHitters {
                         remaining: slot.remaining,
                         wait: slot.wait,
                     });
-                    k.count += slot.count;
-                    k.error += slot.error;
+                    k.count = k.count.saturating_add(slot.count);
+                    k.error = k.error.saturating_add(slot.error);
                     k.remaining = slot.remaining;
                     k.wait = slot.wait;
                 }
             }
-            let total = live.iter().map(|h| pick(h).total).sum::<u64>();
+            let total = live
+                .iter()
+                .fold(0u64, |sum, h| sum.saturating_add(pick(h).total));
             (keys.into_values().collect::<Vec<_>>(), total)
         };
         // Ranked by the count each key surely has (count less error), then by count: a key
@@ -444,7 +446,8 @@ impl Sketch {
     where
         I: Iterator<Item = (&'a str, &'a str)> + Clone,
     {
-        self.total += seen.hits;
+        // Saturating: a request's hits are the caller's number, up to `u64::MAX`.
+        self.total = self.total.saturating_add(seen.hits);
         let mut fresh = false;
         let at = if let Some(&at) = self.index.get(&hash) {
             at as usize
@@ -491,7 +494,7 @@ impl Sketch {
             at
         };
         let slot = &mut self.slots[at];
-        slot.count += seen.hits;
+        slot.count = slot.count.saturating_add(seen.hits);
         slot.remaining = seen.remaining;
         slot.wait = seen.wait;
         let place = slot.place as usize;
@@ -622,6 +625,21 @@ mod tests {
         keys.iter()
             .map(|k| (k.entries[0].1.clone(), k.count))
             .collect()
+    }
+
+    #[test]
+    fn hits_past_u64_max_saturate_every_count() {
+        // A request's `hits_addend` is the caller's number: counts reach the top and stay there.
+        let (h, set) = (Hitters::new(1), set());
+        for (value, denied) in [("a", false), ("a", true), ("b", true), ("b", true)] {
+            hit(&h, &set, value, denied, u64::MAX / 2 + 1, 0);
+            hit(&h, &set, value, denied, u64::MAX / 2 + 1, 1);
+        }
+        let views = h.views_at(1, 10);
+        let v = &views[0];
+        assert_eq!((v.admitted_total, v.refused_total), (u64::MAX, u64::MAX));
+        assert_eq!((v.window_hits, v.window_refused), (u64::MAX, u64::MAX));
+        assert!(v.top_hits.iter().all(|k| k.count == u64::MAX));
     }
 
     #[test]
