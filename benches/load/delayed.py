@@ -36,10 +36,9 @@ so S + the wait for them to be held + 5 must stay under that).
     python3 benches/load/delayed.py --rounds 5 [--probe-seconds 30] BIN LOADGEN [HELD]
 """
 
-import statistics
-
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,18 +102,20 @@ def redis_figures(port):
     return field("total_commands_processed"), field("used_cpu_sys") + field("used_cpu_user")
 
 
+def number(args, flag, default):
+    """The whole number after `flag` in `args`, both taken out of them; `default` without it."""
+    if flag not in args:
+        return default
+    at = args.index(flag)
+    value = int(args[at + 1])
+    del args[at:at + 2]
+    return value
+
+
 def main():
     args = sys.argv[1:]
     redis, leased = "--redis" in args, "--leased" in args
-    rounds, seconds = 1, 10
-    for flag in ("--rounds", "--probe-seconds"):
-        if flag in args:
-            at = args.index(flag)
-            if flag == "--rounds":
-                rounds = int(args[at + 1])
-            else:
-                seconds = int(args[at + 1])
-            del args[at:at + 2]
+    rounds, seconds = number(args, "--rounds", 1), number(args, "--probe-seconds", 10)
     args = [a for a in args if a not in ("--redis", "--leased")]
     binary, gen = args[0], args[1]
     held = int(args[2]) if len(args) > 2 else 5000

@@ -1131,8 +1131,8 @@ descriptors:
         ))
     }
 
-    /// A table of `n` streams at most, matching against `set`.
-    fn crowd(n: usize, set: PolicySet) -> Arc<ShareTable> {
+    /// A table of `n` streams at most, matching against `policies`.
+    fn crowd(n: usize, policies: PolicyHandle) -> Arc<ShareTable> {
         Arc::new(ShareTable::new(
             RlqsSettings {
                 assignment_ttl: Duration::from_secs(10),
@@ -1141,7 +1141,7 @@ descriptors:
                 max_streams_per_connection: n,
                 max_streams_per_peer: n,
             },
-            PolicyHandle::new(set),
+            policies,
         ))
     }
 
@@ -1582,15 +1582,14 @@ descriptors:
         Wait(u64),
     }
 
-    /// A step of up to `streams` streams (at most four).
-    fn step(streams: usize) -> impl proptest::strategy::Strategy<Value = Step> {
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         use proptest::prelude::*;
         prop_oneof![
-            (0..streams).prop_map(Step::Open),
-            (0..streams).prop_map(Step::Close),
-            (0..streams, 0..2usize, 0..2_000u64, any::<bool>())
+            (0..4usize).prop_map(Step::Open),
+            (0..4usize).prop_map(Step::Close),
+            (0..4usize, 0..2usize, 0..2_000u64, any::<bool>())
                 .prop_map(|(s, b, n, stated)| Step::Report(s, b, n, stated)),
-            (0..streams).prop_map(Step::Tick),
+            (0..4usize).prop_map(Step::Tick),
             prop_oneof![
                 (0..=1_000_000u64).prop_map(|m| m as f64 / 1e6),
                 Just(f64::NAN),
@@ -1609,20 +1608,6 @@ descriptors:
             ]
             .prop_map(Step::Wait),
         ]
-    }
-
-    /// A table of four streams at most, matching against `policies`.
-    fn four_streams(policies: PolicyHandle) -> Arc<ShareTable> {
-        Arc::new(ShareTable::new(
-            RlqsSettings {
-                assignment_ttl: Duration::from_secs(10),
-                max_buckets_per_stream: 10,
-                max_streams: 4,
-                max_streams_per_connection: 100,
-                max_streams_per_peer: 100,
-            },
-            policies,
-        ))
     }
 
     const COSTLY: &str = "domain: d
@@ -1661,9 +1646,9 @@ descriptors:
             cases: 200,
             ..ProptestConfig::default()
         };
-        proptest!(config, |(steps in proptest::collection::vec(step(4), 1..120))| {
+        proptest!(config, |(steps in proptest::collection::vec(step(), 1..120))| {
             let policies = PolicyHandle::new(costly(100));
-            let table = four_streams(policies.clone());
+            let table = crowd(4, policies.clone());
             let Target::Shared { counter, .. } = target(&policies.load(), "d", &buckets[0]) else {
                 panic!("a shared rule");
             };
@@ -1767,11 +1752,11 @@ descriptors:
             cases: 1_000,
             ..ProptestConfig::default()
         };
-        proptest!(config, |(steps in proptest::collection::vec(step(4), 1..120))| {
+        proptest!(config, |(steps in proptest::collection::vec(step(), 1..120))| {
             // The same steps on two tables, ticked one skipping and one figuring every share.
             let sides: [(PolicyHandle, Arc<ShareTable>); 2] = std::array::from_fn(|_| {
                 let handle = PolicyHandle::new(costly(100));
-                (handle.clone(), four_streams(handle))
+                (handle.clone(), crowd(4, handle))
             });
             let Target::Shared { counter, .. } = target(&sides[0].0.load(), "d", &buckets[0]) else {
                 panic!("a shared rule");
@@ -1843,7 +1828,7 @@ descriptors:
             "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
         )])
         .expect("policy");
-        let table = crowd(4, set);
+        let table = crowd(4, PolicyHandle::new(set));
         let mut streams: Vec<Watcher> = (0..4)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
@@ -1884,7 +1869,10 @@ descriptors:
     #[test]
     fn ten_thousand_streams_joining_one_bucket_are_divided_in_batches() {
         let n = 10_000;
-        let table = crowd(n, policy::load_str(&[("d.yaml", POLICY)]).expect("policy"));
+        let table = crowd(
+            n,
+            PolicyHandle::new(policy::load_str(&[("d.yaml", POLICY)]).expect("policy")),
+        );
         let mut streams: Vec<Watcher> = (0..n)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
@@ -1914,7 +1902,7 @@ descriptors:
             )])
             .expect("policy")
         };
-        let table = crowd(n, at(100));
+        let table = crowd(n, PolicyHandle::new(at(100)));
         let mut streams: Vec<Watcher> = (0..n)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
