@@ -26,6 +26,14 @@ opentelemetry-proto, e.g. in tests/interop's virtualenv), on the hot key.
 100,000 keys, both driven by loadgen paced to `--rate` for `--seconds` (no h2load needed).
 
     python3 benches/load/instructions.py --loadgen LOADGEN --hitters NAME=BIN
+
+--quota counts instructions per RLQS bucket report instead: rlqsgen (--rlqsgen) opens
+--streams streams, 100 to a connection, each reporting 10 buckets a second to one rule of
+10,000 a second, shared by every stream and then distinct (each stream's buckets its own), as
+quota.py does at 10,000 streams; the count starts after --warm-up seconds and runs for
+--seconds, and is divided by the reports the server counted over the same span.
+
+    python3 benches/load/instructions.py --quota --rlqsgen RLQSGEN NAME=BIN
 """
 
 import argparse
@@ -93,7 +101,7 @@ def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figure
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loadgen", required=True)
+    ap.add_argument("--loadgen", help="the loadgen example's binary (all but --quota)")
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--leased", action="store_true",
                     help="memory against leased counting on a counter offered above its rate")
@@ -105,6 +113,11 @@ def main():
     ap.add_argument("--rate", type=int, default=80,
                     help="--hitters: calls a second, below what the server does under callgrind, so "
                          "that both settings answer the same calls and share out the same background")
+    ap.add_argument("--quota", action="store_true",
+                    help="instructions per RLQS bucket report, shared and distinct buckets")
+    ap.add_argument("--rlqsgen", help="--quota: the rlqsgen example's binary")
+    ap.add_argument("--streams", type=int, default=200, help="--quota: streams opened")
+    ap.add_argument("--warm-up", type=float, default=15, help="--quota: seconds before counting")
     ap.add_argument("builds", nargs="+", metavar="NAME=BIN")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="sluice-instr-")
@@ -118,6 +131,13 @@ def main():
             check=True, capture_output=True, text=True).stdout
         return int(re.search(r"(\d+) succeeded", out).group(1))
 
+    if args.quota:
+        if not args.rlqsgen:
+            sys.exit("instructions: --quota needs --rlqsgen")
+        quota(args, work)
+        return
+    if not args.loadgen:
+        sys.exit("instructions: --loadgen is needed")
     if args.leased:
         leased(args, work, hot)
         return
@@ -205,6 +225,82 @@ def traced(args, policies, work, hot):
                 print(f"{name:<8} {mode} / off: {per[mode] / per['off']:.3f}", flush=True)
     finally:
         receiver.stop(None)
+
+
+QUOTA_POLICY = """domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 10000, burst: 10000}
+"""
+
+
+def quota(args, work):
+    policies = Path(work, "quota")
+    policies.mkdir()
+    Path(policies, "quota.yaml").write_text(QUOTA_POLICY)
+    for spec in args.builds:
+        name, binary = spec.split("=", 1)
+        for case, extra in [("shared", []), ("distinct", ["--distinct"])]:
+            per, reports = quota_instructions(args, binary, policies, work, extra)
+            print(f"{name:<8} {case:<9} {per:>7,.0f} instructions/report over {reports:,.0f} "
+                  f"reports ({args.streams} streams x 10 buckets)", flush=True)
+
+
+def quota_instructions(args, binary, policies, work, extra):
+    """Instructions per bucket report of `binary` under rlqsgen's streams, and the reports."""
+    out = Path(work, "callgrind.out")
+    grpc, admin = run.free_port(), run.free_port()
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
+         "--policies", str(policies), "--grpc-addr", f"127.0.0.1:{grpc}",
+         "--admin-addr", f"127.0.0.1:{admin}", "--log-level", "error"],
+        stderr=subprocess.DEVNULL)
+    gen = None
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthcheck", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            sys.exit("instructions: the server did not start under valgrind")
+        gen = subprocess.Popen(
+            [args.rlqsgen, "--addr", f"127.0.0.1:{grpc}", "--streams", str(args.streams),
+             "--per-connection", "100", *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if not gen.stdout.readline().startswith("ready"):
+            sys.exit("instructions: rlqsgen did not open its streams")
+        time.sleep(args.warm_up)
+        subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True, capture_output=True)
+        first = reports_total(admin)
+        time.sleep(args.seconds)
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True, capture_output=True)
+        # Read after the dump, so that every report counted in it is counted here (and the
+        # few that came while it was written are counted with them).
+        reports = reports_total(admin) - first
+        gen.stdin.write("status\n")
+        gen.stdin.flush()
+        status = gen.stdout.readline().split()
+        if status[:5] != ["status", "assigned", str(args.streams), "failed", "0"]:
+            sys.exit(f"instructions: rlqsgen's streams did not all hold assignments: {status}")
+    finally:
+        if gen:
+            gen.stdin.close()
+            gen.wait(timeout=30)
+        proc.terminate()
+        proc.wait(timeout=60)
+    total = callgrind.total(work, "callgrind.out")
+    for p in Path(work).glob("callgrind.out*"):
+        p.unlink()
+    if not reports:
+        sys.exit("instructions: no report was counted")
+    return total / reports, reports
+
+
+def reports_total(admin):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    return float(re.search(r"^sluice_rlqs_reports_total (\S+)$", text, re.M).group(1))
 
 
 def leased(args, work, hot):

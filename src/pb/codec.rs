@@ -6,6 +6,7 @@
 
 use std::marker::PhantomData;
 
+use bytes::Buf;
 use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
@@ -84,7 +85,17 @@ impl<U: Wire> Decoder for WireDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf).map(Some).map_err(U::decode_error)
+        // tonic holds a message whole in one buffer. Read from its slice, prost's varints and
+        // lengths take the slice's inlined path instead of a call through `Buf` for each.
+        let len = buf.remaining();
+        let decoded = if buf.chunk().len() == len {
+            let decoded = U::decode(buf.chunk());
+            buf.advance(len);
+            decoded
+        } else {
+            U::decode(&mut *buf)
+        };
+        decoded.map(Some).map_err(U::decode_error)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
