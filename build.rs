@@ -1,7 +1,8 @@
 //! Compiles the Envoy rate-limit, rate-limit quota and aggregated discovery (xDS) proto subsets, and
 //! envoyproxy/ratelimit's `RateLimitConfig` resource, under `proto/` with protox (a protobuf
 //! compiler written in Rust), so a fresh machine needs no system `protoc`. The well-known types
-//! (`Any`, `Struct`, ...) map to `prost-types`.
+//! (`Any`, `Struct`, ...) map to `prost-types`. The quota service's server is generated a second
+//! time, by hand, over the server's own decoding of its messages.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let entries = [
@@ -20,5 +21,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(files)?;
+    // The quota service's server again, over the server's own reading of a usage report
+    // (`wire::usage`), which keeps each bucket id as bytes, not as prost's map of strings.
+    let quota = tonic_build::manual::Service::builder()
+        .name("RateLimitQuotaService")
+        .package("envoy.service.rate_limit_quota.v3")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("stream_rate_limit_quotas")
+                .route_name("StreamRateLimitQuotas")
+                .input_type("crate::wire::usage::UsageReports")
+                .output_type("crate::pb::RateLimitQuotaResponse")
+                .codec_path("crate::server::rlqs::UsageCodec")
+                .client_streaming()
+                .server_streaming()
+                .build(),
+        )
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[quota]);
     Ok(())
 }

@@ -33,7 +33,7 @@ fn table(streams: usize) -> Arc<ShareTable> {
 
 fn report(requests: u64) -> Report {
     Report {
-        bucket: [("tenant".to_string(), "shared".to_string())].into(),
+        bucket: sluice::rlqs::key::flat(&[("tenant".to_string(), "shared".to_string())].into()),
         elapsed_ns: 1_000_000_000,
         requests,
     }

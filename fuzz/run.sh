@@ -20,7 +20,7 @@ timeout="${FUZZ_TIMEOUT:-10}"
 if [ "$#" -gt 0 ]; then
     targets=("$@")
 else
-    targets=(policy_load rls_decide json_body trace_reader)
+    targets=(policy_load rls_decide json_body trace_reader usage_reports)
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"

@@ -273,7 +273,7 @@ descriptors:
 
     fn report(tenant: &str) -> Report {
         Report {
-            bucket: [("tenant".to_string(), tenant.to_string())].into(),
+            bucket: crate::rlqs::key::flat(&[("tenant".to_string(), tenant.to_string())].into()),
             elapsed_ns: SEC,
             requests: 50,
         }

@@ -6,7 +6,7 @@
 use super::BucketId;
 
 /// A bucket id as kept ([`flatten`]).
-pub(crate) type Flat = Box<[u8]>;
+pub type Flat = Box<[u8]>;
 
 /// Writes `bucket` into `into`, cleared first. Two ids are equal exactly when their bytes are:
 /// every key and value is told by its length. A string is at most a gRPC message's size, whose
@@ -14,35 +14,58 @@ pub(crate) type Flat = Box<[u8]>;
 pub(crate) fn flatten(bucket: &BucketId, into: &mut Vec<u8>) {
     into.clear();
     for (key, value) in bucket {
-        for s in [key, value] {
-            let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
-            into.extend_from_slice(&len.to_le_bytes());
-            into.extend_from_slice(s.as_bytes());
-        }
+        push_entry(into, key.as_bytes(), value.as_bytes());
     }
 }
 
-/// The entries of `flat`, in order. Bytes [`flatten`] did not write end the entries where they
-/// stop making sense, and a string that is not UTF-8 reads as empty: neither comes from a
-/// stream's own key.
-pub(crate) fn entries(flat: &[u8]) -> Vec<(&str, &str)> {
+/// `bucket`'s bytes ([`flatten`]), in an allocation of their own.
+#[must_use]
+pub fn flat(bucket: &BucketId) -> Flat {
+    let mut into = Vec::new();
+    flatten(bucket, &mut into);
+    into.into_boxed_slice()
+}
+
+/// Appends one entry to an id's bytes: entries pushed in their keys' order, each key once,
+/// make the bytes [`flatten`] makes of their map.
+pub fn push_entry(into: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    for s in [key, value] {
+        let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
+        into.extend_from_slice(&len.to_le_bytes());
+        into.extend_from_slice(s);
+    }
+}
+
+/// The bytes an entry takes ([`push_entry`]).
+#[must_use]
+pub const fn entry_len(key: &[u8], value: &[u8]) -> usize {
+    8 + key.len() + value.len()
+}
+
+/// The entries of `flat`, in order, as bytes. Bytes [`flatten`] did not write end the entries
+/// where they stop making sense: they never come from a stream's own key.
+pub fn raw_entries(flat: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
     let mut rest = flat;
-    let mut next = || -> Option<&str> {
+    let mut next = move || -> Option<&[u8]> {
         let (len, tail) = rest.split_first_chunk::<4>()?;
         let len = usize::try_from(u32::from_le_bytes(*len)).ok()?;
         let (s, tail) = tail.split_at_checked(len)?;
         rest = tail;
-        Some(std::str::from_utf8(s).unwrap_or_default())
+        Some(s)
     };
-    let mut out = Vec::new();
-    while let (Some(key), Some(value)) = (next(), next()) {
-        out.push((key, value));
-    }
-    out
+    std::iter::from_fn(move || Some((next()?, next()?)))
+}
+
+/// The entries of `flat`, in order ([`raw_entries`]); a string that is not UTF-8 reads as
+/// empty, and never comes from a stream's own key either.
+pub fn entries(flat: &[u8]) -> Vec<(&str, &str)> {
+    let text = |s| std::str::from_utf8(s).unwrap_or_default();
+    raw_entries(flat).map(|(k, v)| (text(k), text(v))).collect()
 }
 
 /// The bucket id `flat` stands for.
-pub(crate) fn bucket_id(flat: &[u8]) -> BucketId {
+#[must_use]
+pub fn bucket_id(flat: &[u8]) -> BucketId {
     entries(flat)
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -20,7 +20,7 @@
 //! bucket in force), and parts are in millionths of the rule, as the fleet tells them.
 
 pub mod fleet;
-mod key;
+pub mod key;
 pub mod places;
 mod table;
 
@@ -83,8 +83,8 @@ pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
 /// One bucket's usage since the stream's last report of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
-    /// The bucket.
-    pub bucket: BucketId,
+    /// The bucket's id, as a stream keeps it ([`key`]).
+    pub bucket: key::Flat,
     /// `time_elapsed`, in nanoseconds; 0 when the report states none, as Envoy's does for a new
     /// bucket and for spans under a second (it sends whole seconds, truncated).
     pub elapsed_ns: u64,
@@ -337,6 +337,7 @@ impl Target {
 /// rate per second (whose counter the bucket's holders divide) with the least burst, since
 /// `b + r·W ≤ bᵢ + rᵢ·W` for every rule i and any span W. A cost node's bucket counts requests,
 /// each of its cost in tokens. Rules in shadow mode deny nothing, so they are passed over.
+#[cfg(test)]
 pub(crate) fn target(set: &PolicySet, domain: &str, bucket: &BucketId) -> Target {
     let entries: Vec<(&str, &str)> = bucket
         .iter()

@@ -29,8 +29,8 @@ use indexmap::IndexMap;
 
 use super::key::{self, Flat};
 use super::{
-    Action, ActionKind, BucketId, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings,
-    Strategy, Target, TokenBucket, claim, divide, mul_div, rate_over, target, target_of,
+    Action, ActionKind, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings, Strategy, Target,
+    TokenBucket, claim, divide, mul_div, rate_over, target_of,
 };
 use crate::limiter::gcra::Quota;
 use crate::limiter::key::KeyHash;
@@ -599,7 +599,6 @@ impl ShareTable {
             domain,
             seen: self.policies.load(),
             buckets: IndexMap::default(),
-            key: Vec::new(),
             warned: false,
         })
     }
@@ -690,8 +689,6 @@ pub struct Watcher {
     /// By their ids' bytes ([`key`]), in the order they came, so that a report finds each once
     /// and its answers by place.
     buckets: IndexMap<Flat, Watched, foldhash::fast::RandomState>,
-    /// The bytes of the id a report looks for, kept between reports.
-    key: Vec<u8>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
 }
@@ -734,14 +731,9 @@ impl Watcher {
             .max_buckets_per_stream
             .saturating_sub(self.buckets.len());
         let mut out: Vec<RuleDemand> = Vec::new();
-        let mut key = Vec::new();
-        let watched = |bucket: &BucketId, key: &mut Vec<u8>| {
-            key::flatten(bucket, key);
-            self.buckets.contains_key(key.as_slice())
-        };
         for report in reports
             .iter()
-            .filter(|r| !watched(&r.bucket, &mut key))
+            .filter(|r| !self.buckets.contains_key(&r.bucket[..]))
             .take(room)
         {
             let Target::Shared {
@@ -750,7 +742,7 @@ impl Watcher {
                 cost,
                 rate,
                 ..
-            } = target(&policies, &self.domain, &report.bucket)
+            } = target_of(&policies, &self.domain, &key::entries(&report.bucket))
             else {
                 continue;
             };
@@ -788,15 +780,13 @@ impl Watcher {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let mut touched = Vec::with_capacity(reports.len());
-        let mut key = std::mem::take(&mut self.key);
         for report in reports {
-            key::flatten(&report.bucket, &mut key);
-            if let Some((place, _, w)) = self.buckets.get_full_mut(key.as_slice()) {
+            if let Some((place, _, w)) = self.buckets.get_full_mut(&report.bucket[..]) {
                 w.observe(now, &report);
                 if let Some(c) = &w.counter {
                     lock(c).join(&w.target, w.holder, w.demand, None, now);
                 }
-                touched.push((report.bucket, place, Arrival::Again));
+                touched.push((place, Arrival::Again));
                 continue;
             }
             if self.buckets.len() >= table.settings.max_buckets_per_stream {
@@ -809,12 +799,12 @@ impl Watcher {
                     );
                 }
                 actions.push(Action {
-                    bucket: report.bucket,
+                    bucket: key::bucket_id(&report.bucket),
                     kind: ActionKind::Abandon,
                 });
                 continue;
             }
-            let target = target(&self.seen, &self.domain, &report.bucket);
+            let target = target_of(&self.seen, &self.domain, &key::entries(&report.bucket));
             let demand = match target {
                 Target::Shared { rate, cost, .. } => first_demand(&report, rate / cost.max(1)),
                 Target::Fixed(_) => 0,
@@ -833,7 +823,7 @@ impl Watcher {
             table.watched.fetch_add(1, Ordering::Relaxed);
             let counter = table.enter(&target, holder, demand, None, now);
             let (place, _) = self.buckets.insert_full(
-                Flat::from(key.as_slice()),
+                report.bucket,
                 Watched {
                     holder,
                     target,
@@ -846,13 +836,12 @@ impl Watcher {
                     figured: None,
                 },
             );
-            touched.push((report.bucket, place, Arrival::New));
+            touched.push((place, Arrival::New));
         }
-        self.key = key;
         let unknown = table.unknown_part();
         // Nothing is taken out of `buckets` in between: each place is still its bucket's.
-        for (bucket, place, arrival) in touched {
-            let Some((_, w)) = self.buckets.get_index_mut(place) else {
+        for (place, arrival) in touched {
+            let Some((bucket, w)) = self.buckets.get_index_mut(place) else {
                 continue;
             };
             let send = w.assign(unknown, now, Refigure::Always, |in_force, next| {
@@ -863,7 +852,7 @@ impl Watcher {
             });
             if let Some(strategy) = send {
                 actions.push(Action {
-                    bucket,
+                    bucket: key::bucket_id(bucket),
                     kind: ActionKind::Assign(strategy),
                 });
             }
@@ -1108,6 +1097,7 @@ mod tests {
     use super::*;
     use crate::limiter::gcra::NANOS_PER_SEC;
     use crate::policy;
+    use crate::rlqs::{BucketId, target};
 
     const POLICY: &str = "domain: d
 descriptors:
@@ -1147,7 +1137,7 @@ descriptors:
 
     fn report(value: &str, per_second: u64) -> Report {
         Report {
-            bucket: [("user".to_string(), value.to_string())].into(),
+            bucket: key::flat(&[("user".to_string(), value.to_string())].into()),
             elapsed_ns: NANOS_PER_SEC,
             requests: per_second,
         }
@@ -1315,7 +1305,7 @@ descriptors:
         let table = table(1);
         let mut s = table.open("d".into()).expect("s");
         let ban = Report {
-            bucket: [("banned".to_string(), "x".to_string())].into(),
+            bucket: key::flat(&[("banned".to_string(), "x".to_string())].into()),
             elapsed_ns: NANOS_PER_SEC,
             requests: 1,
         };
@@ -1344,12 +1334,16 @@ descriptors:
             .filter(|a| a.kind == ActionKind::Abandon)
             .collect();
         assert_eq!(abandoned.len(), 1);
-        assert_eq!(abandoned[0].bucket, report("x", 0).bucket);
-        assert!(actions.iter().any(|a| a.bucket == report("y", 0).bucket
-            && matches!(
-                a.kind,
-                ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
-            )));
+        assert_eq!(abandoned[0].bucket, key::bucket_id(&report("x", 0).bucket));
+        assert!(
+            actions
+                .iter()
+                .any(|a| a.bucket == key::bucket_id(&report("y", 0).bucket)
+                    && matches!(
+                        a.kind,
+                        ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
+                    ))
+        );
         assert_eq!(table.figures(), (1, 1));
     }
 
@@ -1453,16 +1447,18 @@ descriptors:
             table.open("d".into()).expect("dear"),
         );
         let plain = |n| Report {
-            bucket: [("user".to_string(), "a".to_string())].into(),
+            bucket: key::flat(&[("user".to_string(), "a".to_string())].into()),
             elapsed_ns: NANOS_PER_SEC,
             requests: n,
         };
         let search = |n| Report {
-            bucket: [
-                ("user".to_string(), "a".to_string()),
-                ("route".to_string(), "search".to_string()),
-            ]
-            .into(),
+            bucket: key::flat(
+                &[
+                    ("user".to_string(), "a".to_string()),
+                    ("route".to_string(), "search".to_string()),
+                ]
+                .into(),
+            ),
             elapsed_ns: NANOS_PER_SEC,
             requests: n,
         };
@@ -1699,7 +1695,7 @@ descriptors:
                     Step::Report(i, b, requests, stated) => {
                         let Some(s) = streams[i].as_mut() else { continue };
                         let report = Report {
-                            bucket: buckets[b].clone(),
+                            bucket: key::flat(&buckets[b]),
                             elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
                             requests,
                         };
@@ -1802,7 +1798,7 @@ descriptors:
                         Step::Report(i, _, requests, stated) => {
                             let Some(s) = streams[i].as_mut() else { continue };
                             let report = Report {
-                                bucket: buckets[i % 2].clone(),
+                                bucket: key::flat(&buckets[i % 2]),
                                 elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
                                 requests,
                             };
@@ -1832,8 +1828,11 @@ descriptors:
         let mut streams: Vec<Watcher> = (0..4)
             .map(|_| table.open("d".into()).expect("open"))
             .collect();
-        let Target::Shared { counter, .. } = target(&table.policies(), "d", &report("x", 0).bucket)
-        else {
+        let Target::Shared { counter, .. } = target(
+            &table.policies(),
+            "d",
+            &key::bucket_id(&report("x", 0).bucket),
+        ) else {
             panic!("a shared rule");
         };
         table.set_part(counter, 900_000, 0);

@@ -39,11 +39,11 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::HealthReporter;
 
-use crate::pb::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::pb::{rate_limit_quota_service_server, rate_limit_service_server};
 use crate::settings::GrpcLimits;
 use crate::traces::CallTracer;
 use edge::GrpcEdge;
+use rlqs::RateLimitQuotaServiceServer;
 use rlqs::RlqsService;
 use rls::RateLimitHandler;
 use unary::{ShouldRateLimit, UnaryBody};

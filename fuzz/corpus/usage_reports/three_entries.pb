@@ -1,0 +1,8 @@
+1
+'
+	
+namex
+	
+usera
+
+routesearch 

@@ -1,0 +1,620 @@
+//! A quota stream's message (`RateLimitQuotaUsageReports`) as the server reads it: each usage
+//! report's bucket id is decoded straight into the bytes a stream keeps it as
+//! ([`crate::rlqs::key`]), with no ordered map of strings built and then flattened. It decodes
+//! what prost's generated message decodes, through prost's own field functions and in the same
+//! order: the same fields, the same errors with the same field paths, the same recursion limit,
+//! unknown fields skipped, a repeated bucket id merged into one and a repeated key's last value
+//! kept.
+
+use std::ops::Range;
+
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{self, DecodeContext, WireType};
+use prost::{DecodeError, Message};
+
+use crate::pb::RateLimitQuotaUsageReports;
+use crate::rlqs::key::{self, Flat};
+
+/// One message of a quota stream.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct UsageReports {
+    /// `domain`: set on a stream's first message.
+    pub domain: String,
+    /// `bucket_quota_usages`, in order.
+    pub usages: Vec<Usage>,
+}
+
+/// One `BucketQuotaUsage`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// `bucket_id`'s entries as kept ([`key::flatten`]); empty when it has none or is absent.
+    pub bucket: Flat,
+    /// How many entries `bucket` has.
+    pub entries: usize,
+    /// `time_elapsed`, when set.
+    pub time_elapsed: Option<prost_types::Duration>,
+    /// `num_requests_allowed`.
+    pub num_requests_allowed: u64,
+    /// `num_requests_denied`.
+    pub num_requests_denied: u64,
+}
+
+impl UsageReports {
+    /// Decodes one message, as `RateLimitQuotaUsageReports::decode` would.
+    ///
+    /// # Errors
+    ///
+    /// prost's error for bytes that are not that message.
+    pub fn decode(mut buf: &[u8]) -> Result<Self, DecodeError> {
+        let mut out = Self::default();
+        let mut usage = UsageScratch::default();
+        let ctx = DecodeContext::default();
+        while buf.has_remaining() {
+            let (tag, wire_type) = encoding::decode_key(&mut buf)?;
+            match tag {
+                1 => encoding::string::merge(wire_type, &mut out.domain, &mut buf, ctx.clone())
+                    .map_err(|e| at(e, REPORTS, "domain"))?,
+                2 => {
+                    // `message::merge_repeated`, with one scratch value for every element.
+                    encoding::check_wire_type(WireType::LengthDelimited, wire_type)
+                        .and_then(|()| {
+                            usage.clear();
+                            encoding::message::merge(wire_type, &mut usage, &mut buf, ctx.clone())
+                        })
+                        .map_err(|e| at(e, REPORTS, "bucket_quota_usages"))?;
+                    out.usages.push(usage.take());
+                }
+                _ => encoding::skip_field(wire_type, tag, &mut buf, ctx.clone())?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// prost's reading of a message, in these terms: [`UsageReports::decode`] of a message's bytes
+/// is this of `RateLimitQuotaUsageReports::decode` of them.
+impl From<RateLimitQuotaUsageReports> for UsageReports {
+    fn from(m: RateLimitQuotaUsageReports) -> Self {
+        Self {
+            domain: m.domain,
+            usages: m
+                .bucket_quota_usages
+                .into_iter()
+                .map(|u| {
+                    let bucket = u.bucket_id.map(|b| b.bucket).unwrap_or_default();
+                    Usage {
+                        bucket: key::flat(&bucket),
+                        entries: bucket.len(),
+                        time_elapsed: u.time_elapsed,
+                        num_requests_allowed: u.num_requests_allowed,
+                        num_requests_denied: u.num_requests_denied,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+const REPORTS: &str = "RateLimitQuotaUsageReports";
+const USAGE: &str = "BucketQuotaUsage";
+
+/// `error` with the field it arose in, as prost's generated code adds it.
+fn at(mut error: DecodeError, message: &'static str, field: &'static str) -> DecodeError {
+    error.push(message, field);
+    error
+}
+
+/// A `BucketQuotaUsage` while it is decoded.
+#[derive(Debug, Default)]
+struct UsageScratch {
+    bucket: Option<BucketScratch>,
+    time_elapsed: Option<prost_types::Duration>,
+    num_requests_allowed: u64,
+    num_requests_denied: u64,
+    /// Kept across usages, for its buffers.
+    spare: BucketScratch,
+}
+
+impl UsageScratch {
+    /// The usage decoded, leaving this one clear.
+    fn take(&mut self) -> Usage {
+        let (bucket, entries) = match &mut self.bucket {
+            Some(b) => {
+                let entries = b.settle();
+                (b.flat(), entries)
+            }
+            None => (Flat::default(), 0),
+        };
+        let usage = Usage {
+            bucket,
+            entries,
+            time_elapsed: self.time_elapsed.take(),
+            num_requests_allowed: self.num_requests_allowed,
+            num_requests_denied: self.num_requests_denied,
+        };
+        self.clear();
+        usage
+    }
+}
+
+impl Message for UsageScratch {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if let Some(bucket) = &self.bucket {
+            encoding::message::encode(1, bucket, buf);
+        }
+        if let Some(elapsed) = &self.time_elapsed {
+            encoding::message::encode(2, elapsed, buf);
+        }
+        if self.num_requests_allowed != 0 {
+            encoding::uint64::encode(3, &self.num_requests_allowed, buf);
+        }
+        if self.num_requests_denied != 0 {
+            encoding::uint64::encode(4, &self.num_requests_denied, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            1 => {
+                let bucket = self
+                    .bucket
+                    .get_or_insert_with(|| std::mem::take(&mut self.spare));
+                encoding::message::merge(wire_type, bucket, buf, ctx)
+                    .map_err(|e| at(e, USAGE, "bucket_id"))
+            }
+            2 => encoding::message::merge(
+                wire_type,
+                self.time_elapsed.get_or_insert_with(Default::default),
+                buf,
+                ctx,
+            )
+            .map_err(|e| at(e, USAGE, "time_elapsed")),
+            3 => encoding::uint64::merge(wire_type, &mut self.num_requests_allowed, buf, ctx)
+                .map_err(|e| at(e, USAGE, "num_requests_allowed")),
+            4 => encoding::uint64::merge(wire_type, &mut self.num_requests_denied, buf, ctx)
+                .map_err(|e| at(e, USAGE, "num_requests_denied")),
+            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.bucket
+            .as_ref()
+            .map_or(0, |b| encoding::message::encoded_len(1, b))
+            + self
+                .time_elapsed
+                .as_ref()
+                .map_or(0, |d| encoding::message::encoded_len(2, d))
+            + if self.num_requests_allowed == 0 {
+                0
+            } else {
+                encoding::uint64::encoded_len(3, &self.num_requests_allowed)
+            }
+            + if self.num_requests_denied == 0 {
+                0
+            } else {
+                encoding::uint64::encoded_len(4, &self.num_requests_denied)
+            }
+    }
+
+    fn clear(&mut self) {
+        if let Some(mut bucket) = self.bucket.take() {
+            bucket.clear();
+            self.spare = bucket;
+        }
+        self.time_elapsed = None;
+        self.num_requests_allowed = 0;
+        self.num_requests_denied = 0;
+    }
+}
+
+/// A `BucketId` while it is decoded: its entries in the order they came, their strings in one
+/// buffer.
+#[derive(Debug, Default)]
+struct BucketScratch {
+    strings: Vec<u8>,
+    /// Each entry's key and value, in `strings`.
+    entries: Vec<(Range<usize>, Range<usize>)>,
+    entry: Entry,
+}
+
+impl BucketScratch {
+    fn key(&self, entry: &(Range<usize>, Range<usize>)) -> &[u8] {
+        &self.strings[entry.0.clone()]
+    }
+
+    fn value(&self, entry: &(Range<usize>, Range<usize>)) -> &[u8] {
+        &self.strings[entry.1.clone()]
+    }
+
+    /// Puts the entries as the map holds them: ordered by key, and each key's last value only.
+    /// Returns how many there are.
+    fn settle(&mut self) -> usize {
+        let strings = &self.strings;
+        let key = |e: &(Range<usize>, Range<usize>)| &strings[e.0.clone()];
+        // Equal keys stay in the order they came (their strings' place), with no allocation.
+        self.entries
+            .sort_unstable_by(|a, b| key(a).cmp(key(b)).then(a.0.start.cmp(&b.0.start)));
+        self.entries.dedup_by(|later, kept| {
+            let same = key(later) == key(kept);
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        self.entries.len()
+    }
+
+    /// The entries' bytes, as [`key::flatten`] writes their map once [`Self::settle`]d.
+    fn flat(&self) -> Flat {
+        let len = self
+            .entries
+            .iter()
+            .map(|e| key::entry_len(self.key(e), self.value(e)))
+            .sum();
+        let mut flat = Vec::with_capacity(len);
+        for e in &self.entries {
+            key::push_entry(&mut flat, self.key(e), self.value(e));
+        }
+        flat.into_boxed_slice()
+    }
+}
+
+impl Message for BucketScratch {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        for e in &self.entries {
+            let (k, v) = (self.key(e), self.value(e));
+            encoding::encode_key(1, WireType::LengthDelimited, buf);
+            encoding::encode_varint(Entry::len_of(k, v) as u64, buf);
+            Entry::encode_fields(k, v, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        if tag != 1 {
+            return encoding::skip_field(wire_type, tag, buf, ctx);
+        }
+        // A map entry is read as a message: the wire type checked, then one level deeper.
+        self.entry.clear();
+        encoding::message::merge(wire_type, &mut self.entry, buf, ctx)
+            .map_err(|e| at(e, "BucketId", "bucket"))?;
+        let start = self.strings.len();
+        self.strings.extend_from_slice(self.entry.key.as_bytes());
+        let middle = self.strings.len();
+        self.strings.extend_from_slice(self.entry.value.as_bytes());
+        self.entries
+            .push((start..middle, middle..self.strings.len()));
+        Ok(())
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| {
+                let len = Entry::len_of(self.key(e), self.value(e));
+                encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len
+            })
+            .sum()
+    }
+
+    fn clear(&mut self) {
+        self.strings.clear();
+        self.entries.clear();
+        self.entry.clear();
+    }
+}
+
+/// One entry of a `BucketId`'s map: its key and value, each empty when absent.
+#[derive(Debug, Default)]
+struct Entry {
+    key: String,
+    value: String,
+}
+
+impl Entry {
+    /// The encoded length of an entry of `key` and `value` (a field left out when empty).
+    fn len_of(key: &[u8], value: &[u8]) -> usize {
+        let field = |tag, s: &[u8]| {
+            if s.is_empty() {
+                0
+            } else {
+                encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
+            }
+        };
+        field(1, key) + field(2, value)
+    }
+
+    fn encode_fields(key: &[u8], value: &[u8], buf: &mut impl BufMut) {
+        for (tag, s) in [(1, key), (2, value)] {
+            if !s.is_empty() {
+                encoding::encode_key(tag, WireType::LengthDelimited, buf);
+                encoding::encode_varint(s.len() as u64, buf);
+                buf.put_slice(s);
+            }
+        }
+    }
+}
+
+impl Message for Entry {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        Self::encode_fields(self.key.as_bytes(), self.value.as_bytes(), buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            1 => encoding::string::merge(wire_type, &mut self.key, buf, ctx),
+            2 => encoding::string::merge(wire_type, &mut self.value, buf, ctx),
+            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        Self::len_of(self.key.as_bytes(), self.value.as_bytes())
+    }
+
+    fn clear(&mut self) {
+        self.key.clear();
+        self.value.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::*;
+
+    /// A field as it may come on the wire, in any order and any number of times.
+    #[derive(Debug, Clone)]
+    enum Field {
+        Domain(String),
+        Usage(Vec<UsageField>),
+        Unknown(u32, Vec<u8>),
+    }
+
+    #[derive(Debug, Clone)]
+    enum UsageField {
+        /// A `bucket_id`, its entries each with a key and a value or not.
+        Bucket(Vec<(Option<String>, Option<String>)>),
+        Elapsed(i64, i32),
+        Allowed(u64),
+        Denied(u64),
+        Unknown(u32, Vec<u8>),
+    }
+
+    fn len_field(tag: u32, body: &[u8], out: &mut Vec<u8>) {
+        encoding::encode_key(tag, WireType::LengthDelimited, out);
+        encoding::encode_varint(body.len() as u64, out);
+        out.extend_from_slice(body);
+    }
+
+    fn encode_usage(fields: &[UsageField]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in fields {
+            match f {
+                UsageField::Bucket(entries) => {
+                    let mut bucket = Vec::new();
+                    for (k, v) in entries {
+                        let mut entry = Vec::new();
+                        if let Some(k) = k {
+                            encoding::string::encode(1, k, &mut entry);
+                        }
+                        if let Some(v) = v {
+                            encoding::string::encode(2, v, &mut entry);
+                        }
+                        len_field(1, &entry, &mut bucket);
+                    }
+                    len_field(1, &bucket, &mut out);
+                }
+                UsageField::Elapsed(seconds, nanos) => {
+                    let d = prost_types::Duration {
+                        seconds: *seconds,
+                        nanos: *nanos,
+                    };
+                    encoding::message::encode(2, &d, &mut out);
+                }
+                UsageField::Allowed(n) => encoding::uint64::encode(3, n, &mut out),
+                UsageField::Denied(n) => encoding::uint64::encode(4, n, &mut out),
+                UsageField::Unknown(tag, raw) => unknown(*tag, raw, &mut out),
+            }
+        }
+        out
+    }
+
+    /// An unknown field `tag` (5 and up) of a wire type picked by `raw`'s length.
+    fn unknown(tag: u32, raw: &[u8], out: &mut Vec<u8>) {
+        match raw.len() % 4 {
+            0 => encoding::uint64::encode(tag, &(raw.len() as u64 * 977), out),
+            1 => len_field(tag, raw, out),
+            2 => encoding::fixed32::encode(tag, &7, out),
+            _ => {
+                encoding::encode_key(tag, WireType::StartGroup, out);
+                encoding::uint64::encode(1, &3, out);
+                encoding::encode_key(tag, WireType::EndGroup, out);
+            }
+        }
+    }
+
+    fn encode(fields: &[Field]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in fields {
+            match f {
+                Field::Domain(d) => encoding::string::encode(1, d, &mut out),
+                Field::Usage(u) => len_field(2, &encode_usage(u), &mut out),
+                Field::Unknown(tag, raw) => unknown(*tag, raw, &mut out),
+            }
+        }
+        out
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![Just(String::new()), "[a-c]{1,2}", ".{0,3}"]
+    }
+
+    fn usage_field() -> impl Strategy<Value = UsageField> {
+        prop_oneof![
+            4 => proptest::collection::vec(
+                (proptest::option::of(text()), proptest::option::of(text())),
+                0..4,
+            )
+            .prop_map(UsageField::Bucket),
+            1 => (any::<i64>(), any::<i32>()).prop_map(|(s, n)| UsageField::Elapsed(s, n)),
+            1 => any::<u64>().prop_map(UsageField::Allowed),
+            1 => any::<u64>().prop_map(UsageField::Denied),
+            1 => (5u32..40, proptest::collection::vec(any::<u8>(), 0..6))
+                .prop_map(|(t, r)| UsageField::Unknown(t, r)),
+        ]
+    }
+
+    fn field() -> impl Strategy<Value = Field> {
+        prop_oneof![
+            1 => text().prop_map(Field::Domain),
+            4 => proptest::collection::vec(usage_field(), 0..5).prop_map(Field::Usage),
+            1 => (3u32..40, proptest::collection::vec(any::<u8>(), 0..6))
+                .prop_map(|(t, r)| Field::Unknown(t, r)),
+        ]
+    }
+
+    /// A message's bytes: well formed, then perhaps cut short or with one byte changed.
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        let well_formed = || proptest::collection::vec(field(), 0..5).prop_map(|f| encode(&f));
+        prop_oneof![
+            3 => well_formed(),
+            1 => (well_formed(), any::<prop::sample::Index>())
+                .prop_map(|(b, at)| b[..at.index(b.len() + 1)].to_vec()),
+            1 => (well_formed(), any::<prop::sample::Index>(), any::<u8>()).prop_map(
+                |(mut b, at, byte)| {
+                    if !b.is_empty() {
+                        let i = at.index(b.len());
+                        b[i] = byte;
+                    }
+                    b
+                }
+            ),
+            1 => proptest::collection::vec(any::<u8>(), 0..24),
+        ]
+    }
+
+    /// What prost's generated message makes of `bytes`, in this module's terms.
+    fn by_prost(bytes: &[u8]) -> Result<UsageReports, String> {
+        RateLimitQuotaUsageReports::decode(bytes)
+            .map(UsageReports::from)
+            .map_err(|e| e.to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// Fields in any order and number, merged bucket ids, repeated keys, unknown fields,
+        /// and bytes cut short or changed: the same message or the same error as prost's.
+        #[test]
+        fn decodes_what_prost_decodes_and_refuses_what_it_refuses(bytes in bytes()) {
+            let ours = UsageReports::decode(&bytes).map_err(|e| e.to_string());
+            prop_assert_eq!(ours, by_prost(&bytes));
+        }
+    }
+
+    #[test]
+    fn a_repeated_bucket_id_is_merged_and_a_repeated_key_keeps_its_last_value() {
+        let k = |s: &str| Some(s.to_owned());
+        let bytes = encode(&[Field::Usage(vec![
+            UsageField::Bucket(vec![(k("b"), k("1")), (k("a"), k("x"))]),
+            UsageField::Allowed(3),
+            UsageField::Bucket(vec![(k("b"), k("2")), (None, k("empty key"))]),
+        ])]);
+        let ours = UsageReports::decode(&bytes).expect("decodes");
+        let entries: Vec<_> = key::entries(&ours.usages[0].bucket);
+        assert_eq!(
+            entries,
+            vec![("", "empty key"), ("a", "x"), ("b", "2")],
+            "ordered by key, the last value of b"
+        );
+        assert_eq!(ours.usages[0].entries, 3);
+        assert_eq!(ours.usages[0].num_requests_allowed, 3);
+        assert_eq!(Ok(ours), by_prost(&bytes));
+    }
+
+    #[test]
+    fn a_string_that_is_not_utf8_is_refused_with_its_field() {
+        let mut bucket = Vec::new();
+        len_field(1, &[0x0a, 0x01, 0xff], &mut bucket);
+        let mut usage = Vec::new();
+        len_field(1, &bucket, &mut usage);
+        let mut bytes = Vec::new();
+        len_field(2, &usage, &mut bytes);
+        let err = UsageReports::decode(&bytes)
+            .expect_err("not UTF-8")
+            .to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
+        assert!(err.contains("BucketId.bucket"), "{err}");
+        assert_eq!(Err(err), by_prost(&bytes));
+    }
+
+    #[test]
+    fn groups_nested_past_the_recursion_limit_are_refused_as_prost_refuses_them() {
+        let mut inner = Vec::new();
+        for _ in 0..120 {
+            encoding::encode_key(9, WireType::StartGroup, &mut inner);
+        }
+        for _ in 0..120 {
+            encoding::encode_key(9, WireType::EndGroup, &mut inner);
+        }
+        let mut bucket = Vec::new();
+        len_field(1, &inner, &mut bucket);
+        let mut usage = Vec::new();
+        len_field(1, &bucket, &mut usage);
+        let mut bytes = Vec::new();
+        len_field(2, &usage, &mut bytes);
+        let ours = UsageReports::decode(&bytes).map_err(|e| e.to_string());
+        assert!(
+            ours.as_ref().is_err_and(|e| e.contains("recursion")),
+            "{ours:?}"
+        );
+        assert_eq!(ours, by_prost(&bytes));
+    }
+
+    #[test]
+    fn the_scratch_messages_encode_what_they_decoded() {
+        let k = |s: &str| Some(s.to_owned());
+        let fields = vec![
+            UsageField::Bucket(vec![(k("b"), k("1")), (k("a"), None)]),
+            UsageField::Elapsed(1, 5),
+            UsageField::Allowed(7),
+            UsageField::Denied(2),
+        ];
+        let bytes = encode_usage(&fields);
+        let mut usage = UsageScratch::default();
+        usage.merge(&bytes[..]).expect("decodes");
+        let again = usage.encode_to_vec();
+        assert_eq!(again.len(), usage.encoded_len());
+        assert_eq!(
+            RateLimitQuotaUsageReports::decode(
+                &[&[0x12, again.len() as u8][..], &again].concat()[..]
+            )
+            .expect("prost reads it"),
+            RateLimitQuotaUsageReports::decode(
+                &[&[0x12, bytes.len() as u8][..], &bytes].concat()[..]
+            )
+            .expect("prost reads the original"),
+        );
+    }
+}
