@@ -21,8 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(files)?;
-    // The quota service's server again, over the server's own reading of a usage report
-    // (`wire::usage`), which keeps each bucket id as bytes, not as prost's map of strings.
+    // The quota service's server again, over the server's own reading and writing of its
+    // messages (`wire::quota`), which keep each bucket id as bytes, not as prost's map of strings.
     let quota = tonic_build::manual::Service::builder()
         .name("RateLimitQuotaService")
         .package("envoy.service.rate_limit_quota.v3")
@@ -30,8 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tonic_build::manual::Method::builder()
                 .name("stream_rate_limit_quotas")
                 .route_name("StreamRateLimitQuotas")
-                .input_type("crate::wire::usage::UsageReports")
-                .output_type("crate::pb::RateLimitQuotaResponse")
+                .input_type("crate::wire::quota::UsageReports")
+                .output_type("crate::wire::quota::Answer")
                 .codec_path("crate::server::rlqs::UsageCodec")
                 .client_streaming()
                 .server_streaming()

@@ -1,5 +1,5 @@
 //! A quota stream's message: arbitrary bytes read by the server's own decoder
-//! (`wire::usage::UsageReports::decode`, each bucket id straight into the bytes a stream keeps)
+//! (`wire::quota::UsageReports::decode`, each bucket id straight into the bytes a stream keeps)
 //! and by prost's generated `RateLimitQuotaUsageReports`. Both must accept the same bytes with
 //! the same reading, or refuse them with the same error.
 
@@ -8,7 +8,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use sluice::pb::RateLimitQuotaUsageReports;
-use sluice::wire::usage::UsageReports;
+use sluice::wire::quota::UsageReports;
 
 fuzz_target!(|data: &[u8]| {
     let ours = UsageReports::decode(data).map_err(|e| e.to_string());

@@ -274,8 +274,8 @@ impl Strategy {
 /// What the server tells a stream about one bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Action {
-    /// The bucket.
-    pub bucket: BucketId,
+    /// The bucket's id, as a stream keeps it ([`key`]).
+    pub bucket: key::Flat,
     /// What to do with it.
     pub kind: ActionKind,
 }

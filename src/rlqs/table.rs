@@ -799,7 +799,7 @@ impl Watcher {
                     );
                 }
                 actions.push(Action {
-                    bucket: key::bucket_id(&report.bucket),
+                    bucket: report.bucket,
                     kind: ActionKind::Abandon,
                 });
                 continue;
@@ -852,7 +852,7 @@ impl Watcher {
             });
             if let Some(strategy) = send {
                 actions.push(Action {
-                    bucket: key::bucket_id(bucket),
+                    bucket: bucket.clone(),
                     kind: ActionKind::Assign(strategy),
                 });
             }
@@ -881,7 +881,7 @@ impl Watcher {
             if stale {
                 w.forget(&table, now);
                 actions.push(Action {
-                    bucket: key::bucket_id(bucket),
+                    bucket: bucket.clone(),
                     kind: ActionKind::Abandon,
                 });
             }
@@ -906,7 +906,7 @@ impl Watcher {
             });
             if let Some(strategy) = send {
                 actions.push(Action {
-                    bucket: key::bucket_id(bucket),
+                    bucket: bucket.clone(),
                     kind: ActionKind::Assign(strategy),
                 });
             }
@@ -1334,16 +1334,12 @@ descriptors:
             .filter(|a| a.kind == ActionKind::Abandon)
             .collect();
         assert_eq!(abandoned.len(), 1);
-        assert_eq!(abandoned[0].bucket, key::bucket_id(&report("x", 0).bucket));
-        assert!(
-            actions
-                .iter()
-                .any(|a| a.bucket == key::bucket_id(&report("y", 0).bucket)
-                    && matches!(
-                        a.kind,
-                        ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
-                    ))
-        );
+        assert_eq!(abandoned[0].bucket, report("x", 0).bucket);
+        assert!(actions.iter().any(|a| a.bucket == report("y", 0).bucket
+            && matches!(
+                a.kind,
+                ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
+            )));
         assert_eq!(table.figures(), (1, 1));
     }
 
@@ -1713,7 +1709,7 @@ descriptors:
                     .or(unknown)
                     .map(|m| u128::from(rate * PER_TOKEN) * u128::from(m) / u128::from(PER_RULE));
                 for (i, action) in actions {
-                    let b = buckets.iter().position(|x| *x == action.bucket).expect("bucket");
+                    let b = buckets.iter().position(|x| key::flat(x) == action.bucket).expect("bucket");
                     in_force.remove(&(i, b));
                     let ActionKind::Assign(crate::rlqs::Strategy::TokenBucket(t)) = action.kind else {
                         continue;

@@ -1,7 +1,7 @@
 //! The gRPC adapter for `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (RLQS):
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
-//! [`Watcher`], and the actions it returns go back as `RateLimitQuotaResponse`s; a tick
+//! [`Watcher`], and the actions it returns go back as `RateLimitQuotaResponse`s ([`Answer`]); a tick
 //! drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a stream
 //! takes its places ([`crate::rlqs::places`]) from its headers on. It keeps the stream's time,
 //! speaks the wire and runs the tasks; what to assign is decided in [`crate::rlqs`], and with
@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::tokio_stream::Stream;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -27,16 +27,11 @@ use tonic::{Request, Response, Status, Streaming};
 use super::streams::StreamReset;
 use crate::decision::Caps;
 use crate::metrics::{QuotaRefusal, RlqsFigures};
-use crate::pb::rate_limit_quota_response::BucketAction;
-use crate::pb::rate_limit_quota_response::bucket_action::{
-    self, AbandonAction, QuotaAssignmentAction,
-};
-use crate::pb::{BucketId, RateLimitQuotaResponse, RateLimitStrategy, rate_limit_strategy};
 use crate::rlqs::fleet::{Fleet, tick_interval};
 use crate::rlqs::key;
 use crate::rlqs::places::{ConnectionStreams, PeerPlace, PeerStreams, StreamPlace};
 use crate::rlqs::{Action, ActionKind, Report, ShareTable, Strategy, Watcher};
-use crate::wire::usage::{Usage, UsageReports};
+use crate::wire::quota::{Answer, Usage, UsageReports};
 use generated::rate_limit_quota_service_server::RateLimitQuotaService;
 pub(crate) use generated::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
@@ -50,22 +45,41 @@ mod generated {
 }
 
 /// The generated server's codec: usage reports read by [`UsageReports::decode`], answers
-/// written by prost.
+/// written by [`Answer::encode`].
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct UsageCodec;
 
 impl Codec for UsageCodec {
-    type Encode = RateLimitQuotaResponse;
+    type Encode = Answer;
     type Decode = UsageReports;
-    type Encoder = tonic_prost::ProstEncoder<RateLimitQuotaResponse>;
+    type Encoder = AnswerEncoder;
     type Decoder = UsageDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::default()
+        AnswerEncoder
     }
 
     fn decoder(&mut self) -> Self::Decoder {
         UsageDecoder
+    }
+}
+
+/// Writes one answer of a quota stream.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AnswerEncoder;
+
+impl Encoder for AnswerEncoder {
+    type Item = Answer;
+    type Error = Status;
+
+    fn encode(&mut self, answer: Answer, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        buf.reserve(answer.encoded_len());
+        answer.encode(buf);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
     }
 }
 
@@ -182,7 +196,7 @@ pub(crate) async fn run_fleet(fleet: Fleet, stop: CancellationToken) {
     rounds.stop().await;
 }
 
-type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
+type Answers = Pin<Box<dyn Stream<Item = Result<Answer, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RateLimitQuotaService for RlqsService {
@@ -295,7 +309,7 @@ struct StreamTask {
     stream: Watcher,
     fleet: Option<Fleet>,
     figures: RlqsFigures,
-    tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    tx: mpsc::Sender<Result<Answer, Status>>,
     epoch: Instant,
     /// `rlqs.assignment_ttl_ms`.
     ttl: Duration,
@@ -394,18 +408,14 @@ impl StreamTask {
         if actions.is_empty() {
             return true;
         }
+        for a in &actions {
+            self.figures.sent(label(&a.kind));
+        }
         let ttl = self.ttl;
-        let bucket_action = actions
-            .into_iter()
-            .map(|a| {
-                self.figures.sent(label(&a.kind));
-                to_pb(a, ttl)
-            })
-            .collect();
         // A peer that stops reading for a TTL has let every assignment lapse; its stream ends,
         // so that its task does not wait for ever while its shares hold room, and is reset, so
         // that the peer learns it at once (trailers would wait behind the unread answers).
-        let sent = self.tx.send(Ok(RateLimitQuotaResponse { bucket_action }));
+        let sent = self.tx.send(Ok(Answer { actions, ttl }));
         match tokio::time::timeout(self.ttl, sent).await {
             Ok(sent) => sent.is_ok(),
             Err(_) => {
@@ -521,44 +531,4 @@ fn within_caps(i: usize, usage: &Usage, caps: &Caps) -> Result<(), Status> {
         }
     }
     Ok(())
-}
-
-/// One action on the wire.
-fn to_pb(action: Action, ttl: Duration) -> BucketAction {
-    let bucket_id = Some(BucketId {
-        bucket: action.bucket,
-    });
-    let bucket_action = match action.kind {
-        ActionKind::Abandon => bucket_action::BucketAction::AbandonAction(AbandonAction {}),
-        ActionKind::Assign(strategy) => {
-            bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
-                assignment_time_to_live: prost_types::Duration::try_from(ttl).ok(),
-                rate_limit_strategy: Some(strategy_pb(strategy)),
-            })
-        }
-    };
-    BucketAction {
-        bucket_id,
-        bucket_action: Some(bucket_action),
-    }
-}
-
-fn strategy_pb(strategy: Strategy) -> RateLimitStrategy {
-    use rate_limit_strategy::{BlanketRule, Strategy as Pb};
-    let strategy = match strategy {
-        Strategy::AllowAll => Pb::BlanketRule(BlanketRule::AllowAll.into()),
-        Strategy::DenyAll => Pb::BlanketRule(BlanketRule::DenyAll.into()),
-        Strategy::TokenBucket(b) => Pb::TokenBucket(crate::pb::TokenBucket {
-            max_tokens: b.max_tokens,
-            tokens_per_fill: Some(b.tokens_per_fill),
-            fill_interval: Some(prost_types::Duration {
-                seconds: i64::try_from(b.fill_interval_secs).unwrap_or(i64::MAX),
-                nanos: 0,
-            }),
-            name: String::new(),
-        }),
-    };
-    RateLimitStrategy {
-        strategy: Some(strategy),
-    }
 }

@@ -1,11 +1,11 @@
 //! The request and the answer in their wire forms, converted to and from the decision layer:
 //! the protobuf messages of `envoy.service.ratelimit.v3` here, their proto3-JSON form in
 //! [`json`]. The JSON form is read into the protobuf message first, so a descriptor is built in
-//! one place. A quota stream's usage reports are read in [`usage`], each bucket id straight
+//! one place. A quota stream's usage reports are read in [`quota`], each bucket id straight
 //! into the bytes a stream keeps. Knows no transport: serving gRPC and HTTP is `server`'s.
 
 pub mod json;
-pub mod usage;
+pub mod quota;
 
 use prost_types::Duration;
 

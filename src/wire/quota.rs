@@ -1,19 +1,31 @@
-//! A quota stream's message (`RateLimitQuotaUsageReports`) as the server reads it: each usage
-//! report's bucket id is decoded straight into the bytes a stream keeps it as
-//! ([`crate::rlqs::key`]), with no ordered map of strings built and then flattened. It decodes
-//! what prost's generated message decodes, through prost's own field functions and in the same
-//! order: the same fields, the same errors with the same field paths, the same recursion limit,
-//! unknown fields skipped, a repeated bucket id merged into one and a repeated key's last value
-//! kept.
+//! A quota stream's messages as the server reads and writes them, with each bucket id as the
+//! bytes a stream keeps it as ([`crate::rlqs::key`]) and no ordered map of strings built on the
+//! way in or out.
+//!
+//! - [`UsageReports`] reads a `RateLimitQuotaUsageReports` as prost's generated message does,
+//!   through prost's own field functions and in the same order: the same fields, the same errors
+//!   with the same field paths, the same recursion limit, unknown fields skipped, a repeated
+//!   bucket id merged into one and a repeated key's last value kept.
+//! - [`Answer`] writes a `RateLimitQuotaResponse`, byte for byte as prost writes the message
+//!   [`Answer::to_pb`] makes.
 
 use std::ops::Range;
+use std::time::Duration;
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
-use crate::pb::RateLimitQuotaUsageReports;
+use crate::pb::rate_limit_quota_response::BucketAction;
+use crate::pb::rate_limit_quota_response::bucket_action::{
+    self, AbandonAction, QuotaAssignmentAction,
+};
+use crate::pb::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy,
+    rate_limit_strategy,
+};
 use crate::rlqs::key::{self, Flat};
+use crate::rlqs::{self, Action, ActionKind};
 
 /// One message of a quota stream.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -92,6 +104,108 @@ impl From<RateLimitQuotaUsageReports> for UsageReports {
                 })
                 .collect(),
         }
+    }
+}
+
+/// One `RateLimitQuotaResponse`: `actions`, each assignment to live for `ttl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Its bucket actions, in order.
+    pub actions: Vec<Action>,
+    /// `assignment_time_to_live` of every assignment.
+    pub ttl: Duration,
+}
+
+impl Answer {
+    /// Writes the message into `buf`: for each action its bucket id from the id's bytes, then
+    /// the action as prost writes it.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        for a in &self.actions {
+            let action = action_pb(a.kind, self.ttl);
+            let id = bucket_id_len(&a.bucket);
+            encoding::encode_key(1, WireType::LengthDelimited, buf);
+            encoding::encode_varint(action_len(id, &action) as u64, buf);
+            encoding::encode_key(1, WireType::LengthDelimited, buf);
+            encoding::encode_varint(id as u64, buf);
+            for (k, v) in key::raw_entries(&a.bucket) {
+                Entry::encode(k, v, buf);
+            }
+            action.encode(buf);
+        }
+    }
+
+    /// The bytes [`Answer::encode`] writes.
+    #[must_use]
+    pub fn encoded_len(&self) -> usize {
+        self.actions
+            .iter()
+            .map(|a| {
+                let len = action_len(bucket_id_len(&a.bucket), &action_pb(a.kind, self.ttl));
+                encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len
+            })
+            .sum()
+    }
+
+    /// The message as prost's generated type, whose encoding is [`Answer::encode`]'s.
+    #[must_use]
+    pub fn to_pb(&self) -> RateLimitQuotaResponse {
+        RateLimitQuotaResponse {
+            bucket_action: self
+                .actions
+                .iter()
+                .map(|a| BucketAction {
+                    bucket_id: Some(BucketId {
+                        bucket: key::bucket_id(&a.bucket),
+                    }),
+                    bucket_action: Some(action_pb(a.kind, self.ttl)),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The length of a `BucketAction` of a bucket id of `id` bytes and `action`.
+fn action_len(id: usize, action: &bucket_action::BucketAction) -> usize {
+    encoding::key_len(1) + encoding::encoded_len_varint(id as u64) + id + action.encoded_len()
+}
+
+/// The length of the `BucketId` whose bytes are `flat`.
+fn bucket_id_len(flat: &[u8]) -> usize {
+    key::raw_entries(flat)
+        .map(|(k, v)| Entry::field_len(k, v))
+        .sum()
+}
+
+/// An action's kind on the wire.
+fn action_pb(kind: ActionKind, ttl: Duration) -> bucket_action::BucketAction {
+    match kind {
+        ActionKind::Abandon => bucket_action::BucketAction::AbandonAction(AbandonAction {}),
+        ActionKind::Assign(strategy) => {
+            bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
+                assignment_time_to_live: prost_types::Duration::try_from(ttl).ok(),
+                rate_limit_strategy: Some(strategy_pb(strategy)),
+            })
+        }
+    }
+}
+
+fn strategy_pb(strategy: rlqs::Strategy) -> RateLimitStrategy {
+    use rate_limit_strategy::{BlanketRule, Strategy as Pb};
+    let strategy = match strategy {
+        rlqs::Strategy::AllowAll => Pb::BlanketRule(BlanketRule::AllowAll.into()),
+        rlqs::Strategy::DenyAll => Pb::BlanketRule(BlanketRule::DenyAll.into()),
+        rlqs::Strategy::TokenBucket(b) => Pb::TokenBucket(crate::pb::TokenBucket {
+            max_tokens: b.max_tokens,
+            tokens_per_fill: Some(b.tokens_per_fill),
+            fill_interval: Some(prost_types::Duration {
+                seconds: i64::try_from(b.fill_interval_secs).unwrap_or(i64::MAX),
+                nanos: 0,
+            }),
+            name: String::new(),
+        }),
+    };
+    RateLimitStrategy {
+        strategy: Some(strategy),
     }
 }
 
@@ -269,10 +383,7 @@ impl BucketScratch {
 impl Message for BucketScratch {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         for e in &self.entries {
-            let (k, v) = (self.key(e), self.value(e));
-            encoding::encode_key(1, WireType::LengthDelimited, buf);
-            encoding::encode_varint(Entry::len_of(k, v) as u64, buf);
-            Entry::encode_fields(k, v, buf);
+            Entry::encode(self.key(e), self.value(e), buf);
         }
     }
 
@@ -302,10 +413,7 @@ impl Message for BucketScratch {
     fn encoded_len(&self) -> usize {
         self.entries
             .iter()
-            .map(|e| {
-                let len = Entry::len_of(self.key(e), self.value(e));
-                encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len
-            })
+            .map(|e| Entry::field_len(self.key(e), self.value(e)))
             .sum()
     }
 
@@ -334,6 +442,19 @@ impl Entry {
             }
         };
         field(1, key) + field(2, value)
+    }
+
+    /// The length of the entry as a field of its `BucketId` (tag 1).
+    fn field_len(key: &[u8], value: &[u8]) -> usize {
+        let len = Self::len_of(key, value);
+        encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len
+    }
+
+    /// Writes the entry as a field of its `BucketId`, as prost writes a map's entry.
+    fn encode(key: &[u8], value: &[u8], buf: &mut impl BufMut) {
+        encoding::encode_key(1, WireType::LengthDelimited, buf);
+        encoding::encode_varint(Self::len_of(key, value) as u64, buf);
+        Self::encode_fields(key, value, buf);
     }
 
     fn encode_fields(key: &[u8], value: &[u8], buf: &mut impl BufMut) {
@@ -530,6 +651,43 @@ mod tests {
         fn decodes_what_prost_decodes_and_refuses_what_it_refuses(bytes in bytes()) {
             let ours = UsageReports::decode(&bytes).map_err(|e| e.to_string());
             prop_assert_eq!(ours, by_prost(&bytes));
+        }
+    }
+
+    fn action() -> impl Strategy<Value = Action> {
+        let kind = prop_oneof![
+            Just(ActionKind::Abandon),
+            Just(ActionKind::Assign(crate::rlqs::Strategy::AllowAll)),
+            Just(ActionKind::Assign(crate::rlqs::Strategy::DenyAll)),
+            (any::<u32>(), any::<u32>(), any::<u64>()).prop_map(|(max, fill, secs)| {
+                ActionKind::Assign(crate::rlqs::Strategy::TokenBucket(
+                    crate::rlqs::TokenBucket {
+                        max_tokens: max,
+                        tokens_per_fill: fill,
+                        fill_interval_secs: secs,
+                    },
+                ))
+            }),
+        ];
+        let id = proptest::collection::btree_map(text(), text(), 0..4);
+        (id, kind).prop_map(|(id, kind)| Action {
+            bucket: key::flat(&id),
+            kind,
+        })
+    }
+
+    proptest! {
+        /// Any actions, any ids (empty keys and values among them), any TTL: prost's bytes.
+        #[test]
+        fn an_answer_is_written_as_prost_writes_its_message(
+            actions in proptest::collection::vec(action(), 0..5),
+            ttl_ms in any::<u32>(),
+        ) {
+            let answer = Answer { actions, ttl: Duration::from_millis(u64::from(ttl_ms)) };
+            let mut ours = Vec::new();
+            answer.encode(&mut ours);
+            prop_assert_eq!(ours.len(), answer.encoded_len());
+            prop_assert_eq!(ours, answer.to_pb().encode_to_vec());
         }
     }
 
