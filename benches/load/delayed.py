@@ -6,7 +6,7 @@ takes to answer them all and exit.
 
 The held calls come from loadgen too: C connections of HELD / C streams each, on one counter of
 100 a second with a burst of 1 and a delay of 60 s, so each call waits for a slot up to 50 s
-ahead and is sent again when answered. The server is pinned to core 0 and the generators to
+ahead and is sent again when answered. A probe beside them starts 2 s after they are held. The server is pinned to core 0 and the generators to
 core 1, as the load benchmark runs them.
 
     python3 benches/load/delayed.py BIN LOADGEN [HELD]    # e.g. target/release/sluice ... 5000
@@ -27,9 +27,13 @@ decisions the leases answered.
     python3 benches/load/delayed.py --redis --leased BIN LOADGEN [HELD]
 
 With --rounds N, the probes alternate N times, one without holds and one beside them, each
-round's held calls on a counter of their own and sent away (their holds cancelled) before the
-next round's probe without; the p99 beside the holds is read as the median of its N probes
-against the median of the N without, and the spread of those N is printed beside it.
+round's held calls on a counter of their own and sent away (their holds cancelled) once probed
+beside; every other round probes beside the holds first, so that a probe's place in its round
+does not read as the holds' cost (the medians of both kinds of round are printed). The p99
+beside the holds is read as the median of its N probes against the median of the N without,
+and the spread of those N is printed beside it. Each
+round's ratio (beside over without) is printed too, with their median and a 90% bootstrap
+interval of that median: the ratio within 10 % is shown when the whole interval is.
 --probe-seconds S makes each probe S seconds (10 by default; the held calls are sent for 60 s,
 so S + the wait for them to be held + 5 must stay under that).
 
@@ -37,6 +41,7 @@ so S + the wait for them to be held + 5 must stay under that).
 """
 
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -54,6 +59,10 @@ descriptors:
   - key: user
     rate_limit: {unit: second, requests_per_unit: 100, burst: 1, delay: 60s}
 """
+
+
+# Seconds between the held calls being in place and the probe beside them.
+SETTLE = 2
 
 
 def rss_kib(pid):
@@ -146,33 +155,71 @@ def hold(gen, server, held, conns, round_):
     deadline = time.time() + 30
     while held_now(server.admin) < held * 0.98 and time.time() < deadline:
         time.sleep(0.2)
+    # The probe reads the calls beside answers that are held, not beside the burst that
+    # brought them in.
+    time.sleep(SETTLE)
     return holder
 
 
 def alternate(gen, server, load):
     """`rounds` probes without holds and beside them, in turn; the last round's holds kept."""
     held, conns, rounds, seconds = load
-    without, beside = [], []
+    without, beside, first = [], [], []
+
+    def release(holder):
+        holder.terminate()
+        holder.communicate(timeout=70)
+        deadline = time.time() + 30
+        while held_now(server.admin) > 0 and time.time() < deadline:
+            time.sleep(0.2)
+
     for r in range(rounds):
-        base = probe(gen, server.grpc, seconds)
-        holder = hold(gen, server, held, conns, r)
-        with_holds = probe(gen, server.grpc, seconds)
+        # Every other round probes beside the holds first (the last one never, so that its
+        # holds are kept): a difference that comes from a probe's place in its round, not from
+        # the holds, reads the other way in those rounds.
+        beside_first = r % 2 == 1 and r + 1 < rounds
+        if beside_first:
+            holder = hold(gen, server, held, conns, r)
+            count = held_now(server.admin)
+            with_holds = probe(gen, server.grpc, seconds)
+            release(holder)
+            base = probe(gen, server.grpc, seconds)
+        else:
+            base = probe(gen, server.grpc, seconds)
+            holder = hold(gen, server, held, conns, r)
+            count = held_now(server.admin)
+            with_holds = probe(gen, server.grpc, seconds)
+            if r + 1 < rounds:
+                release(holder)
         without.append(float(base["p99_ms"]))
         beside.append(float(with_holds["p99_ms"]))
-        print(f"round {r + 1}: p99_ms without={base['p99_ms']} beside "
-              f"{held_now(server.admin):.0f} held={with_holds['p99_ms']}; p50_ms "
-              f"{base['p50_ms']}, {with_holds['p50_ms']}")
-        if r + 1 < rounds:
-            holder.terminate()
-            holder.communicate(timeout=70)
-            deadline = time.time() + 30
-            while held_now(server.admin) > 0 and time.time() < deadline:
-                time.sleep(0.2)
+        first.append(beside_first)
+        print(f"round {r + 1}{' (beside first)' if beside_first else ''}: p99_ms "
+              f"without={base['p99_ms']} beside {count:.0f} held={with_holds['p99_ms']}; "
+              f"p50_ms {base['p50_ms']}, {with_holds['p50_ms']}")
     a, b = statistics.median(without), statistics.median(beside)
     print(f"p99 over {rounds} rounds: median without {a:.3f} ms (from {min(without):.3f} to "
           f"{max(without):.3f}), beside the holds {b:.3f} ms (from {min(beside):.3f} to "
           f"{max(beside):.3f}): {b / a:.2f}x")
+    ratios = [y / x for x, y in zip(without, beside)]
+    low, high = median_interval(ratios)
+    print(f"p99 beside / without, paired by round: median {statistics.median(ratios):.3f}x, "
+          f"90% interval of that median {low:.3f}x to {high:.3f}x "
+          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+    for label, order in (("without first", False), ("beside first", True)):
+        some = [q for q, f in zip(ratios, first) if f == order]
+        if some:
+            print(f"  rounds probing {label}: {len(some)}, median {statistics.median(some):.3f}x")
     return holder
+
+
+def median_interval(values, draws=10_000, seed=1):
+    """The 5th and 95th percentiles of the median of `values` resampled with replacement
+    (a bootstrap): where the median of another run of as many rounds would likely fall."""
+    pick = random.Random(seed)
+    medians = sorted(statistics.median(pick.choices(values, k=len(values)))
+                     for _ in range(draws))
+    return medians[draws // 20], medians[draws - 1 - draws // 20]
 
 
 def measure(binary, gen, load, policies, server_args, redis_port):

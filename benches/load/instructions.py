@@ -57,9 +57,9 @@ def decisions(m):
     return sum(m.get(k, 0) for k in ("ok", "over_limit", "invalid", "backend_error"))
 
 
-def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figures=None):
-    """Instructions per decision and the decisions counted; `warm(server)` runs before the
-    counters are zeroed, and `figures`, when given, receives the server's counters' deltas."""
+def under_callgrind(binary, policies, work, extra=(), env=None):
+    """`binary` serving `policies` under callgrind (dumps to `work`/callgrind.out), once healthy:
+    the process and its gRPC and admin ports."""
     out = Path(work, "callgrind.out")
     grpc, admin = run.free_port(), run.free_port()
     proc = subprocess.Popen(
@@ -67,15 +67,21 @@ def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figure
          "--policies", str(policies), "--grpc-addr", f"127.0.0.1:{grpc}",
          "--admin-addr", f"127.0.0.1:{admin}", "--log-level", "error", *extra],
         stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthcheck", timeout=1)
+            return proc, grpc, admin
+        except OSError:
+            time.sleep(0.1)
+    proc.terminate()
+    sys.exit("instructions: the server did not start under valgrind")
+
+
+def measure(binary, policies, drive, work, extra=(), env=None, warm=None, figures=None):
+    """Instructions per decision and the decisions counted; `warm(server)` runs before the
+    counters are zeroed, and `figures`, when given, receives the server's counters' deltas."""
+    proc, grpc, admin = under_callgrind(binary, policies, work, extra, env)
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthcheck", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("instructions: the server did not start under valgrind")
         server = type("S", (), {"grpc": grpc, "admin": admin})
         if warm:
             warm(server)
@@ -248,23 +254,9 @@ def quota(args, work):
 
 def quota_instructions(args, binary, policies, work, extra):
     """Instructions per bucket report of `binary` under rlqsgen's streams, and the reports."""
-    out = Path(work, "callgrind.out")
-    grpc, admin = run.free_port(), run.free_port()
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
-         "--policies", str(policies), "--grpc-addr", f"127.0.0.1:{grpc}",
-         "--admin-addr", f"127.0.0.1:{admin}", "--log-level", "error"],
-        stderr=subprocess.DEVNULL)
+    proc, grpc, admin = under_callgrind(binary, policies, work)
     gen = None
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthcheck", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("instructions: the server did not start under valgrind")
         gen = subprocess.Popen(
             [args.rlqsgen, "--addr", f"127.0.0.1:{grpc}", "--streams", str(args.streams),
              "--per-connection", "100", *extra],

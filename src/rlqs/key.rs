@@ -1,7 +1,8 @@
-//! A watched bucket's id as a stream keeps it: one run of bytes, each entry's key and then its
-//! value, in the id's order, each after its length in four bytes (little-endian). Found with
-//! one read of memory where the ordered map of strings it stands for takes three, and about
-//! a tenth of its size; the map is made again only for an answer a tick sends.
+//! A bucket's id as a stream keeps it: one run of bytes, each entry's key and then its value,
+//! in the id's order, each after its length in four bytes (little-endian). Found with one read
+//! of memory where the ordered map of strings it stands for takes three, and about a tenth of
+//! its size. Read from the wire and written back to it as these bytes (`wire::quota`); the map
+//! is made again only where a test or prost's own message needs it.
 
 use super::BucketId;
 
@@ -11,7 +12,7 @@ pub type Flat = Box<[u8]>;
 /// Writes `bucket` into `into`, cleared first. Two ids are equal exactly when their bytes are:
 /// every key and value is told by its length. A string is at most a gRPC message's size, whose
 /// length is itself four bytes, so no length reaches `u32::MAX`.
-pub(crate) fn flatten(bucket: &BucketId, into: &mut Vec<u8>) {
+pub fn flatten(bucket: &BucketId, into: &mut Vec<u8>) {
     into.clear();
     for (key, value) in bucket {
         push_entry(into, key.as_bytes(), value.as_bytes());
