@@ -85,20 +85,33 @@ impl<U: Wire> Decoder for WireDecoder<U> {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        // tonic holds a message whole in one buffer. Read from its slice, prost's varints and
-        // lengths take the slice's inlined path instead of a call through `Buf` for each.
-        let len = buf.remaining();
-        let decoded = if buf.chunk().len() == len {
-            let decoded = U::decode(buf.chunk());
-            buf.advance(len);
-            decoded
-        } else {
-            U::decode(&mut *buf)
-        };
-        decoded.map(Some).map_err(U::decode_error)
+        from_slice(buf, |bytes| U::decode(bytes))
+            .map(Some)
+            .map_err(U::decode_error)
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         BufferSettings::default()
     }
+}
+
+/// `decode` of the whole message in `buf`, which it then consumes. tonic holds a message whole
+/// in one buffer: read from its slice, prost's varints and lengths take the slice's inlined
+/// path instead of a call through `Buf` for each. A message in pieces is copied together first.
+///
+/// # Errors
+///
+/// `decode`'s.
+pub fn from_slice<T>(
+    buf: &mut DecodeBuf<'_>,
+    decode: impl FnOnce(&[u8]) -> Result<T, prost::DecodeError>,
+) -> Result<T, prost::DecodeError> {
+    let len = buf.remaining();
+    let decoded = if buf.chunk().len() == len {
+        decode(buf.chunk())
+    } else {
+        decode(&buf.copy_to_bytes(len))
+    };
+    buf.advance(buf.remaining());
+    decoded
 }

@@ -14,7 +14,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Buf;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
@@ -26,6 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::streams::StreamReset;
 use crate::decision::Caps;
 use crate::metrics::{QuotaRefusal, RlqsFigures};
+use crate::pb::codec;
 use crate::rlqs::fleet::{Fleet, tick_interval};
 use crate::rlqs::key;
 use crate::rlqs::places::{ConnectionStreams, PeerPlace, PeerStreams, StreamPlace};
@@ -91,15 +91,7 @@ impl Decoder for UsageDecoder {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<UsageReports>, Status> {
-        // tonic holds a message whole in one buffer; this reads its slice.
-        let len = buf.remaining();
-        let decoded = if buf.chunk().len() == len {
-            UsageReports::decode(buf.chunk())
-        } else {
-            UsageReports::decode(&buf.copy_to_bytes(len))
-        };
-        buf.advance(buf.remaining());
-        decoded
+        codec::from_slice(buf, UsageReports::decode)
             .map(Some)
             .map_err(|e| Status::invalid_argument(format!("cannot decode the usage reports: {e}")))
     }

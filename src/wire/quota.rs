@@ -67,10 +67,10 @@ impl UsageReports {
                 1 => encoding::string::merge(wire_type, &mut out.domain, &mut buf, ctx.clone())
                     .map_err(|e| at(e, REPORTS, "domain"))?,
                 2 => {
-                    // `message::merge_repeated`, with one scratch value for every element.
+                    // `message::merge_repeated`, with one scratch value for every element
+                    // (clear: new, or left so by `take`).
                     encoding::check_wire_type(WireType::LengthDelimited, wire_type)
                         .and_then(|()| {
-                            usage.clear();
                             encoding::message::merge(wire_type, &mut usage, &mut buf, ctx.clone())
                         })
                         .map_err(|e| at(e, REPORTS, "bucket_quota_usages"))?;
