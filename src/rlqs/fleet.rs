@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{RuleDemand, ShareTable};
+use super::{RuleDemand, ShareTable, tick_interval};
 use crate::limiter::BackendError;
 use crate::limiter::clock::Clock;
 use crate::limiter::redis::RedisStore;
@@ -67,14 +67,6 @@ impl FleetTable for RedisStore {
             let _ = self.parts_call(&renewals(rules), FleetAsk::Leave).await;
         })
     }
-}
-
-/// How often the quota service's duties run (a stream's abandons, pushes and renewals, and the
-/// fleet's renewals): a quarter of the TTL, between 10 ms and 1 s, so a renewal (due at half
-/// the TTL) is never late by more than a quarter of it.
-#[must_use]
-pub fn tick_interval(ttl: Duration) -> Duration {
-    (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// This node's parts of `table`'s rules, kept in a [`FleetTable`].

@@ -53,6 +53,14 @@ pub struct RlqsSettings {
     pub max_streams_per_peer: usize,
 }
 
+/// How often the quota service's duties run (the fleet's renewals, and a stream's abandons,
+/// pushes and renewals when it reports less often): a quarter of the TTL, between 10 ms and
+/// 1 s, so that a renewal is never late by more than a quarter of the TTL.
+#[must_use]
+pub fn tick_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
 /// A rate's unit, per token per second: rates are counted in billionths of a token (or of a
 /// request) per second.
 pub const PER_TOKEN: u64 = 1_000_000_000;

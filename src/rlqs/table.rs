@@ -30,7 +30,7 @@ use indexmap::IndexMap;
 use super::key::{self, Flat};
 use super::{
     Action, ActionKind, MOVE_DIVISOR, PER_RULE, PER_TOKEN, Report, RlqsSettings, Strategy, Target,
-    TokenBucket, claim, divide, mul_div, rate_over, target_of,
+    TokenBucket, claim, divide, mul_div, rate_over, target_of, tick_interval,
 };
 use crate::limiter::gcra::Quota;
 use crate::limiter::key::KeyHash;
@@ -47,6 +47,10 @@ pub const REDIVIDE_BATCH: usize = 32;
 /// Pending changes of a counter are divided, however few, once the first is this old
 /// (nanoseconds on the streams' clock).
 pub const SETTLE_NS: u64 = 250_000_000;
+
+/// The stream's duties run with a report a tick less this fraction of it after they last ran,
+/// and on the stream's timer a tick and this fraction after.
+pub const SLACK: u64 = 4;
 
 /// `unknown_part` when nothing is to be assigned until the fleet tells the part.
 const NO_PART: u64 = u64::MAX;
@@ -600,6 +604,7 @@ impl ShareTable {
             seen: self.policies.load(),
             buckets: IndexMap::default(),
             warned: false,
+            duties_at: 0,
         })
     }
 
@@ -691,6 +696,8 @@ pub struct Watcher {
     buckets: IndexMap<Flat, Watched, foldhash::fast::RandomState>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
+    /// When its duties last ran ([`Watcher::tick`]; clock nanoseconds).
+    duties_at: u64,
 }
 
 impl Watcher {
@@ -863,10 +870,36 @@ impl Watcher {
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
     /// an assignment whose share moved by more than 10 % (another stream came, left or changed
     /// its demand) or whose policies a reload replaced, and renews every other assignment, as
-    /// in force, once half its TTL has passed. A share whose counter did not change since it
-    /// was last figured is not figured again.
+    /// in force, once half its TTL, less a [`SLACK`]th of a tick, has passed. A share whose
+    /// counter did not change since it was last figured is not figured again.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         self.duties(now, Refigure::IfMoved)
+    }
+
+    /// Whether a message taken at `now` should run the duties too ([`Watcher::tick`]): a tick,
+    /// less a [`SLACK`]th, has passed since they last ran. A stream that reports about once a
+    /// tick, or more often, then has its duties run with its reports, while its counters are
+    /// fresh, and its own timer ([`Watcher::next_duties`]) does not wake it.
+    #[must_use]
+    pub fn duties_due(&self, now: u64) -> bool {
+        let (tick, slack) = self.duty_spans();
+        now.saturating_sub(self.duties_at) >= tick - slack
+    }
+
+    /// When the duties are due with no report (clock nanoseconds): a tick and a [`SLACK`]th
+    /// after they last ran, so that a report a little late still runs them first. A renewal is
+    /// due that much early, so that it is never later than a tick past half the TTL.
+    #[must_use]
+    pub fn next_duties(&self) -> u64 {
+        let (tick, slack) = self.duty_spans();
+        self.duties_at.saturating_add(tick + slack)
+    }
+
+    /// The stream's tick ([`tick_interval`]) and its [`SLACK`]th, in nanoseconds.
+    fn duty_spans(&self) -> (u64, u64) {
+        let tick = tick_interval(self.table.settings.assignment_ttl).as_nanos();
+        let tick = u64::try_from(tick).unwrap_or(u64::MAX);
+        (tick, tick / SLACK)
     }
 
     /// [`Watcher::tick`], figuring the shares of buckets neither renewed nor refreshed as
@@ -875,6 +908,8 @@ impl Watcher {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let ttl = u64::try_from(table.settings.assignment_ttl.as_nanos()).unwrap_or(u64::MAX);
+        let renew_after = (ttl / 2).saturating_sub(self.duty_spans().1);
+        self.duties_at = now;
         let mut actions = Vec::new();
         self.buckets.retain(|bucket, w| {
             let stale = now.saturating_sub(w.reported_at) >= ttl;
@@ -890,7 +925,7 @@ impl Watcher {
         let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
             let assigned_at = w.assigned_at;
-            let renewal_due = now.saturating_sub(assigned_at) >= ttl / 2;
+            let renewal_due = now.saturating_sub(assigned_at) >= renew_after;
             let refigure = if refreshed || renewal_due || w.in_force.is_none() {
                 Refigure::Always
             } else {
@@ -1341,6 +1376,36 @@ descriptors:
                 ActionKind::Assign(Strategy::TokenBucket(TokenBucket { .. }))
             )));
         assert_eq!(table.figures(), (1, 1));
+    }
+
+    #[test]
+    fn duties_run_with_a_report_near_the_tick_and_renew_a_slack_before_half_the_ttl() {
+        // A TTL of 10 s: a tick of 1 s, and a slack of 250 ms.
+        let table = table(10);
+        let mut s = table.open("d".into()).expect("s");
+        let ms = NANOS_PER_SEC / 1_000;
+        s.report(0, vec![report("x", 100)]);
+        assert!(s.tick(0).is_empty(), "just assigned");
+        assert_eq!(s.next_duties(), 1_250 * ms, "a tick and a slack on");
+        assert!(!s.duties_due(749 * ms), "a report sooner runs none");
+        assert!(
+            s.duties_due(750 * ms),
+            "a report a slack before the tick runs them"
+        );
+        assert!(s.tick(1_000 * ms).is_empty());
+        assert_eq!(
+            s.next_duties(),
+            2_250 * ms,
+            "counted from when they last ran"
+        );
+        assert!(!s.duties_due(1_749 * ms));
+        assert!(s.tick(4_749 * ms).is_empty(), "no renewal yet");
+        let renewed = s.tick(4_750 * ms);
+        assert_eq!(renewed.len(), 1, "{renewed:?}");
+        assert!(matches!(
+            renewed[0].kind,
+            ActionKind::Assign(Strategy::TokenBucket(_))
+        ));
     }
 
     #[test]

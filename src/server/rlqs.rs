@@ -2,7 +2,8 @@
 //! `StreamRateLimitQuotas`, one task per stream. The first message names the domain (else the
 //! stream ends `INVALID_ARGUMENT`); each message's usage reports go to the stream's
 //! [`Watcher`], and the actions it returns go back as `RateLimitQuotaResponse`s ([`Answer`]);
-//! a tick drives abandons, pushes and renewals. Bucket ids are held to the request caps, and a
+//! the stream's duties (abandons, pushes and renewals) run with a report when they are due, or
+//! on the stream's timer when it reports less often. Bucket ids are held to the request caps, and a
 //! stream takes its places ([`crate::rlqs::places`]) from its headers on. It keeps the stream's
 //! time, speaks the wire and runs the tasks; what to assign is decided in [`crate::rlqs`], and
 //! with Redis the fleet's rounds ([`Fleet`]) run on [`run_fleet`]'s timer, a stream asking for a
@@ -26,7 +27,7 @@ use super::streams::StreamReset;
 use crate::decision::Caps;
 use crate::metrics::{QuotaRefusal, RlqsFigures};
 use crate::pb::codec;
-use crate::rlqs::fleet::{Fleet, tick_interval};
+use crate::rlqs::fleet::Fleet;
 use crate::rlqs::key;
 use crate::rlqs::places::{ConnectionStreams, PeerPlace, PeerStreams, StreamPlace};
 use crate::rlqs::{Action, ActionKind, Report, ShareTable, Strategy, Watcher};
@@ -317,15 +318,17 @@ impl StreamTask {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// The instant of `at` on the stream's clock.
+    fn instant(&self, at: u64) -> Instant {
+        self.epoch + Duration::from_nanos(at)
+    }
+
     async fn run(
         mut self,
         mut inbound: Streaming<UsageReports>,
         first: Vec<Report>,
         stop: CancellationToken,
     ) {
-        let ttl = self.ttl;
-        let mut tick = tokio::time::interval(tick_interval(ttl));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.figures.reported(first.len());
         let actions = self.report(first).await;
         if !self.send(actions).await {
@@ -340,6 +343,10 @@ impl StreamTask {
         tokio::pin!(gone);
         let mut reloaded = ReusableBoxFuture::new(reload(self.reloads.clone()));
         let mut watching = true;
+        // The duties' timer, set again only when they ran.
+        let mut due = self.stream.next_duties();
+        let duties = tokio::time::sleep_until(self.instant(due));
+        tokio::pin!(duties);
         loop {
             let outcome = tokio::select! {
                 message = inbound.message() => match message {
@@ -355,7 +362,7 @@ impl StreamTask {
                 },
                 () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
                 () = &mut gone => break,
-                _ = tick.tick() => Ok(self.stream.tick(self.now())),
+                () = &mut duties => Ok(self.stream.tick(self.now())),
                 (changed, reloads) = &mut reloaded, if watching => {
                     // The service is going away when its sender is; the tick still runs.
                     watching = changed.is_ok();
@@ -363,6 +370,10 @@ impl StreamTask {
                     Ok(self.stream.tick(self.now()))
                 }
             };
+            if self.stream.next_duties() != due {
+                due = self.stream.next_duties();
+                duties.as_mut().reset(self.instant(due));
+            }
             match outcome {
                 Ok(actions) => {
                     if !self.send(actions).await {
@@ -384,13 +395,19 @@ impl StreamTask {
         self.close();
     }
 
-    /// The actions one message's reports call for: with a fleet, the part of each rule a new
-    /// bucket joins is asked for first, so that its first assignment is of this node's part.
+    /// The actions one message's reports call for, and the stream's duties when they are due:
+    /// with a fleet, the part of each rule a new bucket joins is asked for first, so that its
+    /// first assignment is of this node's part.
     async fn report(&mut self, reports: Vec<Report>) -> Vec<Action> {
         if let Some(fleet) = &self.fleet {
             fleet.renew(&self.stream.rules_without_part(&reports)).await;
         }
-        self.stream.report(self.now(), reports)
+        let now = self.now();
+        let mut actions = self.stream.report(now, reports);
+        if self.stream.duties_due(now) {
+            actions.extend(self.stream.tick(now));
+        }
+        actions
     }
 
     /// Sends `actions` as one response; false when the peer has gone.
