@@ -348,26 +348,34 @@ impl StreamTask {
         let duties = tokio::time::sleep_until(self.instant(due));
         tokio::pin!(duties);
         loop {
-            let outcome = tokio::select! {
-                message = inbound.message() => match message {
-                    Ok(Some(message)) => match reports(message.usages, &self.caps) {
-                        Ok(r) => {
-                            self.figures.reported(r.len());
-                            Ok(self.report(r).await)
-                        }
-                        Err(status) => Err(status),
+            // A message is looked for first, so that a wake for one polls nothing else; the
+            // shutdown is looked for on every turn, so that a peer that never stops sending
+            // cannot keep its stream past it.
+            let outcome = if stop.is_cancelled() {
+                Err(Status::unavailable("the server is shutting down"))
+            } else {
+                tokio::select! {
+                    biased;
+                    message = inbound.message() => match message {
+                        Ok(Some(message)) => match reports(message.usages, &self.caps) {
+                            Ok(r) => {
+                                self.figures.reported(r.len());
+                                Ok(self.report(r).await)
+                            }
+                            Err(status) => Err(status),
+                        },
+                        Ok(None) => break,
+                        Err(status) => Err(exhausted(status)),
                     },
-                    Ok(None) => break,
-                    Err(status) => Err(exhausted(status)),
-                },
-                () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
-                () = &mut gone => break,
-                () = &mut duties => Ok(self.stream.tick(self.now())),
-                (changed, reloads) = &mut reloaded, if watching => {
-                    // The service is going away when its sender is; the tick still runs.
-                    watching = changed.is_ok();
-                    reloaded.set(reload(reloads));
-                    Ok(self.stream.tick(self.now()))
+                    () = &mut duties => Ok(self.stream.tick(self.now())),
+                    (changed, reloads) = &mut reloaded, if watching => {
+                        // The service is going away when its sender is; the tick still runs.
+                        watching = changed.is_ok();
+                        reloaded.set(reload(reloads));
+                        Ok(self.stream.tick(self.now()))
+                    }
+                    () = &mut gone => break,
+                    () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
                 }
             };
             if self.stream.next_duties() != due {
