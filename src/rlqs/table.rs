@@ -1035,7 +1035,7 @@ impl Watched {
         refigure: Refigure,
         decide: impl FnOnce(Option<Strategy>, Assigned) -> Option<Strategy>,
     ) -> Option<Strategy> {
-        let Some(counter) = self.counter.clone() else {
+        let Some(counter) = &self.counter else {
             let next = Assigned {
                 strategy: self.target.strategy(0),
                 room: Room::Enough,
@@ -1044,7 +1044,7 @@ impl Watched {
             (self.in_force, self.assigned_at) = (Some(send), now);
             return Some(send);
         };
-        let mut c = lock(&counter);
+        let mut c = lock(counter);
         let capacity = c.capacity(unknown)?;
         let unmoved = self.figured
             == Some(Figured {

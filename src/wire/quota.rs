@@ -58,7 +58,10 @@ impl UsageReports {
     ///
     /// prost's error for bytes that are not that message.
     pub fn decode(mut buf: &[u8]) -> Result<Self, DecodeError> {
-        let mut out = Self::default();
+        let mut out = Self {
+            domain: String::new(),
+            usages: Vec::with_capacity(usages_in(buf)),
+        };
         let mut usage = UsageScratch::default();
         let ctx = DecodeContext::default();
         while buf.has_remaining() {
@@ -81,6 +84,23 @@ impl UsageReports {
         }
         Ok(out)
     }
+}
+
+/// How many `bucket_quota_usages` fields the top level of `buf` holds, as far as it reads as
+/// fields: room for them is made at once, rather than as they come. Fields are skipped as
+/// prost skips them, and an error ends the count (the decoding then reports it).
+fn usages_in(mut buf: &[u8]) -> usize {
+    let mut n = 0;
+    while buf.has_remaining() {
+        let Ok((tag, wire_type)) = encoding::decode_key(&mut buf) else {
+            break;
+        };
+        if encoding::skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            break;
+        }
+        n += usize::from(tag == 2 && wire_type == WireType::LengthDelimited);
+    }
+    n
 }
 
 /// prost's reading of a message, in these terms: [`UsageReports::decode`] of a message's bytes
@@ -709,6 +729,31 @@ mod tests {
         assert_eq!(ours.usages[0].entries, 3);
         assert_eq!(ours.usages[0].num_requests_allowed, 3);
         assert_eq!(Ok(ours), by_prost(&bytes));
+    }
+
+    #[test]
+    fn room_is_made_for_each_usage_a_message_holds_and_the_count_stops_at_bad_bytes() {
+        let bytes = encode(&[
+            Field::Usage(vec![UsageField::Allowed(1)]),
+            Field::Domain("d".into()),
+            Field::Unknown(2, vec![]),
+            Field::Usage(vec![]),
+        ]);
+        // A varint of tag 2 is not a usage (the decoding refuses it).
+        assert_eq!(usages_in(&bytes), 2);
+        let usages = UsageReports::decode(&encode(&[
+            Field::Usage(vec![UsageField::Allowed(1)]),
+            Field::Usage(vec![]),
+        ]))
+        .expect("decodes")
+        .usages;
+        assert_eq!((usages.len(), usages.capacity()), (2, 2));
+        let mut cut = encode(&[
+            Field::Usage(vec![]),
+            Field::Usage(vec![UsageField::Denied(7)]),
+        ]);
+        cut.truncate(cut.len() - 1);
+        assert_eq!(usages_in(&cut), 1, "a field cut short ends the count");
     }
 
     #[test]
