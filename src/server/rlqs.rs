@@ -73,7 +73,6 @@ impl Encoder for AnswerEncoder {
     type Error = Status;
 
     fn encode(&mut self, answer: Answer, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        buf.reserve(answer.encoded_len());
         answer.encode(buf);
         Ok(())
     }

@@ -138,19 +138,27 @@ pub struct Answer {
 
 impl Answer {
     /// Writes the message into `buf`: for each action its bucket id from the id's bytes, then
-    /// the action as prost writes it.
+    /// the action as prost writes it, written once for a run of actions of one kind (a renewal
+    /// of a stream's buckets, or a share that all of them moved to).
     pub fn encode(&self, buf: &mut impl BufMut) {
+        let mut kind = None;
+        let mut action = Vec::new();
         for a in &self.actions {
-            let action = action_pb(a.kind, self.ttl);
+            if kind != Some(a.kind) {
+                action.clear();
+                action_pb(a.kind, self.ttl).encode(&mut action);
+                kind = Some(a.kind);
+            }
             let id = bucket_id_len(&a.bucket);
+            let len = encoding::key_len(1) + encoding::encoded_len_varint(id as u64) + id;
             encoding::encode_key(1, WireType::LengthDelimited, buf);
-            encoding::encode_varint(action_len(id, &action) as u64, buf);
+            encoding::encode_varint((len + action.len()) as u64, buf);
             encoding::encode_key(1, WireType::LengthDelimited, buf);
             encoding::encode_varint(id as u64, buf);
             for (k, v) in key::raw_entries(&a.bucket) {
                 Entry::encode(k, v, buf);
             }
-            action.encode(buf);
+            buf.put_slice(&action);
         }
     }
 
