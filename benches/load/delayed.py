@@ -38,6 +38,12 @@ interval of that median: the ratio within 10 % is shown when the whole interval 
 so S + the wait for them to be held + 5 must stay under that).
 
     python3 benches/load/delayed.py --rounds 5 [--probe-seconds 30] BIN LOADGEN [HELD]
+
+With --pool, the saved outputs of several --rounds runs are read together: each run's median
+ratio, and the median of all their rounds with a 90% interval that draws runs again, then rounds
+within them, so that the machine's drift between runs counts in it.
+
+    python3 benches/load/delayed.py --pool RUN1.txt RUN2.txt ...
 """
 
 import os
@@ -123,6 +129,8 @@ def number(args, flag, default):
 
 def main():
     args = sys.argv[1:]
+    if args[:1] == ["--pool"]:
+        return pool(args[1:])
     redis, leased = "--redis" in args, "--leased" in args
     rounds, seconds = number(args, "--rounds", 1), number(args, "--probe-seconds", 10)
     args = [a for a in args if a not in ("--redis", "--leased")]
@@ -205,12 +213,37 @@ def alternate(gen, server, load):
     low, high = median_interval(ratios)
     print(f"p99 beside / without, paired by round: median {statistics.median(ratios):.3f}x, "
           f"90% interval of that median {low:.3f}x to {high:.3f}x "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+          f"(rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
     for label, order in (("without first", False), ("beside first", True)):
         some = [q for q, f in zip(ratios, first) if f == order]
         if some:
             print(f"  rounds probing {label}: {len(some)}, median {statistics.median(some):.3f}x")
     return holder
+
+
+def pool(files, draws=10_000, seed=1):
+    """The paired ratios of saved --rounds runs (their outputs, FILE...), read together: each
+    run's median, and the median of all their rounds with a 90% interval from a bootstrap that
+    draws runs, then rounds within each drawn run, so that the machine's moves between runs
+    widen it as they should."""
+    runs = []
+    for f in files:
+        found = re.search(r"paired by round: .*\(rounds: ([^)]*)\)", Path(f).read_text())
+        if not found:
+            sys.exit(f"delayed: {f} holds no paired rounds (the output of a --rounds run)")
+        runs.append([float(r) for r in found.group(1).split(", ")])
+        print(f"{f}: {len(runs[-1])} rounds, median {statistics.median(runs[-1]):.3f}x")
+    if not runs:
+        sys.exit("delayed: --pool needs the saved outputs of --rounds runs")
+    pick = random.Random(seed)
+    medians = sorted(
+        statistics.median([r for run_ in pick.choices(runs, k=len(runs))
+                           for r in pick.choices(run_, k=len(run_))])
+        for _ in range(draws))
+    every = [r for run_ in runs for r in run_]
+    print(f"pooled: {len(every)} rounds of {len(runs)} runs, median {statistics.median(every):.3f}x, "
+          f"90% interval of that median (runs drawn, then their rounds) "
+          f"{medians[draws // 20]:.3f}x to {medians[draws - 1 - draws // 20]:.3f}x")
 
 
 def median_interval(values, draws=10_000, seed=1):
