@@ -870,14 +870,14 @@ impl Watcher {
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
     /// an assignment whose share moved by more than 10 % (another stream came, left or changed
     /// its demand) or whose policies a reload replaced, and renews every other assignment, as
-    /// in force, once half its TTL, less a [`SLACK`]th of a tick, has passed. A share whose
+    /// in force, once half its TTL, less a quarter of a tick ([`tick_interval`]), has passed. A share whose
     /// counter did not change since it was last figured is not figured again.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         self.duties(now, Refigure::IfMoved)
     }
 
     /// Whether a message taken at `now` should run the duties too ([`Watcher::tick`]): a tick,
-    /// less a [`SLACK`]th, has passed since they last ran. A stream that reports about once a
+    /// less a quarter, has passed since they last ran. A stream that reports about once a
     /// tick, or more often, then has its duties run with its reports, while its counters are
     /// fresh, and its own timer ([`Watcher::next_duties`]) does not wake it.
     #[must_use]
@@ -886,7 +886,7 @@ impl Watcher {
         now.saturating_sub(self.duties_at) >= tick - slack
     }
 
-    /// When the duties are due with no report (clock nanoseconds): a tick and a [`SLACK`]th
+    /// When the duties are due with no report (clock nanoseconds): a tick and a quarter
     /// after they last ran, so that a report a little late still runs them first. A renewal is
     /// due that much early, so that it is never later than a tick past half the TTL.
     #[must_use]
