@@ -241,7 +241,8 @@ def pool(files, draws=10_000, seed=1):
                            for r in pick.choices(run_, k=len(run_))])
         for _ in range(draws))
     every = [r for run_ in runs for r in run_]
-    print(f"pooled: {len(every)} rounds of {len(runs)} runs, median {statistics.median(every):.3f}x, "
+    print(f"pooled: {len(every)} rounds of {len(runs)} runs, "
+          f"median {statistics.median(every):.3f}x, "
           f"90% interval of that median (runs drawn, then their rounds) "
           f"{medians[draws // 20]:.3f}x to {medians[draws - 1 - draws // 20]:.3f}x")
 

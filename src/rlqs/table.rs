@@ -870,8 +870,8 @@ impl Watcher {
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
     /// an assignment whose share moved by more than 10 % (another stream came, left or changed
     /// its demand) or whose policies a reload replaced, and renews every other assignment, as
-    /// in force, once half its TTL, less a quarter of a tick ([`tick_interval`]), has passed. A share whose
-    /// counter did not change since it was last figured is not figured again.
+    /// in force, once half its TTL, less a quarter of a tick ([`tick_interval`]), has passed.
+    /// A share whose counter did not change since it was last figured is not figured again.
     pub fn tick(&mut self, now: u64) -> Vec<Action> {
         self.duties(now, Refigure::IfMoved)
     }
