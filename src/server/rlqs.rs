@@ -377,8 +377,9 @@ impl StreamTask {
                     () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
                 }
             };
-            if self.stream.next_duties() != due {
-                due = self.stream.next_duties();
+            let next = self.stream.next_duties();
+            if next != due {
+                due = next;
                 duties.as_mut().reset(self.instant(due));
             }
             match outcome {

@@ -58,10 +58,7 @@ impl UsageReports {
     ///
     /// prost's error for bytes that are not that message.
     pub fn decode(mut buf: &[u8]) -> Result<Self, DecodeError> {
-        let mut out = Self {
-            domain: String::new(),
-            usages: Vec::with_capacity(usages_in(buf)),
-        };
+        let mut out = Self::default();
         let mut usage = UsageScratch::default();
         let ctx = DecodeContext::default();
         while buf.has_remaining() {
@@ -84,23 +81,6 @@ impl UsageReports {
         }
         Ok(out)
     }
-}
-
-/// How many `bucket_quota_usages` fields the top level of `buf` holds, as far as it reads as
-/// fields: room for them is made at once, rather than as they come. Fields are skipped as
-/// prost skips them, and an error ends the count (the decoding then reports it).
-fn usages_in(mut buf: &[u8]) -> usize {
-    let mut n = 0;
-    while buf.has_remaining() {
-        let Ok((tag, wire_type)) = encoding::decode_key(&mut buf) else {
-            break;
-        };
-        if encoding::skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
-            break;
-        }
-        n += usize::from(tag == 2 && wire_type == WireType::LengthDelimited);
-    }
-    n
 }
 
 /// prost's reading of a message, in these terms: [`UsageReports::decode`] of a message's bytes
@@ -150,9 +130,8 @@ impl Answer {
                 kind = Some(a.kind);
             }
             let id = bucket_id_len(&a.bucket);
-            let len = encoding::key_len(1) + encoding::encoded_len_varint(id as u64) + id;
             encoding::encode_key(1, WireType::LengthDelimited, buf);
-            encoding::encode_varint((len + action.len()) as u64, buf);
+            encoding::encode_varint(action_len(id, action.len()) as u64, buf);
             encoding::encode_key(1, WireType::LengthDelimited, buf);
             encoding::encode_varint(id as u64, buf);
             for (k, v) in key::raw_entries(&a.bucket) {
@@ -168,7 +147,8 @@ impl Answer {
         self.actions
             .iter()
             .map(|a| {
-                let len = action_len(bucket_id_len(&a.bucket), &action_pb(a.kind, self.ttl));
+                let action = action_pb(a.kind, self.ttl).encoded_len();
+                let len = action_len(bucket_id_len(&a.bucket), action);
                 encoding::key_len(1) + encoding::encoded_len_varint(len as u64) + len
             })
             .sum()
@@ -192,9 +172,9 @@ impl Answer {
     }
 }
 
-/// The length of a `BucketAction` of a bucket id of `id` bytes and `action`.
-fn action_len(id: usize, action: &bucket_action::BucketAction) -> usize {
-    encoding::key_len(1) + encoding::encoded_len_varint(id as u64) + id + action.encoded_len()
+/// The length of a `BucketAction` of a bucket id of `id` bytes and an action of `action` bytes.
+fn action_len(id: usize, action: usize) -> usize {
+    encoding::key_len(1) + encoding::encoded_len_varint(id as u64) + id + action
 }
 
 /// The length of the `BucketId` whose bytes are `flat`.
@@ -737,31 +717,6 @@ mod tests {
         assert_eq!(ours.usages[0].entries, 3);
         assert_eq!(ours.usages[0].num_requests_allowed, 3);
         assert_eq!(Ok(ours), by_prost(&bytes));
-    }
-
-    #[test]
-    fn room_is_made_for_each_usage_a_message_holds_and_the_count_stops_at_bad_bytes() {
-        let bytes = encode(&[
-            Field::Usage(vec![UsageField::Allowed(1)]),
-            Field::Domain("d".into()),
-            Field::Unknown(2, vec![]),
-            Field::Usage(vec![]),
-        ]);
-        // A varint of tag 2 is not a usage (the decoding refuses it).
-        assert_eq!(usages_in(&bytes), 2);
-        let usages = UsageReports::decode(&encode(&[
-            Field::Usage(vec![UsageField::Allowed(1)]),
-            Field::Usage(vec![]),
-        ]))
-        .expect("decodes")
-        .usages;
-        assert_eq!((usages.len(), usages.capacity()), (2, 2));
-        let mut cut = encode(&[
-            Field::Usage(vec![]),
-            Field::Usage(vec![UsageField::Denied(7)]),
-        ]);
-        cut.truncate(cut.len() - 1);
-        assert_eq!(usages_in(&cut), 1, "a field cut short ends the count");
     }
 
     #[test]
