@@ -1,7 +1,7 @@
 //! This node's share table: for each limited counter, this node's part of it (told by the
 //! fleet, or the whole rule) and the holders watching it, each with its claim, its cached share
-//! and the token bucket it holds; and each stream's own watch list, which decides what to send
-//! and when. A share is never more than what the other holders' buckets in force leave.
+//! and the token bucket it holds, in a slot its stream keeps; and each stream's own watch list,
+//! which decides what to send and when. A share is never more than what the other holders' buckets in force leave.
 //!
 //! Each counter sits behind its own mutex, in a sharded map; a report locks only the counters
 //! of the buckets it names, one at a time, after its target is resolved, and never across an
@@ -20,12 +20,12 @@
 //! counts its changes, so that a stream's tick figures again only the shares whose counter or
 //! capacity moved since. A stream's shares are freed when its [`Watcher`] is dropped.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
 use indexmap::IndexMap;
+use smallvec::SmallVec;
 
 use super::key::{self, Flat};
 use super::{
@@ -106,8 +106,7 @@ struct FleetPart {
 #[derive(Debug, Default)]
 struct Counter {
     rule: Option<RuleFigures>,
-    /// By holder id; the ids are the table's own, so the hash needs no key.
-    holders: HashMap<u64, Holder, foldhash::fast::FixedState>,
+    holders: Holders,
     part: Option<FleetPart>,
     /// Whether a renewal of the part failed since it was last told: its entry in Redis then
     /// lapses a TTL after that, so no assignment of the rule is sent, lest it outlive the part.
@@ -139,9 +138,104 @@ struct Counter {
     figured: usize,
 }
 
+/// A counter's holders, each in the slot it was given when it joined. Its stream keeps the
+/// slot ([`Seat`]), so that it finds its holder with no lookup; a slot left is given to the next
+/// to join. The first slot lives in the counter's own allocation.
+#[derive(Debug, Default)]
+struct Holders {
+    slots: SmallVec<[Option<Holder>; 1]>,
+    /// The empty slots.
+    free: Vec<usize>,
+    len: usize,
+}
+
+/// Where a stream's holder sits on its counter: its id, which the table gives out once, and
+/// its slot. A seat whose slot holds another id finds nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seat {
+    id: u64,
+    slot: usize,
+}
+
+impl Seat {
+    /// The seat of holder `id` before it joins a counter: no slot is past the slots, so it
+    /// finds nothing, and the holder is seated where it joins.
+    fn unseated(id: u64) -> Self {
+        Self {
+            id,
+            slot: usize::MAX,
+        }
+    }
+}
+
+impl Holders {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn get(&self, seat: Seat) -> Option<&Holder> {
+        self.slots
+            .get(seat.slot)?
+            .as_ref()
+            .filter(|h| h.id == seat.id)
+    }
+
+    fn get_mut(&mut self, seat: Seat) -> Option<&mut Holder> {
+        self.slots
+            .get_mut(seat.slot)?
+            .as_mut()
+            .filter(|h| h.id == seat.id)
+    }
+
+    /// Seats `holder` in an empty slot, or a new one.
+    fn insert(&mut self, holder: Holder) -> Seat {
+        let id = holder.id;
+        self.len += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(holder);
+                slot
+            }
+            None => {
+                self.slots.push(Some(holder));
+                self.slots.len() - 1
+            }
+        };
+        Seat { id, slot }
+    }
+
+    /// Takes the holder at `seat` out; the slots are freed whole when none is left.
+    fn remove(&mut self, seat: Seat) -> Option<Holder> {
+        self.get(seat)?;
+        let holder = self.slots[seat.slot].take();
+        self.len -= 1;
+        if self.len == 0 {
+            *self = Self::default();
+        } else {
+            self.free.push(seat.slot);
+        }
+        holder
+    }
+
+    /// The holders, in their slots' order.
+    fn values(&self) -> impl Iterator<Item = &Holder> {
+        self.slots.iter().flatten()
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Holder> {
+        self.slots.iter_mut().flatten()
+    }
+}
+
 /// One holder of a counter: a stream's watched bucket.
 #[derive(Clone, Copy, Debug)]
 struct Holder {
+    /// Its seat's id.
+    id: u64,
     /// Tokens a request of its bucket costs.
     cost: u64,
     /// Its demand as last reported, in requests per second ([`PER_TOKEN`]ths): its claim is
@@ -236,41 +330,39 @@ impl Counter {
         self.pending += 1;
     }
 
-    /// Records `holder`'s demand, in requests per second ([`PER_TOKEN`]ths), on the counter of
-    /// `target`, whose figures [`Counter::refigure`] set; a holder new to the counter comes
-    /// holding `in_force`.
+    /// Records the demand of the holder at `seat`, in requests per second ([`PER_TOKEN`]ths),
+    /// on the counter of `target`, whose figures [`Counter::refigure`] set: the seat it holds
+    /// then. A holder new to the counter (its seat finds nothing) is seated holding `in_force`.
     fn join(
         &mut self,
         target: &Target,
-        holder: u64,
+        seat: Seat,
         demand: u64,
         in_force: Option<Strategy>,
         now: u64,
-    ) {
+    ) -> Seat {
         let Target::Shared { cost, rate, .. } = *target else {
-            return;
+            return seat;
         };
         let claim = claim(demand.saturating_mul(cost), rate);
-        let Some(h) = self.holders.get_mut(&holder) else {
-            self.holders.insert(
-                holder,
-                Holder {
-                    cost,
-                    demand,
-                    claim,
-                    divided_claim: 0,
-                    due: None,
-                    bucket: None,
-                    in_force: 0,
-                    wanting: false,
-                },
-            );
+        let Some(h) = self.holders.get_mut(seat) else {
+            let seat = self.holders.insert(Holder {
+                id: seat.id,
+                cost,
+                demand,
+                claim,
+                divided_claim: 0,
+                due: None,
+                bucket: None,
+                in_force: 0,
+                wanting: false,
+            });
             self.claims += u128::from(claim);
             self.changed(now);
             if let Some(s) = in_force {
-                self.put_in_force(holder, s);
+                self.put_in_force(seat, s);
             }
-            return;
+            return seat;
         };
         self.claims = self.claims - u128::from(h.claim) + u128::from(claim);
         (h.demand, h.claim) = (demand, claim);
@@ -281,11 +373,12 @@ impl Counter {
             // is counted at the new cost.
             h.cost = cost;
             let bucket = h.bucket.map(Strategy::TokenBucket);
-            self.put_in_force(holder, bucket.unwrap_or(Strategy::AllowAll));
+            self.put_in_force(seat, bucket.unwrap_or(Strategy::AllowAll));
         }
         if moved {
             self.changed(now);
         }
+        seat
     }
 
     /// Moves the counter to its rule's figures of a reload, `quota` and `rate` ([`PER_TOKEN`]ths
@@ -310,9 +403,9 @@ impl Counter {
         (self.divided_for, self.pending) = (None, 0);
     }
 
-    /// Takes `holder` off the counter at round `round`.
-    fn leave(&mut self, holder: u64, round: u64, now: u64) {
-        let Some(h) = self.holders.remove(&holder) else {
+    /// Takes the holder at `seat` off the counter at round `round`.
+    fn leave(&mut self, seat: Seat, round: u64, now: u64) {
+        let Some(h) = self.holders.remove(seat) else {
             return;
         };
         self.claims -= u128::from(h.claim);
@@ -325,9 +418,10 @@ impl Counter {
         }
     }
 
-    /// Counts `holder` as holding `strategy`: the token bucket's rate times the cost, none else.
-    fn put_in_force(&mut self, holder: u64, strategy: Strategy) {
-        let Some(h) = self.holders.get_mut(&holder) else {
+    /// Counts the holder at `seat` as holding `strategy`: the token bucket's rate times the
+    /// cost, none else.
+    fn put_in_force(&mut self, seat: Seat, strategy: Strategy) {
+        let Some(h) = self.holders.get_mut(seat) else {
             return;
         };
         let bucket = match strategy {
@@ -359,7 +453,7 @@ impl Counter {
         let claims: Vec<u64> = self.holders.values().map(|h| h.claim).collect();
         let shares = divide(&claims, capacity);
         self.wanting = 0;
-        // The map is not changed between the two walks, so they meet its holders in one order.
+        // The slots are not changed between the two walks, so they meet the holders in one order.
         for (h, due) in self.holders.values_mut().zip(shares) {
             (h.due, h.divided_claim) = (Some(due), h.claim);
             h.wanting = wanting(h);
@@ -374,17 +468,17 @@ impl Counter {
         }
     }
 
-    /// `holder`'s share, in the counter's tokens: its share of `capacity` as divided, no more
+    /// The share of the holder at `seat`, in the counter's tokens: its share of `capacity` as divided, no more
     /// than what the others' buckets in force leave of it, so that the buckets in force never
     /// add up past it. A holder not divided yet is due its claim with headroom, up to an equal
     /// part.
-    fn share(&mut self, holder: u64, capacity: u64, now: u64) -> Share {
+    fn share(&mut self, seat: Seat, capacity: u64, now: u64) -> Share {
         self.settle(capacity, now);
         #[cfg(test)]
         {
             self.figured += 1;
         }
-        let Some(h) = self.holders.get(&holder) else {
+        let Some(h) = self.holders.get(seat) else {
             return Share {
                 tokens: 0,
                 room: Room::Enough,
@@ -480,17 +574,18 @@ impl ShareTable {
         self.unknown_part.load(Ordering::Relaxed)
     }
 
-    /// Puts `holder` on the counter of `target`, holding `in_force`, the counter moved to the
-    /// target's figures first: the counter, for a shared target. Joined under the map's entry,
-    /// so that [`ShareTable::demands`] never drops a counter a holder is joining.
+    /// Seats the holder `id` on the counter of `target`, holding `in_force`, the counter moved
+    /// to the target's figures first: the counter, for a shared target, and the holder's seat on
+    /// it (none for a fixed target). Joined under the map's entry, so that
+    /// [`ShareTable::demands`] never drops a counter a holder is joining.
     fn enter(
         &self,
         target: &Target,
-        holder: u64,
+        id: u64,
         demand: u64,
         in_force: Option<Strategy>,
         now: u64,
-    ) -> Option<Arc<Mutex<Counter>>> {
+    ) -> (Option<Arc<Mutex<Counter>>>, Seat) {
         let Target::Shared {
             counter,
             quota,
@@ -498,17 +593,17 @@ impl ShareTable {
             ..
         } = *target
         else {
-            return None;
+            return (None, Seat::unseated(id));
         };
         let entry = self.counters.entry(counter).or_default();
         let c = Arc::clone(entry.value());
-        {
+        let seat = {
             let mut c = lock(&c);
             c.refigure(quota, rate);
-            c.join(target, holder, demand, in_force, now);
-        }
+            c.join(target, Seat::unseated(id), demand, in_force, now)
+        };
         drop(entry);
-        Some(c)
+        (Some(c), seat)
     }
 
     /// What this node's streams ask of each rule they watch, for the fleet tables, at
@@ -648,7 +743,8 @@ enum Arrival {
 /// One bucket a stream watches.
 #[derive(Debug)]
 struct Watched {
-    holder: u64,
+    /// Its seat on the counter; only the id while it has none.
+    seat: Seat,
     target: Target,
     /// The counter it holds a share of, for a shared target.
     counter: Option<Arc<Mutex<Counter>>>,
@@ -791,7 +887,7 @@ impl Watcher {
             if let Some((place, _, w)) = self.buckets.get_full_mut(&report.bucket[..]) {
                 w.observe(now, &report);
                 if let Some(c) = &w.counter {
-                    lock(c).join(&w.target, w.holder, w.demand, None, now);
+                    w.seat = lock(c).join(&w.target, w.seat, w.demand, None, now);
                 }
                 touched.push((place, Arrival::Again));
                 continue;
@@ -826,13 +922,13 @@ impl Watcher {
                 },
             };
             // Relaxed: a unique number, and a count read on its own.
-            let holder = table.next_holder.fetch_add(1, Ordering::Relaxed);
+            let id = table.next_holder.fetch_add(1, Ordering::Relaxed);
             table.watched.fetch_add(1, Ordering::Relaxed);
-            let counter = table.enter(&target, holder, demand, None, now);
+            let (counter, seat) = table.enter(&target, id, demand, None, now);
             let (place, _) = self.buckets.insert_full(
                 report.bucket,
                 Watched {
-                    holder,
+                    seat,
                     target,
                     counter,
                     demand,
@@ -967,17 +1063,17 @@ impl Watcher {
                 // the reload moves the counter to the rule's new figures.
                 let mut c = lock(c);
                 c.refigure(quota, rate);
-                c.join(&next, w.holder, w.demand, None, now);
+                w.seat = c.join(&next, w.seat, w.demand, None, now);
                 w.target = next;
                 continue;
             }
             if let Some(c) = w.counter.take() {
-                lock(&c).leave(w.holder, round, now);
+                lock(&c).leave(w.seat, round, now);
             }
             w.target = next;
             // The bucket's Envoy enforces what it was sent until it is sent the new rule's: it
             // stays counted on the new counter until then.
-            w.counter = table.enter(&w.target, w.holder, w.demand, w.in_force, now);
+            (w.counter, w.seat) = table.enter(&w.target, w.seat.id, w.demand, w.in_force, now);
         }
         true
     }
@@ -1054,7 +1150,7 @@ impl Watched {
         if refigure == Refigure::IfMoved && unmoved {
             return None;
         }
-        let share = c.share(self.holder, capacity, now);
+        let share = c.share(self.seat, capacity, now);
         // A change still pending may be divided once it is old enough, with no other change.
         self.figured = (c.pending == 0).then_some(Figured {
             revision: c.revision,
@@ -1065,7 +1161,7 @@ impl Watched {
             room: share.room,
         };
         let send = decide(self.in_force, next)?;
-        c.put_in_force(self.holder, send);
+        c.put_in_force(self.seat, send);
         (self.in_force, self.assigned_at) = (Some(send), now);
         Some(send)
     }
@@ -1075,7 +1171,7 @@ impl Watched {
         // Relaxed: a count read on its own.
         table.watched.fetch_sub(1, Ordering::Relaxed);
         if let Some(c) = &self.counter {
-            lock(c).leave(self.holder, table.round(), now);
+            lock(c).leave(self.seat, table.round(), now);
         }
     }
 }
@@ -1127,6 +1223,7 @@ fn replaces(in_force: &Strategy, next: &Assigned) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::time::Duration;
 
     use super::*;
@@ -1215,6 +1312,38 @@ descriptors:
     }
 
     /// Shares figured so far on every counter of `table`.
+    #[test]
+    fn a_seat_finds_only_its_own_holder_and_a_slot_left_is_given_again() {
+        let holder = |id| Holder {
+            id,
+            cost: 1,
+            demand: 0,
+            claim: 0,
+            divided_claim: 0,
+            due: None,
+            bucket: None,
+            in_force: 0,
+            wanting: false,
+        };
+        let mut holders = Holders::default();
+        let a = holders.insert(holder(1));
+        let b = holders.insert(holder(2));
+        assert_eq!((a.slot, b.slot, holders.len()), (0, 1, 2));
+        assert_eq!(holders.remove(a).map(|h| h.id), Some(1));
+        assert!(holders.get(a).is_none());
+        let c = holders.insert(holder(3));
+        assert_eq!(c.slot, a.slot);
+        // The slot is another's now: the old seat finds nothing, and takes nothing out.
+        assert!(holders.get(a).is_none());
+        assert!(holders.remove(a).is_none());
+        assert!(holders.get(Seat::unseated(2)).is_none());
+        let ids: Vec<u64> = holders.values().map(|h| h.id).collect();
+        assert_eq!((ids, holders.len()), (vec![3, 2], 2));
+        holders.remove(b);
+        holders.remove(c);
+        assert!(holders.is_empty() && holders.slots.is_empty() && holders.free.is_empty());
+    }
+
     fn figured(table: &ShareTable) -> usize {
         table.counters.iter().map(|c| lock(c.value()).figured).sum()
     }
