@@ -2,10 +2,13 @@
 //! bytes a stream keeps it as ([`crate::rlqs::key`]) and no ordered map of strings built on the
 //! way in or out.
 //!
-//! - [`UsageReports`] reads a `RateLimitQuotaUsageReports` as prost's generated message does,
-//!   through prost's own field functions and in the same order: the same fields, the same errors
-//!   with the same field paths, the same recursion limit, unknown fields skipped, a repeated
-//!   bucket id merged into one and a repeated key's last value kept.
+//! - [`UsageReports`] reads a `RateLimitQuotaUsageReports` as prost's generated message does.
+//!   A message in its plain form, as Envoy writes it, is read in one pass over its bytes: known
+//!   fields only, each message field once, every key of a bucket id once, every length and
+//!   string sound. Any other message, and so every error, is read by the full reading, through
+//!   prost's own field functions and in the same order: the same fields, the same errors with
+//!   the same field paths, the same recursion limit, unknown fields skipped, a repeated bucket
+//!   id merged into one and a repeated key's last value kept.
 //! - [`Answer`] writes a `RateLimitQuotaResponse`, byte for byte as prost writes the message
 //!   [`Answer::to_pb`] makes.
 
@@ -57,7 +60,15 @@ impl UsageReports {
     /// # Errors
     ///
     /// prost's error for bytes that are not that message.
-    pub fn decode(mut buf: &[u8]) -> Result<Self, DecodeError> {
+    pub fn decode(buf: &[u8]) -> Result<Self, DecodeError> {
+        match plain::reports(buf) {
+            Some(reports) => Ok(reports),
+            None => Self::decode_in_full(buf),
+        }
+    }
+
+    /// [`UsageReports::decode`] through prost's field functions, whatever the message's form.
+    fn decode_in_full(mut buf: &[u8]) -> Result<Self, DecodeError> {
         let mut out = Self::default();
         let mut usage = UsageScratch::default();
         let ctx = DecodeContext::default();
@@ -224,6 +235,162 @@ const USAGE: &str = "BucketQuotaUsage";
 fn at(mut error: DecodeError, message: &'static str, field: &'static str) -> DecodeError {
     error.push(message, field);
     error
+}
+
+/// The one-pass reading of a message in its plain form (the module's docs). Each function reads
+/// one message's bytes and says `None` of anything it does not read exactly as prost would, for
+/// the full reading to read or refuse.
+mod plain {
+    use smallvec::SmallVec;
+
+    use super::{Flat, Usage, UsageReports, key};
+
+    const VARINT: u8 = 0;
+    const LEN: u8 = 2;
+
+    /// The bytes of one message, read from the front.
+    struct Fields<'a>(&'a [u8]);
+
+    impl<'a> Fields<'a> {
+        /// The next field's tag and wire type, when its key takes one byte (tags under 16).
+        fn key(&mut self) -> Option<(u8, u8)> {
+            let (&first, rest) = self.0.split_first()?;
+            if first >= 0x80 {
+                return None;
+            }
+            self.0 = rest;
+            Some((first >> 3, first & 7))
+        }
+
+        /// A varint, as prost reads it: at most ten bytes, the tenth 0 or 1.
+        fn varint(&mut self) -> Option<u64> {
+            let mut value = 0u64;
+            for (i, &b) in self.0.iter().take(10).enumerate() {
+                value |= u64::from(b & 0x7f) << (7 * i);
+                if b < 0x80 {
+                    if i == 9 && b > 1 {
+                        return None;
+                    }
+                    self.0 = &self.0[i + 1..];
+                    return Some(value);
+                }
+            }
+            None
+        }
+
+        /// A length-delimited field's bytes.
+        fn bytes(&mut self) -> Option<&'a [u8]> {
+            let len = usize::try_from(self.varint()?).ok()?;
+            if len > self.0.len() {
+                return None;
+            }
+            let (bytes, rest) = self.0.split_at(len);
+            self.0 = rest;
+            Some(bytes)
+        }
+
+        /// A string field's bytes, when they are UTF-8.
+        fn string(&mut self) -> Option<&'a str> {
+            std::str::from_utf8(self.bytes()?).ok()
+        }
+    }
+
+    /// A `RateLimitQuotaUsageReports`.
+    pub(super) fn reports(buf: &[u8]) -> Option<UsageReports> {
+        let mut fields = Fields(buf);
+        let mut out = UsageReports::default();
+        while !fields.0.is_empty() {
+            match fields.key()? {
+                // A string field seen again replaces what it held, as prost's does.
+                (1, LEN) => fields.string()?.clone_into(&mut out.domain),
+                (2, LEN) => out.usages.push(usage(fields.bytes()?)?),
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+
+    /// A `BucketQuotaUsage`.
+    fn usage(buf: &[u8]) -> Option<Usage> {
+        let mut fields = Fields(buf);
+        let (mut bucket, mut elapsed) = (None, None);
+        let (mut allowed, mut denied) = (0, 0);
+        while !fields.0.is_empty() {
+            match fields.key()? {
+                // A message field seen again is merged into the first: the full reading's.
+                (1, LEN) if bucket.is_none() => bucket = Some(fields.bytes()?),
+                (2, LEN) if elapsed.is_none() => elapsed = Some(duration(fields.bytes()?)?),
+                (3, VARINT) => allowed = fields.varint()?,
+                (4, VARINT) => denied = fields.varint()?,
+                _ => return None,
+            }
+        }
+        let (bucket, entries) = match bucket {
+            Some(b) => bucket_id(b)?,
+            None => (Flat::default(), 0),
+        };
+        Some(Usage {
+            bucket,
+            entries,
+            time_elapsed: elapsed,
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        })
+    }
+
+    /// A `google.protobuf.Duration`; its fields are `int64` and `int32` varints, which prost
+    /// casts down.
+    fn duration(buf: &[u8]) -> Option<prost_types::Duration> {
+        let mut fields = Fields(buf);
+        let mut d = prost_types::Duration::default();
+        while !fields.0.is_empty() {
+            match fields.key()? {
+                (1, VARINT) => d.seconds = fields.varint()? as i64,
+                (2, VARINT) => d.nanos = fields.varint()? as i32,
+                _ => return None,
+            }
+        }
+        Some(d)
+    }
+
+    /// A `BucketId`'s map, as its bytes kept ([`key::flatten`]) and how many entries it has.
+    fn bucket_id(buf: &[u8]) -> Option<(Flat, usize)> {
+        let mut fields = Fields(buf);
+        let mut entries: SmallVec<[(&str, &str); 4]> = SmallVec::new();
+        while !fields.0.is_empty() {
+            match fields.key()? {
+                (1, LEN) => entries.push(entry(fields.bytes()?)?),
+                _ => return None,
+            }
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
+            return None;
+        }
+        let len = entries
+            .iter()
+            .map(|(k, v)| key::entry_len(k.as_bytes(), v.as_bytes()))
+            .sum();
+        let mut flat = Vec::with_capacity(len);
+        for (k, v) in &entries {
+            key::push_entry(&mut flat, k.as_bytes(), v.as_bytes());
+        }
+        Some((flat.into_boxed_slice(), entries.len()))
+    }
+
+    /// One entry of the map: its key and value, each empty when absent.
+    fn entry(buf: &[u8]) -> Option<(&str, &str)> {
+        let mut fields = Fields(buf);
+        let (mut key, mut value) = ("", "");
+        while !fields.0.is_empty() {
+            match fields.key()? {
+                (1, LEN) => key = fields.string()?,
+                (2, LEN) => value = fields.string()?,
+                _ => return None,
+            }
+        }
+        Some((key, value))
+    }
 }
 
 /// A `BucketQuotaUsage` while it is decoded.
@@ -511,6 +678,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 
     /// A field as it may come on the wire, in any order and any number of times.
     #[derive(Debug, Clone)]
@@ -660,6 +828,99 @@ mod tests {
             let ours = UsageReports::decode(&bytes).map_err(|e| e.to_string());
             prop_assert_eq!(ours, by_prost(&bytes));
         }
+
+        /// The one-pass reading reads what the full reading reads, or leaves it to it.
+        #[test]
+        fn the_plain_reading_reads_as_the_full_reading_or_not_at_all(bytes in bytes()) {
+            if let Some(plain) = plain::reports(&bytes) {
+                prop_assert_eq!(Ok(plain), UsageReports::decode_in_full(&bytes));
+            }
+        }
+    }
+
+    /// A message as Envoy's filter writes one: a domain, then each bucket's usage with its id
+    /// (here of two entries, not in key order), a span and its counts.
+    #[test]
+    fn a_message_as_envoy_writes_it_is_read_in_one_pass() {
+        let usage = |tenant: &str, seconds: i64| BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("tenant", tenant), ("name", "chat")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            }),
+            time_elapsed: Some(prost_types::Duration { seconds, nanos: 0 }),
+            num_requests_allowed: 7,
+            num_requests_denied: 300,
+        };
+        let message = RateLimitQuotaUsageReports {
+            domain: "quota".to_owned(),
+            bucket_quota_usages: vec![usage("t1", 1), usage("t2", 0)],
+        };
+        let mut bytes = Vec::new();
+        // Written by hand in the order Envoy's protobuf writes: the map's entries in its own
+        // (hashed) order, here name after tenant.
+        len_field(1, b"quota", &mut bytes);
+        for u in &message.bucket_quota_usages {
+            let mut id = Vec::new();
+            for k in ["tenant", "name"] {
+                let mut entry = Vec::new();
+                len_field(1, k.as_bytes(), &mut entry);
+                let value = &u.bucket_id.as_ref().expect("an id").bucket[k];
+                len_field(2, value.as_bytes(), &mut entry);
+                len_field(1, &entry, &mut id);
+            }
+            let mut body = Vec::new();
+            len_field(1, &id, &mut body);
+            len_field(
+                2,
+                &u.time_elapsed.expect("a span").encode_to_vec(),
+                &mut body,
+            );
+            body.extend([0x18, 7, 0x20, 0xac, 0x02]);
+            len_field(2, &body, &mut bytes);
+        }
+        let plain = plain::reports(&bytes).expect("read in one pass");
+        assert_eq!(plain, UsageReports::from(message));
+        assert_eq!(
+            key::entries(&plain.usages[0].bucket),
+            [("name", "chat"), ("tenant", "t1")]
+        );
+        assert_eq!(Ok(plain), UsageReports::decode_in_full(&bytes));
+    }
+
+    /// What the one-pass reading leaves to the full reading: an unknown field, a bucket id
+    /// given twice, a key given twice, and a string that is not UTF-8.
+    #[test]
+    fn a_message_not_in_its_plain_form_is_left_to_the_full_reading() {
+        let k = |s: &str| Some(s.to_owned());
+        let plain = encode(&[Field::Usage(vec![UsageField::Bucket(vec![(
+            k("a"),
+            k("1"),
+        )])])]);
+        assert!(plain::reports(&plain).is_some());
+        for fields in [
+            vec![Field::Unknown(9, vec![1])],
+            vec![Field::Usage(vec![
+                UsageField::Bucket(vec![(k("a"), k("1"))]),
+                UsageField::Bucket(vec![(k("b"), k("2"))]),
+            ])],
+            vec![Field::Usage(vec![UsageField::Bucket(vec![
+                (k("a"), k("1")),
+                (k("a"), k("2")),
+            ])])],
+        ] {
+            let bytes = encode(&fields);
+            assert!(plain::reports(&bytes).is_none(), "{fields:?}");
+            assert_eq!(
+                UsageReports::decode(&bytes).map_err(|e| e.to_string()),
+                by_prost(&bytes)
+            );
+        }
+        let mut not_utf8 = Vec::new();
+        len_field(1, &[0xff], &mut not_utf8);
+        assert!(plain::reports(&not_utf8).is_none());
+        assert!(UsageReports::decode(&not_utf8).is_err());
     }
 
     fn action() -> impl Strategy<Value = Action> {
