@@ -20,17 +20,27 @@ its stdin and stdout; this script still starts the server, reads its counters an
 the policy and prints the same lines. It reaches 100,000 reports a second (10,000 streams x 10
 buckets, --per-connection 100).
 
+`--beside B` runs a second server, build B, beside the first, each with its own policy file and
+its own Rust generator (both servers on core 0, both generators on core 1), so that both are
+measured over the same seconds and the machine's drift falls on both alike. The measured span is
+cut into windows of about five seconds; besides each server's figures, it prints B's CPU per
+report over the first's in each window, their median and their range. The reload is then timed
+on each server in turn.
+
     cargo build --release --bin sluice
     target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice
     cargo build --release --bin sluice --example rlqsgen
     target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice \
         --generator rust --streams 10000 --per-connection 100
+    target/interop-venv/bin/python benches/load/quota.py --bin OLD/sluice --beside NEW/sluice \
+        --generator rust --streams 10000 --per-connection 100 --distinct --seconds 60
 """
 
 import argparse
 import asyncio
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -170,9 +180,55 @@ class RustLoad:
                 await self.proc.wait()
 
 
+class Rig:
+    """One server with its own policy file and, with the Rust generator, its own streams."""
+
+    def __init__(self, binary, args):
+        self.binary = binary
+        self.work = tempfile.TemporaryDirectory(prefix="sluice-quota-")
+        self.policies = Path(self.work.name, "policies")
+        self.policies.mkdir()
+        self.policy = self.policies / "quota.yaml"
+        self.policy.write_text(POLICY.format(rate=RATE))
+        self.server = Server(binary, str(self.policies), env={
+            "SLUICE_RLQS__MAX_STREAMS": str(args.streams + 10),
+            # Every stream comes from 127.0.0.1: one peer.
+            "SLUICE_RLQS__MAX_STREAMS_PER_PEER": str(args.streams + 10),
+            "SLUICE_RLQS__MAX_BUCKETS_PER_STREAM": str(max(args.buckets, 1000)),
+        })
+        self.rss_idle = rss_mib(self.server.proc.pid)
+        self.rust = None
+
+    def snapshot(self):
+        """(reports so far, server CPU, generator CPU)"""
+        reports = metrics(self.server.admin)["sluice_rlqs_reports_total"]
+        gen = cpu_seconds(self.rust.proc) if self.rust else 0.0
+        return reports, cpu_seconds(self.server.proc), gen
+
+    def reload(self):
+        """Halves the rule, as an operator's edit would: a new file renamed over the old."""
+        tmp = self.policies / ".quota.tmp"
+        tmp.write_text(POLICY.format(rate=RATE // 2))
+        tmp.rename(self.policy)
+
+    async def close(self):
+        if self.rust:
+            await self.rust.close()
+        self.server.stop()
+        self.work.cleanup()
+
+
+def per_report(a, b):
+    """CPU µs per report between two snapshots."""
+    return (b[1] - a[1]) * 1e6 / max(b[0] - a[0], 1)
+
+
 async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/sluice")
+    ap.add_argument("--beside", metavar="BIN",
+                    help="a second build, run and measured at the same time as --bin (needs"
+                         " --generator rust)")
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--buckets", type=int, default=10)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between reports")
@@ -187,29 +243,24 @@ async def main():
     ap.add_argument("--gen-bin", default="target/release/examples/rlqsgen",
                     help="the Rust generator, for --generator rust")
     args = ap.parse_args()
+    if args.beside and args.generator != "rust":
+        ap.error("--beside needs --generator rust: the Python streams of two servers would share"
+                 " this process's one core")
     os.sched_setaffinity(0, {1})
 
-    work = tempfile.TemporaryDirectory(prefix="sluice-quota-")
-    policies = Path(work.name, "policies")
-    policies.mkdir()
-    policy = policies / "quota.yaml"
-    policy.write_text(POLICY.format(rate=RATE))
-    server = Server(args.bin, str(policies), env={
-        "SLUICE_RLQS__MAX_STREAMS": str(args.streams + 10),
-        # Every stream comes from 127.0.0.1: one peer.
-        "SLUICE_RLQS__MAX_STREAMS_PER_PEER": str(args.streams + 10),
-        "SLUICE_RLQS__MAX_BUCKETS_PER_STREAM": str(max(args.buckets, 1000)),
-    })
     stop = asyncio.Event()
     channels = []
     envoys = []
     tasks = []
-    rust = None
+    rigs = []
     try:
-        rss_idle = rss_mib(server.proc.pid)
-        if args.generator == "rust":
-            rust = await RustLoad.start(args.gen_bin, server, args)
-        for i in range(args.streams if rust is None else 0):
+        for binary in [args.bin] + ([args.beside] if args.beside else []):
+            rigs.append(Rig(binary, args))
+        for rig in rigs:
+            if args.generator == "rust":
+                rig.rust = await RustLoad.start(args.gen_bin, rig.server, args)
+        server = rigs[0].server
+        for i in range(args.streams if args.generator == "python" else 0):
             prefix = f"s{i}-" if args.distinct else ""
             buckets = [f"{prefix}t{b}" for b in range(args.buckets)]
             if i % args.per_connection == 0:
@@ -223,20 +274,25 @@ async def main():
             if i % 50 == 49:
                 await asyncio.sleep(0.05)
 
-        async def counts():
+        async def counts(rig):
             """(streams holding a rate for every bucket, streams failed)"""
-            if rust:
-                return await rust.counts()
+            if rig.rust:
+                return await rig.rust.counts()
             return (sum(len(e.rates) == args.buckets for e in envoys),
                     sum(e.error is not None for e in envoys))
 
         async def status(phase):
-            m = metrics(server.admin)
-            assigned, failed = await counts()
-            print(f"quota: {phase:>8} streams {m.get('sluice_rlqs_streams', 0):.0f} buckets "
-                  f"{m.get('sluice_rlqs_buckets', 0):.0f} reports {m.get('sluice_rlqs_reports_total', 0):.0f} "
-                  f"assigned {assigned}/{args.streams} failed {failed} "
-                  f"rss {rss_mib(server.proc.pid):.1f} MiB", file=sys.stderr, flush=True)
+            failed = 0
+            for n, rig in enumerate(rigs):
+                m = metrics(rig.server.admin)
+                assigned, f = await counts(rig)
+                failed += f
+                name = f" [{n + 1}]" if len(rigs) > 1 else ""
+                print(f"quota{name}: {phase:>8} streams {m.get('sluice_rlqs_streams', 0):.0f} "
+                      f"buckets {m.get('sluice_rlqs_buckets', 0):.0f} reports "
+                      f"{m.get('sluice_rlqs_reports_total', 0):.0f} "
+                      f"assigned {assigned}/{args.streams} failed {f} "
+                      f"rss {rss_mib(rig.server.proc.pid):.1f} MiB", file=sys.stderr, flush=True)
             return failed
 
         async def wait(seconds, phase):
@@ -247,83 +303,104 @@ async def main():
                     break
 
         await wait(args.warmup, "warm-up")
-        m0, cpu0, t0 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
-        gen0 = cpu_seconds(rust.proc) if rust else 0.0
-        await wait(args.seconds, "measured")
-        m1, cpu1, t1 = metrics(server.admin), cpu_seconds(server.proc), time.monotonic()
-        gen_cpu = cpu_seconds(rust.proc) - gen0 if rust else 0.0
-        rss = rss_mib(server.proc.pid)
-        reports = m1["sluice_rlqs_reports_total"] - m0["sluice_rlqs_reports_total"]
-        cpu = cpu1 - cpu0
-        span = t1 - t0
-        messages = reports / args.buckets
-
-        if rust:
-            old_share = float((await rust.ask("share"))[0])
-            await rust.ask(f"mark {old_share * 0.6!r}")
-        else:
-            before = sorted(r for e in envoys for r in e.rates.values())
-            old_share = before[len(before) // 2] if before else 0.0
-            for e in envoys:
-                e.mark = old_share * 0.6
-        cpu_r0 = cpu_seconds(server.proc)
-        reloaded_at = time.monotonic()
-        tmp = policies / ".quota.tmp"
-        tmp.write_text(POLICY.format(rate=RATE // 2))
-        tmp.rename(policy)
-        if rust:
-            # done <timed> <streams> median <s> p99 <s> all <s> share <r> failed <n> codes <..>
-            w = await rust.ask("wait 60")
-            cpu_reload = cpu_seconds(server.proc) - cpu_r0
-            timed, median, p99, last, new_share = int(w[0]), *map(float, w[3:10:2])
-            failures, codes = int(w[11]), w[13]
-        else:
-            deadline = reloaded_at + 60
-            while time.monotonic() < deadline and not all(e.updated for e in envoys):
-                await asyncio.sleep(0.05)
-            cpu_reload = cpu_seconds(server.proc) - cpu_r0
-            done = sorted(e.updated - reloaded_at for e in envoys if e.updated)
-            after = sorted(r for e in envoys for r in e.rates.values())
-            failed = [e.error for e in envoys if e.error]
-            p = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
-            timed, failures = len(done), len(failed)
-            if done:
-                median, p99, last, new_share = p(0.5), p(0.99), done[-1], after[len(after) // 2]
-            codes = failed[0].code() if failed else ""
+        # The span in windows of about five seconds, each rig's snapshot at each window's edge.
+        windows = max(1, round(args.seconds / 5))
+        t0 = time.monotonic()
+        edges = [[rig.snapshot() for rig in rigs]]
+        for w in range(windows):
+            await asyncio.sleep(max(0.0, t0 + args.seconds * (w + 1) / windows - time.monotonic()))
+            edges.append([rig.snapshot() for rig in rigs])
+            if await status("measured"):
+                break
+        span = time.monotonic() - t0
 
         kind = "distinct" if args.distinct else "shared"
-        print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report every "
-              f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({args.bin})"
-              + (f", from {args.gen_bin}" if rust else ""))
-        print(f"  measured {span:.1f} s: {reports:.0f} bucket reports ({reports / span:.0f}/s) in "
-              f"{messages:.0f} messages; server CPU {cpu:.2f} s ({100 * cpu / span:.1f} % of a core)")
-        print(f"  CPU per bucket report {cpu * 1e6 / max(reports, 1):.1f} µs, per message "
-              f"{cpu * 1e6 / max(messages, 1):.1f} µs")
-        if rust:
-            print(f"  generator CPU {gen_cpu:.2f} s ({100 * gen_cpu / span:.1f} % of a core)")
-        print(f"  resident set {rss:.1f} MiB with the streams open ({rss_idle:.1f} MiB before any)")
-        print(f"  share per stream and bucket {old_share:.3f}/s of {RATE}/s")
-        if timed:
-            print(f"  reload to {RATE // 2}/s: {timed}/{args.streams} streams held the new "
-                  f"assignment for every bucket after median {median:.2f} s, p99 {p99:.2f} s, "
-                  f"all {last:.2f} s (new share {new_share:.3f}/s); server CPU "
-                  f"{cpu_reload:.2f} s meanwhile")
-        if failures or timed < args.streams:
-            print(f"  FAILED: {failures} streams ended with an error "
-                  f"({codes}), {args.streams - timed} without the "
-                  f"new assignment", file=sys.stderr)
-            return 1
-        return 0
+        failures = 0
+        for n, rig in enumerate(rigs):
+            first, last = edges[0][n], edges[-1][n]
+            failures += await report(rig, args, kind, span, first, last, envoys)
+        if len(rigs) > 1:
+            ratios = sorted(per_report(a[1], b[1]) / per_report(a[0], b[0])
+                            for a, b in zip(edges, edges[1:]))
+            whole = per_report(edges[0][1], edges[-1][1]) / per_report(edges[0][0], edges[-1][0])
+            print(f"\n{args.beside} beside {args.bin}: CPU per bucket report {whole:.3f}x over "
+                  f"the span; by window of {span / len(ratios):.1f} s, median "
+                  f"{statistics.median(ratios):.3f}x, range {ratios[0]:.3f}x - {ratios[-1]:.3f}x "
+                  f"({len(ratios)} windows)")
+        return 1 if failures else 0
     finally:
         stop.set()
-        if rust:
-            await rust.close()
         for c in channels:
             await c.close()
         for t in tasks:
             t.cancel()
-        server.stop()
-        work.cleanup()
+        for rig in rigs:
+            await rig.close()
+
+
+async def report(rig, args, kind, span, first, last, envoys):
+    """Prints the rig's figures over the measured span, then reloads its policy and times every
+    stream's new assignment. Returns 1 when a stream failed or missed it."""
+    rust = rig.rust
+    reports = last[0] - first[0]
+    cpu = last[1] - first[1]
+    gen_cpu = last[2] - first[2]
+    rss = rss_mib(rig.server.proc.pid)
+    messages = reports / args.buckets
+
+    if rust:
+        old_share = float((await rust.ask("share"))[0])
+        await rust.ask(f"mark {old_share * 0.6!r}")
+    else:
+        before = sorted(r for e in envoys for r in e.rates.values())
+        old_share = before[len(before) // 2] if before else 0.0
+        for e in envoys:
+            e.mark = old_share * 0.6
+    cpu_r0 = cpu_seconds(rig.server.proc)
+    reloaded_at = time.monotonic()
+    rig.reload()
+    if rust:
+        # done <timed> <streams> median <s> p99 <s> all <s> share <r> failed <n> codes <..>
+        w = await rust.ask("wait 60")
+        cpu_reload = cpu_seconds(rig.server.proc) - cpu_r0
+        timed, median, p99, latest, new_share = int(w[0]), *map(float, w[3:10:2])
+        failures, codes = int(w[11]), w[13]
+    else:
+        deadline = reloaded_at + 60
+        while time.monotonic() < deadline and not all(e.updated for e in envoys):
+            await asyncio.sleep(0.05)
+        cpu_reload = cpu_seconds(rig.server.proc) - cpu_r0
+        done = sorted(e.updated - reloaded_at for e in envoys if e.updated)
+        after = sorted(r for e in envoys for r in e.rates.values())
+        failed = [e.error for e in envoys if e.error]
+        p = lambda q: done[min(len(done) - 1, int(q * len(done)))]  # noqa: E731
+        timed, failures = len(done), len(failed)
+        if done:
+            median, p99, latest, new_share = p(0.5), p(0.99), done[-1], after[len(after) // 2]
+        codes = failed[0].code() if failed else ""
+
+    print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report every "
+          f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({rig.binary})"
+          + (f", from {args.gen_bin}" if rust else ""))
+    print(f"  measured {span:.1f} s: {reports:.0f} bucket reports ({reports / span:.0f}/s) in "
+          f"{messages:.0f} messages; server CPU {cpu:.2f} s ({100 * cpu / span:.1f} % of a core)")
+    print(f"  CPU per bucket report {cpu * 1e6 / max(reports, 1):.1f} µs, per message "
+          f"{cpu * 1e6 / max(messages, 1):.1f} µs")
+    if rust:
+        print(f"  generator CPU {gen_cpu:.2f} s ({100 * gen_cpu / span:.1f} % of a core)")
+    print(f"  resident set {rss:.1f} MiB with the streams open ({rig.rss_idle:.1f} MiB before any)")
+    print(f"  share per stream and bucket {old_share:.3f}/s of {RATE}/s")
+    if timed:
+        print(f"  reload to {RATE // 2}/s: {timed}/{args.streams} streams held the new "
+              f"assignment for every bucket after median {median:.2f} s, p99 {p99:.2f} s, "
+              f"all {latest:.2f} s (new share {new_share:.3f}/s); server CPU "
+              f"{cpu_reload:.2f} s meanwhile")
+    if failures or timed < args.streams:
+        print(f"  FAILED: {failures} streams ended with an error "
+              f"({codes}), {args.streams - timed} without the "
+              f"new assignment", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
