@@ -25,7 +25,9 @@ its own Rust generator (both servers on core 0, both generators on core 1), so t
 measured over the same seconds and the machine's drift falls on both alike. The measured span is
 cut into windows of about five seconds; besides each server's figures, it prints B's CPU per
 report over the first's in each window, their median and their range. The reload is then timed
-on each server in turn.
+on each server in turn. The place is not quite fair: the same build started second read 5 % more
+CPU per report in one run, so compare two builds in both orders and take the geometric mean of
+B/A and 1 / (A/B).
 
     cargo build --release --bin sluice
     target/interop-venv/bin/python benches/load/quota.py --bin target/release/sluice
@@ -379,9 +381,9 @@ async def report(rig, args, kind, span, first, last, envoys):
             median, p99, latest, new_share = p(0.5), p(0.99), done[-1], after[len(after) // 2]
         codes = failed[0].code() if failed else ""
 
-    print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report every "
-          f"{args.interval:g} s, {args.per_connection} stream(s) per connection ({rig.binary})"
-          + (f", from {args.gen_bin}" if rust else ""))
+    print(f"\nRLQS capacity: {args.streams} streams x {args.buckets} {kind} buckets, a report "
+          f"every {args.interval:g} s, {args.per_connection} stream(s) per connection "
+          f"({rig.binary})" + (f", from {args.gen_bin}" if rust else ""))
     print(f"  measured {span:.1f} s: {reports:.0f} bucket reports ({reports / span:.0f}/s) in "
           f"{messages:.0f} messages; server CPU {cpu:.2f} s ({100 * cpu / span:.1f} % of a core)")
     print(f"  CPU per bucket report {cpu * 1e6 / max(reports, 1):.1f} µs, per message "

@@ -1,7 +1,8 @@
 //! This node's share table: for each limited counter, this node's part of it (told by the
 //! fleet, or the whole rule) and the holders watching it, each with its claim, its cached share
 //! and the token bucket it holds, in a slot its stream keeps; and each stream's own watch list,
-//! which decides what to send and when. A share is never more than what the other holders' buckets in force leave.
+//! which decides what to send and when. A share is never more than what the other holders'
+//! buckets in force leave.
 //!
 //! Each counter sits behind its own mutex, in a sharded map; a report locks only the counters
 //! of the buckets it names, one at a time, after its target is resolved, and never across an
@@ -468,10 +469,10 @@ impl Counter {
         }
     }
 
-    /// The share of the holder at `seat`, in the counter's tokens: its share of `capacity` as divided, no more
-    /// than what the others' buckets in force leave of it, so that the buckets in force never
-    /// add up past it. A holder not divided yet is due its claim with headroom, up to an equal
-    /// part.
+    /// The share of the holder at `seat`, in the counter's tokens: its share of `capacity` as
+    /// divided, no more than what the others' buckets in force leave of it, so that the buckets
+    /// in force never add up past it. A holder not divided yet is due its claim with headroom,
+    /// up to an equal part.
     fn share(&mut self, seat: Seat, capacity: u64, now: u64) -> Share {
         self.settle(capacity, now);
         #[cfg(test)]
