@@ -289,9 +289,11 @@ mod plain {
             Some(bytes)
         }
 
-        /// A string field's bytes, when they are UTF-8.
-        fn string(&mut self) -> Option<&'a str> {
-            std::str::from_utf8(self.bytes()?).ok()
+        /// A string field's bytes, when they are UTF-8: ASCII, as nearly every id is, is told
+        /// by a cheaper check.
+        fn string(&mut self) -> Option<&'a [u8]> {
+            let bytes = self.bytes()?;
+            (bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()).then_some(bytes)
         }
     }
 
@@ -302,7 +304,10 @@ mod plain {
         while !fields.0.is_empty() {
             match fields.key()? {
                 // A string field seen again replaces what it held, as prost's does.
-                (1, LEN) => fields.string()?.clone_into(&mut out.domain),
+                (1, LEN) => {
+                    let domain = std::str::from_utf8(fields.bytes()?).ok()?;
+                    domain.clone_into(&mut out.domain);
+                }
                 (2, LEN) => out.usages.push(usage(fields.bytes()?)?),
                 _ => return None,
             }
@@ -356,7 +361,7 @@ mod plain {
     /// A `BucketId`'s map, as its bytes kept ([`key::flatten`]) and how many entries it has.
     fn bucket_id(buf: &[u8]) -> Option<(Flat, usize)> {
         let mut fields = Fields(buf);
-        let mut entries: SmallVec<[(&str, &str); 4]> = SmallVec::new();
+        let mut entries: SmallVec<[(&[u8], &[u8]); 4]> = SmallVec::new();
         while !fields.0.is_empty() {
             match fields.key()? {
                 (1, LEN) => entries.push(entry(fields.bytes()?)?),
@@ -367,21 +372,18 @@ mod plain {
         if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
             return None;
         }
-        let len = entries
-            .iter()
-            .map(|(k, v)| key::entry_len(k.as_bytes(), v.as_bytes()))
-            .sum();
+        let len = entries.iter().map(|(k, v)| key::entry_len(k, v)).sum();
         let mut flat = Vec::with_capacity(len);
         for (k, v) in &entries {
-            key::push_entry(&mut flat, k.as_bytes(), v.as_bytes());
+            key::push_entry(&mut flat, k, v);
         }
         Some((flat.into_boxed_slice(), entries.len()))
     }
 
     /// One entry of the map: its key and value, each empty when absent.
-    fn entry(buf: &[u8]) -> Option<(&str, &str)> {
+    fn entry(buf: &[u8]) -> Option<(&[u8], &[u8])> {
         let mut fields = Fields(buf);
-        let (mut key, mut value) = ("", "");
+        let (mut key, mut value): (&[u8], &[u8]) = (b"", b"");
         while !fields.0.is_empty() {
             match fields.key()? {
                 (1, LEN) => key = fields.string()?,
@@ -921,6 +923,26 @@ mod tests {
         len_field(1, &[0xff], &mut not_utf8);
         assert!(plain::reports(&not_utf8).is_none());
         assert!(UsageReports::decode(&not_utf8).is_err());
+        // A value past ASCII is read in one pass when it is UTF-8, and left when it is not.
+        let id = |value: &[u8]| {
+            let (mut entry, mut bucket, mut usage, mut bytes) = (vec![], vec![], vec![], vec![]);
+            len_field(1, b"k", &mut entry);
+            len_field(2, value, &mut entry);
+            len_field(1, &entry, &mut bucket);
+            len_field(1, &bucket, &mut usage);
+            len_field(2, &usage, &mut bytes);
+            bytes
+        };
+        let accented = id("caf\u{e9}".as_bytes());
+        let read = plain::reports(&accented).expect("UTF-8 past ASCII");
+        assert_eq!(key::entries(&read.usages[0].bucket), [("k", "caf\u{e9}")]);
+        assert_eq!(Ok(read), UsageReports::decode_in_full(&accented));
+        let cut = id(&"caf\u{e9}".as_bytes()[..4]);
+        assert!(plain::reports(&cut).is_none());
+        assert_eq!(
+            UsageReports::decode(&cut).map_err(|e| e.to_string()),
+            by_prost(&cut)
+        );
     }
 
     fn action() -> impl Strategy<Value = Action> {
