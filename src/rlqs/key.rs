@@ -27,6 +27,18 @@ pub fn flat(bucket: &BucketId) -> Flat {
     into.into_boxed_slice()
 }
 
+/// The bytes of `entries`, given in their keys' order and each key once, in an allocation of
+/// their own sized once.
+#[must_use]
+pub fn flat_of<'a>(entries: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Flat {
+    let len = entries.clone().map(|(k, v)| entry_len(k, v)).sum();
+    let mut flat = Vec::with_capacity(len);
+    for (k, v) in entries {
+        push_entry(&mut flat, k, v);
+    }
+    flat.into_boxed_slice()
+}
+
 /// Appends one entry to an id's bytes: entries pushed in their keys' order, each key once,
 /// make the bytes [`flatten`] makes of their map.
 pub fn push_entry(into: &mut Vec<u8>, key: &[u8], value: &[u8]) {

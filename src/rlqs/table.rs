@@ -147,7 +147,6 @@ struct Holders {
     slots: SmallVec<[Option<Holder>; 1]>,
     /// The empty slots.
     free: Vec<usize>,
-    len: usize,
 }
 
 /// Where a stream's holder sits on its counter: its id, which the table gives out once, and
@@ -171,11 +170,11 @@ impl Seat {
 
 impl Holders {
     fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 
     fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     fn get(&self, seat: Seat) -> Option<&Holder> {
@@ -195,7 +194,6 @@ impl Holders {
     /// Seats `holder` in an empty slot, or a new one.
     fn insert(&mut self, holder: Holder) -> Seat {
         let id = holder.id;
-        self.len += 1;
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(holder);
@@ -213,8 +211,7 @@ impl Holders {
     fn remove(&mut self, seat: Seat) -> Option<Holder> {
         self.get(seat)?;
         let holder = self.slots[seat.slot].take();
-        self.len -= 1;
-        if self.len == 0 {
+        if self.len() == 1 {
             *self = Self::default();
         } else {
             self.free.push(seat.slot);

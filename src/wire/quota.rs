@@ -372,12 +372,7 @@ mod plain {
         if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
             return None;
         }
-        let len = entries.iter().map(|(k, v)| key::entry_len(k, v)).sum();
-        let mut flat = Vec::with_capacity(len);
-        for (k, v) in &entries {
-            key::push_entry(&mut flat, k, v);
-        }
-        Some((flat.into_boxed_slice(), entries.len()))
+        Some((key::flat_of(entries.iter().copied()), entries.len()))
     }
 
     /// One entry of the map: its key and value, each empty when absent.
@@ -544,16 +539,7 @@ impl BucketScratch {
 
     /// The entries' bytes, as [`key::flatten`] writes their map once [`Self::settle`]d.
     fn flat(&self) -> Flat {
-        let len = self
-            .entries
-            .iter()
-            .map(|e| key::entry_len(self.key(e), self.value(e)))
-            .sum();
-        let mut flat = Vec::with_capacity(len);
-        for e in &self.entries {
-            key::push_entry(&mut flat, self.key(e), self.value(e));
-        }
-        flat.into_boxed_slice()
+        key::flat_of(self.entries.iter().map(|e| (self.key(e), self.value(e))))
     }
 }
 
