@@ -262,8 +262,15 @@ mod plain {
             Some((first >> 3, first & 7))
         }
 
-        /// A varint, as prost reads it: at most ten bytes, the tenth 0 or 1.
+        /// A varint, as prost reads it: at most ten bytes, the tenth 0 or 1. Nearly every one
+        /// of a usage message (its lengths, tags' values, counts under 128) takes one byte.
         fn varint(&mut self) -> Option<u64> {
+            if let Some((&b, rest)) = self.0.split_first()
+                && b < 0x80
+            {
+                self.0 = rest;
+                return Some(u64::from(b));
+            }
             let mut value = 0u64;
             for (i, &b) in self.0.iter().take(10).enumerate() {
                 value |= u64::from(b & 0x7f) << (7 * i);
@@ -300,7 +307,10 @@ mod plain {
     /// A `RateLimitQuotaUsageReports`.
     pub(super) fn reports(buf: &[u8]) -> Option<UsageReports> {
         let mut fields = Fields(buf);
-        let mut out = UsageReports::default();
+        let mut out = UsageReports {
+            domain: String::new(),
+            usages: Vec::with_capacity(usages_in(buf)),
+        };
         while !fields.0.is_empty() {
             match fields.key()? {
                 // A string field seen again replaces what it held, as prost's does.
@@ -313,6 +323,21 @@ mod plain {
             }
         }
         Some(out)
+    }
+
+    /// How many usages a message holds, counted by skipping over its fields, so that its list
+    /// is sized once: no more than one for every two bytes of the message, so never more than
+    /// reading it would push. A field the plain reading declines ends the count.
+    fn usages_in(buf: &[u8]) -> usize {
+        let mut fields = Fields(buf);
+        let mut n = 0;
+        while let Some((tag, LEN)) = fields.key() {
+            if fields.bytes().is_none() {
+                break;
+            }
+            n += usize::from(tag == 2);
+        }
+        n
     }
 
     /// A `BucketQuotaUsage`.
@@ -869,6 +894,8 @@ mod tests {
             len_field(2, &body, &mut bytes);
         }
         let plain = plain::reports(&bytes).expect("read in one pass");
+        // Counted before they are read: the list is allocated once.
+        assert_eq!(plain.usages.capacity(), 2);
         assert_eq!(plain, UsageReports::from(message));
         assert_eq!(
             key::entries(&plain.usages[0].bucket),
