@@ -758,6 +758,10 @@ struct Watched {
     assigned_at: u64,
     /// What its share was last figured from, when nothing could move it since but a change.
     figured: Option<Figured>,
+    /// Figured by the message being taken, whose duties follow it in the same call
+    /// ([`Watcher::take`]), as its counter's only holder: nothing could move its share since,
+    /// so they need not look.
+    fresh: bool,
 }
 
 /// What a holder's share was last figured from: its counter's [`Counter::revision`] and the
@@ -766,6 +770,15 @@ struct Watched {
 struct Figured {
     revision: u64,
     capacity: u64,
+}
+
+/// What follows a message's reports in the same call ([`Watcher::take`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum After {
+    Nothing,
+    /// The stream's duties, which then skip the shares the reports figured alone on their
+    /// counters.
+    Duties,
 }
 
 /// Whether [`Watched::assign`] figures a share its counter has not moved since it was last
@@ -877,6 +890,25 @@ impl Watcher {
     /// and answers a bucket seen for the first time at once, one past the cap with
     /// `abandon_action`, and one whose share moved by more than 10 % with its new assignment.
     pub fn report(&mut self, now: u64, reports: Vec<Report>) -> Vec<Action> {
+        self.record(now, reports, After::Nothing)
+    }
+
+    /// Takes one message at `now`: its reports ([`Watcher::report`]), then the stream's duties
+    /// when they are due ([`Watcher::duties_due`]). A share the message figured on a counter
+    /// its bucket holds alone cannot have moved by the time the duties run, so they skip it;
+    /// every other share, and every renewal, they look at as a tick does. It sends what a
+    /// report and then a tick at the same instant send.
+    pub fn take(&mut self, now: u64, reports: Vec<Report>) -> Vec<Action> {
+        if !self.duties_due(now) {
+            return self.record(now, reports, After::Nothing);
+        }
+        let mut actions = self.record(now, reports, After::Duties);
+        actions.extend(self.duties(now, Refigure::IfMoved));
+        actions
+    }
+
+    /// [`Watcher::report`], marking the buckets it figures fresh when `after` is the duties.
+    fn record(&mut self, now: u64, reports: Vec<Report>, after: After) -> Vec<Action> {
         let mut actions = Vec::new();
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
@@ -935,6 +967,7 @@ impl Watcher {
                     in_force: None,
                     assigned_at: now,
                     figured: None,
+                    fresh: false,
                 },
             );
             touched.push((place, Arrival::New));
@@ -945,7 +978,7 @@ impl Watcher {
             let Some((bucket, w)) = self.buckets.get_index_mut(place) else {
                 continue;
             };
-            let send = w.assign(unknown, now, Refigure::Always, |in_force, next| {
+            let send = w.assign(unknown, now, Refigure::Always, after, |in_force, next| {
                 (arrival == Arrival::New
                     || refreshed
                     || in_force.is_none_or(|f| replaces(&f, &next)))
@@ -1018,21 +1051,31 @@ impl Watcher {
         });
         let unknown = table.unknown_part();
         for (bucket, w) in &mut self.buckets {
+            let fresh = std::mem::take(&mut w.fresh);
             let assigned_at = w.assigned_at;
             let renewal_due = now.saturating_sub(assigned_at) >= renew_after;
             let refigure = if refreshed || renewal_due || w.in_force.is_none() {
                 Refigure::Always
+            } else if fresh && refigure == Refigure::IfMoved {
+                continue;
             } else {
                 refigure
             };
-            let send = w.assign(unknown, now, refigure, |in_force, next| match in_force {
-                Some(f) if !refreshed && !replaces(&f, &next) => {
-                    // A renewal repeats the strategy in force, so that Envoy extends the active
-                    // assignment instead of replacing it (and refilling its token bucket).
-                    renewal_due.then_some(f)
-                }
-                _ => Some(told_apart(next.strategy, in_force)),
-            });
+            let send =
+                w.assign(
+                    unknown,
+                    now,
+                    refigure,
+                    After::Nothing,
+                    |in_force, next| match in_force {
+                        Some(f) if !refreshed && !replaces(&f, &next) => {
+                            // A renewal repeats the strategy in force, so that Envoy extends the active
+                            // assignment instead of replacing it (and refilling its token bucket).
+                            renewal_due.then_some(f)
+                        }
+                        _ => Some(told_apart(next.strategy, in_force)),
+                    },
+                );
             if let Some(strategy) = send {
                 actions.push(Action {
                     bucket: bucket.clone(),
@@ -1121,12 +1164,16 @@ impl Watched {
 
     /// Decides, under its counter's lock, what to send now: `decide` is given the strategy in
     /// force and the assignment due, and what it returns is sent and counted as in force at
-    /// once. Nothing while its rule's part is unknown and the table waits for it.
+    /// once. Nothing while its rule's part is unknown and the table waits for it. With the
+    /// duties `after` it, the bucket is marked fresh when it holds its counter alone: a
+    /// message's joins all come before its first share is figured, so no other report of it
+    /// touches that counter since.
     fn assign(
         &mut self,
         unknown: u64,
         now: u64,
         refigure: Refigure,
+        after: After,
         decide: impl FnOnce(Option<Strategy>, Assigned) -> Option<Strategy>,
     ) -> Option<Strategy> {
         let Some(counter) = &self.counter else {
@@ -1139,6 +1186,7 @@ impl Watched {
             return Some(send);
         };
         let mut c = lock(counter);
+        self.fresh = after == After::Duties && c.holders.len() == 1;
         let capacity = c.capacity(unknown)?;
         let unmoved = self.figured
             == Some(Figured {
@@ -1752,7 +1800,7 @@ descriptors:
     }
 
     /// A step of the exactness property: what the streams and the fleet may do.
-    #[derive(Clone, Debug)]
+    #[derive(Clone, Copy, Debug)]
     enum Step {
         Open(usize),
         Close(usize),
@@ -1927,80 +1975,159 @@ descriptors:
         });
     }
 
-    #[test]
-    fn a_tick_that_skips_unmoved_shares_sends_what_figuring_every_share_sends() {
-        use proptest::prelude::*;
-        // One bucket a stream, so that a tick's order over its buckets cannot tell them apart.
-        let buckets = costly_buckets();
-        let config = ProptestConfig {
-            cases: 1_000,
-            ..ProptestConfig::default()
-        };
-        proptest!(config, |(steps in proptest::collection::vec(step(), 1..120))| {
-            // The same steps on two tables, ticked one skipping and one figuring every share.
+    /// Two tables fed the same steps, each with four places for streams, for the tests that
+    /// hold two ways of doing one thing to the same answers.
+    struct Twins {
+        sides: [(PolicyHandle, Arc<ShareTable>); 2],
+        streams: [Vec<Option<Watcher>>; 2],
+        /// The counter of [`costly_buckets`].
+        counter: u128,
+        now: u64,
+    }
+
+    impl Twins {
+        fn new(buckets: &[BucketId; 2]) -> Self {
             let sides: [(PolicyHandle, Arc<ShareTable>); 2] = std::array::from_fn(|_| {
                 let handle = PolicyHandle::new(costly(100));
                 (handle.clone(), crowd(4, handle))
             });
-            let Target::Shared { counter, .. } = target(&sides[0].0.load(), "d", &buckets[0]) else {
+            let Target::Shared { counter, .. } = target(&sides[0].0.load(), "d", &buckets[0])
+            else {
                 panic!("a shared rule");
             };
-            let mut streams: [Vec<Option<Watcher>>; 2] =
-                std::array::from_fn(|_| (0..4).map(|_| None).collect());
-            let mut now = 0u64;
-            for step in steps {
-                let mut sent: [Vec<Action>; 2] = [Vec::new(), Vec::new()];
-                for (side, (handle, table)) in sides.iter().enumerate() {
-                    let streams = &mut streams[side];
-                    sent[side] = match step {
-                        Step::Open(i) => {
-                            if streams[i].is_none() {
-                                streams[i] = Some(table.open("d".into()).expect("open"));
-                            }
-                            continue;
-                        }
-                        Step::Close(i) => {
-                            streams[i] = None;
-                            continue;
-                        }
-                        Step::Part(p) => {
-                            // A few parts, so that a capacity comes back to one figured before.
-                            let part = [900_000, 910_000, PER_RULE][millionths(p) as usize % 3];
-                            table.set_part(counter, part, 0);
-                            continue;
-                        }
-                        Step::Unknown(p) => {
-                            table.set_unknown_part(p);
-                            continue;
-                        }
-                        Step::Reload(r) => {
-                            handle.store(costly(r));
-                            continue;
-                        }
-                        Step::Wait(dt) => {
-                            if side == 0 {
-                                now += dt;
-                            }
-                            continue;
-                        }
-                        Step::Report(i, _, requests, stated) => {
-                            let Some(s) = streams[i].as_mut() else { continue };
-                            let report = Report {
-                                bucket: key::flat(&buckets[i % 2]),
-                                elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
-                                requests,
-                            };
-                            s.report(now, vec![report])
-                        }
-                        Step::Tick(i) => {
-                            let Some(s) = streams[i].as_mut() else { continue };
-                            let refigure = [Refigure::IfMoved, Refigure::Always][side];
-                            s.duties(now, refigure)
-                        }
-                    };
-                }
-                prop_assert_eq!(&sent[0], &sent[1], "{:?}", step);
+            Self {
+                sides,
+                streams: std::array::from_fn(|_| (0..4).map(|_| None).collect()),
+                counter,
+                now: 0,
             }
+        }
+
+        /// Takes `step` on both sides when it is not a stream's report or tick, which the test
+        /// takes itself: whether it did.
+        fn take(&mut self, step: &Step) -> bool {
+            for (side, (handle, table)) in self.sides.iter().enumerate() {
+                let streams = &mut self.streams[side];
+                match *step {
+                    Step::Open(i) => {
+                        if streams[i].is_none() {
+                            streams[i] = Some(table.open("d".into()).expect("open"));
+                        }
+                    }
+                    Step::Close(i) => streams[i] = None,
+                    Step::Part(p) => {
+                        // A few parts, so that a capacity comes back to one figured before.
+                        let part = [900_000, 910_000, PER_RULE][millionths(p) as usize % 3];
+                        table.set_part(self.counter, part, 0);
+                    }
+                    Step::Unknown(p) => table.set_unknown_part(p),
+                    Step::Reload(r) => handle.store(costly(r)),
+                    Step::Wait(_) => {}
+                    Step::Report(..) | Step::Tick(_) => return false,
+                }
+            }
+            if let Step::Wait(dt) = *step {
+                self.now += dt;
+            }
+            true
+        }
+    }
+
+    /// Takes `steps` on [`Twins`], each report and tick on each side as `take` does it (side,
+    /// stream, step, now), and fails unless both sides send the same.
+    fn twins_agree(
+        steps: Vec<Step>,
+        buckets: &[BucketId; 2],
+        mut take: impl FnMut(usize, &mut Watcher, Step, u64) -> Vec<Action>,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let mut twins = Twins::new(buckets);
+        for step in steps {
+            if twins.take(&step) {
+                continue;
+            }
+            let (Step::Report(i, ..) | Step::Tick(i)) = step else {
+                unreachable!("taken by the twins");
+            };
+            let now = twins.now;
+            let sent: [Vec<Action>; 2] = std::array::from_fn(|side| {
+                twins.streams[side][i]
+                    .as_mut()
+                    .map_or_else(Vec::new, |s| take(side, s, step, now))
+            });
+            proptest::prop_assert_eq!(&sent[0], &sent[1], "{:?}", step);
+        }
+        Ok(())
+    }
+
+    /// A thousand sequences of [`step`]s, each of up to 120.
+    fn twin_steps() -> (
+        proptest::test_runner::Config,
+        impl proptest::strategy::Strategy<Value = Vec<Step>>,
+    ) {
+        let config = proptest::test_runner::Config {
+            cases: 1_000,
+            ..proptest::test_runner::Config::default()
+        };
+        (config, proptest::collection::vec(step(), 1..120))
+    }
+
+    #[test]
+    fn a_tick_that_skips_unmoved_shares_sends_what_figuring_every_share_sends() {
+        // One bucket a stream, so that a tick's order over its buckets cannot tell them apart.
+        let buckets = costly_buckets();
+        let (config, steps) = twin_steps();
+        proptest::proptest!(config, |(steps in steps)| {
+            // Ticked on one side skipping unmoved shares, on the other figuring every share.
+            twins_agree(steps, &buckets, |side, s, step, now| match step {
+                Step::Report(i, _, requests, stated) => {
+                    let report = Report {
+                        bucket: key::flat(&buckets[i % 2]),
+                        elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
+                        requests,
+                    };
+                    s.report(now, vec![report])
+                }
+                _ => s.duties(now, [Refigure::IfMoved, Refigure::Always][side]),
+            })?;
+        });
+    }
+
+    #[test]
+    fn taking_a_message_sends_what_its_reports_and_then_its_duties_send() {
+        let buckets = costly_buckets();
+        let (config, steps) = twin_steps();
+        proptest::proptest!(config, |(steps in steps)| {
+            // One side takes each message whole; the other reports it and then runs the duties
+            // when they are due, figuring every share they look at.
+            twins_agree(steps, &buckets, |side, s, step, now| match step {
+                Step::Report(_, b, requests, stated) => {
+                    // One bucket, both, or one of them twice, as a message may report a bucket
+                    // twice: a bucket alone on its counter, or not.
+                    let shape: &[usize] = match requests % 3 {
+                        0 => &[b],
+                        1 => &[b, 1 - b],
+                        _ => &[b, 1 - b, b],
+                    };
+                    let reports: Vec<Report> = shape
+                        .iter()
+                        .map(|&b| Report {
+                            bucket: key::flat(&buckets[b]),
+                            elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
+                            requests,
+                        })
+                        .collect();
+                    if side == 0 {
+                        return s.take(now, reports);
+                    }
+                    let due = s.duties_due(now);
+                    let mut sent = s.report(now, reports);
+                    if due {
+                        sent.extend(s.duties(now, Refigure::Always));
+                    }
+                    sent
+                }
+                _ => s.tick(now),
+            })?;
         });
     }
 

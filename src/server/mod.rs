@@ -20,6 +20,7 @@ pub(crate) mod rlqs;
 pub(crate) mod rls;
 mod streams;
 mod unary;
+mod woken;
 
 pub(crate) use accept::CappedListener;
 pub(crate) use connections::{GrpcConnections, serve_grpc};

@@ -13,6 +13,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -24,6 +25,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::streams::StreamReset;
+use super::woken::Woken;
 use crate::decision::Caps;
 use crate::metrics::{QuotaRefusal, RlqsFigures};
 use crate::pb::codec;
@@ -78,7 +80,7 @@ impl Encoder for AnswerEncoder {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
+        buffers()
     }
 }
 
@@ -97,8 +99,20 @@ impl Decoder for UsageDecoder {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
+        buffers()
     }
+}
+
+/// The bytes a quota stream's buffer for its messages in, and the one for its answers out,
+/// start with (tonic's default is 8 KiB each). A stream holds both for as long as it is open,
+/// and its messages are small: a usage report of ten buckets, or an answer for ten, takes
+/// about 600 bytes. A larger one grows its buffer, which keeps the room.
+const STREAM_BUFFER: usize = 1024;
+
+/// tonic's buffer settings for a quota stream: [`STREAM_BUFFER`], and tonic's default of
+/// 32 KiB of answers encoded before they are handed on.
+fn buffers() -> BufferSettings {
+    BufferSettings::new(STREAM_BUFFER, 32 * 1024)
 }
 
 /// Answers awaiting the peer on one stream; past it the stream's task waits.
@@ -334,7 +348,8 @@ impl StreamTask {
             return self.close();
         }
         // The waits other than the next message are kept across messages, so that a message
-        // neither joins nor leaves the shared wait lists of the shutdown and the reloads.
+        // neither joins nor leaves the shared wait lists of the shutdown and the reloads, and
+        // each is polled only when it was woken ([`Woken`]): a message polls none of them.
         let stopped = stop.cancelled();
         tokio::pin!(stopped);
         let peer = self.tx.clone();
@@ -346,36 +361,65 @@ impl StreamTask {
         let mut due = self.stream.next_duties();
         let duties = tokio::time::sleep_until(self.instant(due));
         tokio::pin!(duties);
+        let woken = Woken::new(WAITS);
         loop {
-            // A message is looked for first, so that a wake for one polls nothing else; the
-            // shutdown is looked for on every turn, so that a peer that never stops sending
-            // cannot keep its stream past it.
-            let outcome = if stop.is_cancelled() {
-                Err(Status::unavailable("the server is shutting down"))
+            // A message is looked for first; the shutdown is looked for on every turn, so that
+            // a peer that never stops sending cannot keep its stream past it.
+            let event = if stop.is_cancelled() {
+                Event::Stopped
             } else {
-                tokio::select! {
-                    biased;
-                    message = inbound.message() => match message {
-                        Ok(Some(message)) => match reports(message.usages, &self.caps) {
-                            Ok(r) => {
-                                self.figures.reported(r.len());
-                                Ok(self.report(r).await)
-                            }
-                            Err(status) => Err(status),
-                        },
-                        Ok(None) => break,
-                        Err(status) => Err(exhausted(status)),
-                    },
-                    () = &mut duties => Ok(self.stream.tick(self.now())),
-                    (changed, reloads) = &mut reloaded, if watching => {
-                        // The service is going away when its sender is; the tick still runs.
-                        watching = changed.is_ok();
-                        reloaded.set(reload(reloads));
-                        Ok(self.stream.tick(self.now()))
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(message) = Pin::new(&mut inbound).poll_next(cx) {
+                        return Poll::Ready(Event::Message(message));
                     }
-                    () = &mut gone => break,
-                    () = &mut stopped => Err(Status::unavailable("the server is shutting down")),
+                    let mut waits = woken.take(cx);
+                    while waits != 0 {
+                        let wait = waits.trailing_zeros();
+                        waits &= waits - 1;
+                        let mut cx = woken.context(wait);
+                        let event = match wait {
+                            DUTIES => duties.as_mut().poll(&mut cx).map(|()| Event::Duties),
+                            RELOAD if watching => reloaded
+                                .poll(&mut cx)
+                                .map(|(changed, reloads)| Event::Reload(changed, reloads)),
+                            GONE => gone.as_mut().poll(&mut cx).map(|()| Event::Gone),
+                            STOPPED => stopped.as_mut().poll(&mut cx).map(|()| Event::Stopped),
+                            _ => Poll::Pending,
+                        };
+                        if event.is_ready() {
+                            // Those looked at but not polled are polled on the next turn.
+                            woken.mark(waits);
+                            return event;
+                        }
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
+            let outcome = match event {
+                Event::Message(Some(Ok(message))) => match reports(message.usages, &self.caps) {
+                    Ok(r) => {
+                        self.figures.reported(r.len());
+                        Ok(self.report(r).await)
+                    }
+                    Err(status) => Err(status),
+                },
+                Event::Message(None) | Event::Gone => break,
+                Event::Message(Some(Err(status))) => Err(exhausted(status)),
+                Event::Duties => {
+                    // A future that has completed owes no wake: the timer, set again below,
+                    // is polled again.
+                    woken.mark(1 << DUTIES);
+                    Ok(self.stream.tick(self.now()))
                 }
+                Event::Reload(changed, reloads) => {
+                    // The service is going away when its sender is; the tick still runs.
+                    watching = changed.is_ok();
+                    reloaded.set(reload(reloads));
+                    woken.mark(1 << RELOAD);
+                    Ok(self.stream.tick(self.now()))
+                }
+                Event::Stopped => Err(Status::unavailable("the server is shutting down")),
             };
             let next = self.stream.next_duties();
             if next != due {
@@ -410,12 +454,7 @@ impl StreamTask {
         if let Some(fleet) = &self.fleet {
             fleet.renew(&self.stream.rules_without_part(&reports)).await;
         }
-        let now = self.now();
-        let mut actions = self.stream.report(now, reports);
-        if self.stream.duties_due(now) {
-            actions.extend(self.stream.tick(now));
-        }
-        actions
+        self.stream.take(self.now(), reports)
     }
 
     /// Sends `actions` as one response; false when the peer has gone.
@@ -451,6 +490,28 @@ impl StreamTask {
         self.figures.gauges(|| table.figures());
     }
 }
+
+/// What a stream's task woke for.
+enum Event {
+    /// The peer's next message, or its end.
+    Message(Option<Result<UsageReports, Status>>),
+    /// The duties' timer.
+    Duties,
+    /// A reload of the policies ([`reload`]).
+    Reload(Result<(), watch::error::RecvError>, watch::Receiver<()>),
+    /// The peer stopped reading its answers.
+    Gone,
+    /// The server is shutting down.
+    Stopped,
+}
+
+/// The waits of a stream's task beside its next message, each at its place in [`Woken`], in
+/// the order they are looked at.
+const DUTIES: u32 = 0;
+const RELOAD: u32 = 1;
+const GONE: u32 = 2;
+const STOPPED: u32 = 3;
+const WAITS: u32 = 4;
 
 /// The next reload `reloads` is marked with, and the receiver to wait for the one after.
 async fn reload(

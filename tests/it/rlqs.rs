@@ -578,28 +578,54 @@ async fn a_reload_that_changes_the_rule_is_pushed_with_no_report() {
     let id = bucket(&[("user", "reloaded")]);
     let mut envoy = opened(&s, reports("edge", &[(id.clone(), 500)])).await;
     assert_eq!(rate(&token_bucket(&envoy.assignment().await)), 100.0);
-    let halved = POLICY.replace("requests_per_unit: 100}", "requests_per_unit: 50}");
-    let (tmp, file) = (
-        s.dir.path().join("edge.tmp"),
-        s.dir.path().join("edge.yaml"),
-    );
-    std::fs::write(&tmp, halved).expect("write");
-    let start = tokio::time::Instant::now();
-    std::fs::rename(&tmp, &file).expect("rename");
-    let pushed = tokio::time::timeout(WAIT, async {
-        loop {
-            if let [(_, Kind::QuotaAssignmentAction(a))] = envoy.next().await.as_slice()
-                && rate(&token_bucket(a)) == 50.0
-            {
-                return start.elapsed();
+    // Twice: the stream waits for the next reload once it has taken one.
+    for per_unit in [50, 25] {
+        let changed = POLICY.replace(
+            "requests_per_unit: 100}",
+            &format!("requests_per_unit: {per_unit}}}"),
+        );
+        let (tmp, file) = (
+            s.dir.path().join("edge.tmp"),
+            s.dir.path().join("edge.yaml"),
+        );
+        std::fs::write(&tmp, changed).expect("write");
+        let start = tokio::time::Instant::now();
+        std::fs::rename(&tmp, &file).expect("rename");
+        let pushed = tokio::time::timeout(WAIT, async {
+            loop {
+                if let [(_, Kind::QuotaAssignmentAction(a))] = envoy.next().await.as_slice()
+                    && rate(&token_bucket(a)) == f64::from(per_unit)
+                {
+                    return start.elapsed();
+                }
             }
-        }
-    })
-    .await
-    .expect("the halved rule pushed within the wait");
+        })
+        .await
+        .expect("the changed rule pushed within the wait");
+        assert!(
+            pushed < Duration::from_secs(1),
+            "{per_unit}/s pushed {pushed:?} after the file changed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_open_at_shutdown_ends_unavailable() {
+    let _gauges = GAUGES.read().await;
+    let mut s = server(10_000, 100).await;
+    let id = bucket(&[("user", "stopped")]);
+    let mut envoy = opened(&s, reports("edge", &[(id, 100)])).await;
+    envoy.assignment().await;
+    // The stream waits for its next report, a second away, when the server is told to stop.
+    let start = tokio::time::Instant::now();
+    s.begin_stop();
+    let status = ended(&mut envoy).await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
     assert!(
-        pushed < Duration::from_secs(1),
-        "pushed {pushed:?} after the file changed"
+        start.elapsed() < Duration::from_secs(1),
+        "ended {:?} after the stop",
+        start.elapsed()
     );
 }
 
