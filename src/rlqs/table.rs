@@ -913,8 +913,10 @@ impl Watcher {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let mut touched = Vec::with_capacity(reports.len());
-        for report in reports {
-            if let Some((place, _, w)) = self.buckets.get_full_mut(&report.bucket[..]) {
+        for (i, report) in reports.into_iter().enumerate() {
+            if let Some(place) = self.place_of(i, &report.bucket)
+                && let Some((_, w)) = self.buckets.get_index_mut(place)
+            {
                 w.observe(now, &report);
                 if let Some(c) = &w.counter {
                     w.seat = lock(c).join(&w.target, w.seat, w.demand, None, now);
@@ -992,6 +994,16 @@ impl Watcher {
             }
         }
         actions
+    }
+
+    /// Where `bucket` is among those watched: looked for first at `guess`, its report's place
+    /// in the message, where a peer that reports its buckets in the same order each time (as
+    /// Envoy, which walks its table of buckets) finds it with no hashing.
+    fn place_of(&self, guess: usize, bucket: &[u8]) -> Option<usize> {
+        match self.buckets.get_index(guess) {
+            Some((watched, _)) if **watched == *bucket => Some(guess),
+            _ => self.buckets.get_index_of(bucket),
+        }
     }
 
     /// The stream's periodic duties at `now`: abandons buckets not reported for a TTL, pushes
@@ -1355,6 +1367,32 @@ descriptors:
         drop(a);
         assert_eq!(table.figures(), (1, 1));
         assert!(rate(&b.tick(2)) >= 99.0);
+    }
+
+    #[test]
+    fn a_bucket_is_found_wherever_its_report_sits_in_the_message() {
+        let table = table(10);
+        let mut a = table.open("d".into()).expect("a");
+        let [x, y, z] = ["x", "y", "z"].map(|v| report(v, 10));
+        a.report(0, vec![x.clone(), y.clone(), z.clone()]);
+        let unknown = report("w", 10).bucket;
+        for guess in 0..5 {
+            for bucket in [&x.bucket, &y.bucket, &z.bucket, &unknown] {
+                assert_eq!(
+                    a.place_of(guess, bucket),
+                    a.buckets.get_index_of(&bucket[..]),
+                    "{guess}"
+                );
+            }
+        }
+        // Another order, and another demand for one of them: each report is its own bucket's.
+        let z_now = report("z", 40);
+        a.report(1, vec![z_now.clone(), x.clone()]);
+        assert_eq!(a.watched(), 3);
+        let demand = |r: &Report| a.buckets[&r.bucket[..]].demand;
+        assert_eq!(demand(&z_now), z_now.demand().expect("a span"));
+        assert_eq!(demand(&x), x.demand().expect("a span"));
+        assert_ne!(demand(&z_now), demand(&x));
     }
 
     /// Shares figured so far on every counter of `table`.
