@@ -696,6 +696,7 @@ impl ShareTable {
             domain,
             seen: self.policies.load(),
             buckets: IndexMap::default(),
+            order: Vec::new(),
             warned: false,
             duties_at: 0,
         })
@@ -801,6 +802,10 @@ pub struct Watcher {
     /// By their ids' bytes ([`key`]), in the order they came, so that a report finds each once
     /// and its answers by place.
     buckets: IndexMap<Flat, Watched, foldhash::fast::RandomState>,
+    /// The places in `buckets` of the last message's reports, in their order (no more of them
+    /// than the stream may watch): where the next message's reports are looked for first
+    /// ([`Watcher::place_of`]).
+    order: Vec<usize>,
     /// Whether the bucket cap was already logged for this stream.
     warned: bool,
     /// When its duties last ran ([`Watcher::tick`]; clock nanoseconds).
@@ -913,8 +918,9 @@ impl Watcher {
         let refreshed = self.refresh(now);
         let table = Arc::clone(&self.table);
         let mut touched = Vec::with_capacity(reports.len());
+        let n = reports.len();
         for (i, report) in reports.into_iter().enumerate() {
-            if let Some(place) = self.place_of(i, &report.bucket)
+            if let Some(place) = self.place_of(self.order.get(i).copied(), &report.bucket)
                 && let Some((_, w)) = self.buckets.get_index_mut(place)
             {
                 w.observe(now, &report);
@@ -922,6 +928,7 @@ impl Watcher {
                     w.seat = lock(c).join(&w.target, w.seat, w.demand, None, now);
                 }
                 touched.push((place, Arrival::Again));
+                self.keep_order(i, place);
                 continue;
             }
             if self.buckets.len() >= table.settings.max_buckets_per_stream {
@@ -937,6 +944,8 @@ impl Watcher {
                     bucket: report.bucket,
                     kind: ActionKind::Abandon,
                 });
+                // No place: the next message's report here is looked for by its id.
+                self.keep_order(i, usize::MAX);
                 continue;
             }
             let target = target_of(&self.seen, &self.domain, &key::entries(&report.bucket));
@@ -973,7 +982,10 @@ impl Watcher {
                 },
             );
             touched.push((place, Arrival::New));
+            self.keep_order(i, place);
         }
+        self.order
+            .truncate(n.min(table.settings.max_buckets_per_stream));
         let unknown = table.unknown_part();
         // Nothing is taken out of `buckets` in between: each place is still its bucket's.
         for (place, arrival) in touched {
@@ -996,13 +1008,23 @@ impl Watcher {
         actions
     }
 
-    /// Where `bucket` is among those watched: looked for first at `guess`, its report's place
-    /// in the message, where a peer that reports its buckets in the same order each time (as
-    /// Envoy, which walks its table of buckets) finds it with no hashing.
-    fn place_of(&self, guess: usize, bucket: &[u8]) -> Option<usize> {
-        match self.buckets.get_index(guess) {
-            Some((watched, _)) if **watched == *bucket => Some(guess),
+    /// Where `bucket` is among those watched, looked for first at `guess`: where the last
+    /// message's report in the same position was. A peer that reports its buckets in the same
+    /// order each time (Envoy walks its table of buckets) has each found with no hashing.
+    fn place_of(&self, guess: Option<usize>, bucket: &[u8]) -> Option<usize> {
+        match guess.and_then(|g| Some((g, self.buckets.get_index(g)?))) {
+            Some((g, (watched, _))) if **watched == *bucket => Some(g),
             _ => self.buckets.get_index_of(bucket),
+        }
+    }
+
+    /// Keeps `place` as the place of a message's `i`th report, for the next message's; past
+    /// as many reports as the stream may watch, none is kept.
+    fn keep_order(&mut self, i: usize, place: usize) {
+        match self.order.get_mut(i) {
+            Some(o) => *o = place,
+            None if i < self.table.settings.max_buckets_per_stream => self.order.push(place),
+            None => {}
         }
     }
 
@@ -1376,19 +1398,23 @@ descriptors:
         let [x, y, z] = ["x", "y", "z"].map(|v| report(v, 10));
         a.report(0, vec![x.clone(), y.clone(), z.clone()]);
         let unknown = report("w", 10).bucket;
-        for guess in 0..5 {
+        assert_eq!(a.order, [0, 1, 2]);
+        let guesses = [None, Some(0), Some(1), Some(2), Some(3), Some(usize::MAX)];
+        for guess in guesses {
             for bucket in [&x.bucket, &y.bucket, &z.bucket, &unknown] {
                 assert_eq!(
                     a.place_of(guess, bucket),
                     a.buckets.get_index_of(&bucket[..]),
-                    "{guess}"
+                    "{guess:?}"
                 );
             }
         }
-        // Another order, and another demand for one of them: each report is its own bucket's.
+        // Another order, and another demand for one of them: each report is its own bucket's,
+        // and the next message is looked for in this order.
         let z_now = report("z", 40);
         a.report(1, vec![z_now.clone(), x.clone()]);
         assert_eq!(a.watched(), 3);
+        assert_eq!(a.order, [2, 0]);
         let demand = |r: &Report| a.buckets[&r.bucket[..]].demand;
         assert_eq!(demand(&z_now), z_now.demand().expect("a span"));
         assert_eq!(demand(&x), x.demand().expect("a span"));
@@ -1565,6 +1591,16 @@ descriptors:
             s.report(0, vec![report("x", 1)])[0].kind,
             ActionKind::Abandon
         );
+        // An abandoned report has no place for the next message's to be looked for at, and no
+        // more places are kept than the stream may watch buckets.
+        assert_eq!(s.order, [usize::MAX]);
+        let many: Vec<Report> = ["x", "y", "z"].map(|v| report(v, 1)).into();
+        assert!(
+            s.report(0, many)
+                .iter()
+                .all(|a| a.kind == ActionKind::Abandon)
+        );
+        assert_eq!(s.order, [usize::MAX]);
     }
 
     #[test]
