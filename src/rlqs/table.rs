@@ -984,8 +984,7 @@ impl Watcher {
             touched.push((place, Arrival::New));
             self.keep_order(i, place);
         }
-        self.order
-            .truncate(n.min(table.settings.max_buckets_per_stream));
+        self.order.truncate(n);
         let unknown = table.unknown_part();
         // Nothing is taken out of `buckets` in between: each place is still its bucket's.
         for (place, arrival) in touched {
@@ -1095,21 +1094,15 @@ impl Watcher {
             } else {
                 refigure
             };
-            let send =
-                w.assign(
-                    unknown,
-                    now,
-                    refigure,
-                    After::Nothing,
-                    |in_force, next| match in_force {
-                        Some(f) if !refreshed && !replaces(&f, &next) => {
-                            // A renewal repeats the strategy in force, so that Envoy extends the active
-                            // assignment instead of replacing it (and refilling its token bucket).
-                            renewal_due.then_some(f)
-                        }
-                        _ => Some(told_apart(next.strategy, in_force)),
-                    },
-                );
+            let decide = |in_force: Option<Strategy>, next: Assigned| match in_force {
+                Some(f) if !refreshed && !replaces(&f, &next) => {
+                    // A renewal repeats the strategy in force, so that Envoy extends the active
+                    // assignment instead of replacing it (and refilling its token bucket).
+                    renewal_due.then_some(f)
+                }
+                _ => Some(told_apart(next.strategy, in_force)),
+            };
+            let send = w.assign(unknown, now, refigure, After::Nothing, decide);
             if let Some(strategy) = send {
                 actions.push(Action {
                     bucket: bucket.clone(),
@@ -1873,6 +1866,16 @@ descriptors:
         assert_eq!(table.kept_parts(), 0);
     }
 
+    /// The report of a [`Step::Report`]: `requests` of `bucket` over a second when `stated`,
+    /// else over no stated span.
+    fn stepped(bucket: &BucketId, requests: u64, stated: bool) -> Report {
+        Report {
+            bucket: key::flat(bucket),
+            elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
+            requests,
+        }
+    }
+
     /// A step of the exactness property: what the streams and the fleet may do.
     #[derive(Clone, Copy, Debug)]
     enum Step {
@@ -2004,12 +2007,7 @@ descriptors:
                     }
                     Step::Report(i, b, requests, stated) => {
                         let Some(s) = streams[i].as_mut() else { continue };
-                        let report = Report {
-                            bucket: key::flat(&buckets[b]),
-                            elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
-                            requests,
-                        };
-                        s.report(now, vec![report])
+                        s.report(now, vec![stepped(&buckets[b], requests, stated)])
                             .into_iter()
                             .map(|a| (i, a))
                             .collect::<Vec<_>>()
@@ -2154,12 +2152,7 @@ descriptors:
             // Ticked on one side skipping unmoved shares, on the other figuring every share.
             twins_agree(steps, &buckets, |side, s, step, now| match step {
                 Step::Report(i, _, requests, stated) => {
-                    let report = Report {
-                        bucket: key::flat(&buckets[i % 2]),
-                        elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
-                        requests,
-                    };
-                    s.report(now, vec![report])
+                    s.report(now, vec![stepped(&buckets[i % 2], requests, stated)])
                 }
                 _ => s.duties(now, [Refigure::IfMoved, Refigure::Always][side]),
             })?;
@@ -2184,11 +2177,7 @@ descriptors:
                     };
                     let reports: Vec<Report> = shape
                         .iter()
-                        .map(|&b| Report {
-                            bucket: key::flat(&buckets[b]),
-                            elapsed_ns: if stated { NANOS_PER_SEC } else { 0 },
-                            requests,
-                        })
+                        .map(|&b| stepped(&buckets[b], requests, stated))
                         .collect();
                     if side == 0 {
                         return s.take(now, reports);
